@@ -1,0 +1,21 @@
+// hetmesh: the command line entry point.
+#include "commands.hpp"
+
+#include <hetmesh/error.hpp>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  CLI::App app{"hetmesh: vendor-neutral attention-FFN disaggregation"};
+  app.require_subcommand(1);
+  hetmesh::cli::add_info_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const hetmesh::Error& e) {
+    std::fprintf(stderr, "hetmesh: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,25 @@
+// Errors in the C++ core: every failure is a hetmesh::Error carrying an hm_status and a message
+// that says what was wrong and where. Library code never aborts; callers catch Error.
+#pragma once
+
+#include <hetmesh/device_plugin.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace hetmesh {
+
+// "HM_ERR_TIMEOUT" etc.; "HM_STATUS_<n>" for codes this build does not know.
+const char* status_name(hm_status status);
+
+class Error : public std::runtime_error {
+ public:
+  Error(hm_status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  hm_status status() const { return status_; }
+
+ private:
+  hm_status status_;
+};
+
+}  // namespace hetmesh

@@ -1,0 +1,119 @@
+#include <hetmesh/error.hpp>
+#include <hetmesh/subprocess.hpp>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace hetmesh {
+
+std::string ProcessResult::describe() const {
+  if (timed_out) return "timed out and was killed";
+  if (signal != 0) return fmt::format("signal {} ({})", signal, strsignal(signal));
+  return fmt::format("exit code {}", exit_code);
+}
+
+std::string self_executable() {
+  char buffer[4096];
+  ssize_t n = readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+  if (n <= 0) return {};
+  return std::string(buffer, static_cast<size_t>(n));
+}
+
+namespace {
+
+// A one-way channel. stdin uses a socket pair so writing to a child that already exited gives
+// EPIPE (send with MSG_NOSIGNAL) instead of a SIGPIPE that would kill this process.
+struct Pipe {
+  int read = -1, write = -1;
+  explicit Pipe(bool socket = false) {
+    int fds[2];
+    int rc = socket ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : pipe2(fds, O_CLOEXEC);
+    if (rc != 0) throw Error(HM_ERR_BACKEND, fmt::format("pipe: {}", std::strerror(errno)));
+    read = fds[0];
+    write = fds[1];
+  }
+  ~Pipe() {
+    if (read >= 0) close(read);
+    if (write >= 0) close(write);
+  }
+  void close_read() { close(read), read = -1; }
+  void close_write() { close(write), write = -1; }
+};
+
+}  // namespace
+
+ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                          const std::string& input) {
+  if (argv.empty()) throw Error(HM_ERR_INVALID_ARGUMENT, "run_process: empty argv");
+  Pipe in(/*socket=*/true), out, err;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in.read, 0);
+  posix_spawn_file_actions_adddup2(&actions, out.write, 1);
+  posix_spawn_file_actions_adddup2(&actions, err.write, 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("cannot start {}: {}", argv[0], std::strerror(rc)));
+  in.close_read();
+  out.close_write();
+  err.close_write();
+
+  ProcessResult result;
+  size_t written = 0;
+  if (input.empty()) in.close_write();
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (out.read >= 0 || err.read >= 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      result.timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    pollfd fds[3] = {{out.read, POLLIN, 0}, {err.read, POLLIN, 0}, {in.write, POLLOUT, 0}};
+    int n = poll(fds, 3, static_cast<int>(std::min<int64_t>(left.count(), 100)));
+    if (n < 0 && errno != EINTR) break;
+    char buffer[4096];
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      ssize_t got = read(fds[i].fd, buffer, sizeof buffer);
+      if (got > 0) {
+        (i == 0 ? result.out : result.err).append(buffer, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        (i == 0 ? out : err).close_read();
+      }
+    }
+    if (fds[2].fd >= 0 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      ssize_t put = send(in.write, input.data() + written, input.size() - written, MSG_NOSIGNAL);
+      if (put > 0) written += static_cast<size_t>(put);
+      if (put < 0 || written == input.size()) in.close_write();
+    }
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!result.timed_out) {
+    if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+    if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  }
+  return result;
+}
+
+}  // namespace hetmesh

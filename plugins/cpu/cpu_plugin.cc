@@ -1,0 +1,201 @@
+// The cpu device plugin: host memory as a device. Device memory is host-addressable memfd pages,
+// so IPC works between processes through procfs; streams run on host threads.
+#include <hetmesh/device_plugin.h>
+#include <hetmesh/plugin_kit/host_memory.hpp>
+#include <hetmesh/plugin_kit/host_streams.hpp>
+#include <hetmesh/plugin_kit/options.hpp>
+
+#include <cstring>
+#include <memory>
+
+namespace {
+
+using hm::kit::fail;
+using hm::kit::guarded;
+
+constexpr uint32_t kIpcMagic = 0x48434355;  // "UCCH": handles from this plugin
+
+std::unique_ptr<hm::kit::HostMemory> g_memory;
+
+hm::kit::HostMemory& memory() {
+  if (!g_memory) fail(HM_ERR_UNINITIALIZED, "initialize() has not succeeded");
+  return *g_memory;
+}
+
+uint64_t physical_memory() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * hm::kit::page_size();
+}
+
+hm_capabilities capabilities() {
+  hm_capabilities caps = HM_CAP_DEVICE_MEMORY | HM_CAP_PINNED_HOST_MEMORY | HM_CAP_HOST_REGISTER |
+                         HM_CAP_IPC | HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY | HM_CAP_PEER_COPY |
+                         hm::kit::kHostStreamCapabilities;
+  if (hm::kit::udmabuf_available()) caps |= HM_CAP_DMABUF_EXPORT;
+  return caps;
+}
+
+hm_status initialize(const hm_host_api* host) {
+  return guarded("initialize", [&] {
+    hm::kit::require_struct(host, HM_HOST_API_SIZE_V1, "host");
+    if (g_memory) fail(HM_ERR_INVALID_ARGUMENT, "initialize() called twice");
+    hm::kit::reject_unknown(hm::kit::parse_options(host->options), "none");
+    g_memory = std::make_unique<hm::kit::HostMemory>(kIpcMagic, /*hidden_device_memory=*/false,
+                                                     std::vector<uint64_t>{physical_memory()});
+  });
+}
+
+hm_status shutdown() {
+  return guarded("shutdown", [&] { g_memory.reset(); });
+}
+
+hm_status device_count(int32_t* count) {
+  return guarded("device_count", [&] {
+    if (count == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "count is NULL");
+    *count = memory().device_count();
+  });
+}
+
+hm_status device_properties(int32_t device, hm_device_properties* props) {
+  return guarded("device_properties", [&] {
+    hm::kit::require_struct(props, HM_DEVICE_PROPERTIES_SIZE_V1, "props");
+    hm::kit::check_device(device);
+    std::snprintf(props->name, sizeof props->name, "host memory");
+    std::snprintf(props->vendor, sizeof props->vendor, "hetmesh");
+    props->dlpack_device_type = HM_DLPACK_CPU;
+    props->pci_bus_id[0] = '\0';
+    props->numa_node = -1;
+    props->total_memory = memory().capacity(device);
+    props->capabilities = capabilities();
+    props->memory_alignment = hm::kit::page_size();
+  });
+}
+
+hm_status mem_alloc(int32_t device, uint64_t size, int32_t kind, void** ptr) {
+  return guarded("mem_alloc", [&] {
+    if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "ptr is NULL");
+    *ptr = memory().alloc(device, size, kind);
+  });
+}
+
+hm_status mem_free(void* ptr) {
+  return guarded("mem_free", [&] { memory().free(ptr); });
+}
+
+hm_status pointer_query(const void* ptr, hm_pointer_info* info) {
+  return guarded("pointer_query", [&] { memory().query(ptr, info); });
+}
+
+// Checks that a range that starts in our memory stays inside its allocation.
+void check_range(const void* ptr, uint64_t size, const char* what) {
+  if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+  memory().view_if_ours(ptr, size);
+}
+
+hm_status memcpy_async(hm_stream stream, void* dst, const void* src, uint64_t size) {
+  return guarded("memcpy_async", [&] {
+    auto* s = hm::kit::host_stream(stream);
+    if (size == 0) return;
+    check_range(dst, size, "dst");
+    check_range(src, size, "src");
+    s->worker.submit([=] { std::memmove(dst, src, size); });
+  });
+}
+
+hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size) {
+  return guarded("memset_async", [&] {
+    auto* s = hm::kit::host_stream(stream);
+    if (size == 0) return;
+    check_range(dst, size, "dst");
+    s->worker.submit([=] { std::memset(dst, value, size); });
+  });
+}
+
+hm_status host_register(void* ptr, uint64_t size) {
+  return guarded("host_register", [&] { memory().register_host(ptr, size); });
+}
+
+hm_status host_unregister(void* ptr) {
+  return guarded("host_unregister", [&] { memory().unregister_host(ptr); });
+}
+
+hm_status ipc_export(void* ptr, hm_ipc_handle* handle) {
+  return guarded("ipc_export", [&] {
+    if (handle == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "handle is NULL");
+    *handle = memory().ipc_export(ptr);
+  });
+}
+
+hm_status ipc_open(int32_t device, const hm_ipc_handle* handle, void** ptr) {
+  return guarded("ipc_open", [&] {
+    if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "ptr is NULL");
+    *ptr = memory().ipc_open(device, handle);
+  });
+}
+
+hm_status ipc_close(void* ptr) {
+  return guarded("ipc_close", [&] { memory().ipc_close(ptr); });
+}
+
+hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
+  return guarded("dmabuf_export", [&] {
+    hm::kit::require_struct(out, HM_DMABUF_SIZE_V1, "out");
+    if (!hm::kit::udmabuf_available())
+      fail(HM_ERR_NOT_SUPPORTED, "/dev/udmabuf is not available on this kernel");
+    hm_dmabuf result = memory().dmabuf_export(ptr, size);
+    out->fd = result.fd;
+    out->offset = result.offset;
+    out->length = result.length;
+  });
+}
+
+hm_status dmabuf_release(const hm_dmabuf* dmabuf) {
+  return guarded("dmabuf_release", [&] {
+    hm::kit::require_struct(dmabuf, HM_DMABUF_SIZE_V1, "dmabuf");
+    if (close(dmabuf->fd) != 0) fail(HM_ERR_INVALID_ARGUMENT, "fd %d is not open", dmabuf->fd);
+  });
+}
+
+hm_status get_extension(const char* name, uint32_t, const void**) {
+  return guarded("get_extension", [&] {
+    fail(HM_ERR_NOT_SUPPORTED, "no extension named '%s'", name ? name : "(null)");
+  });
+}
+
+int32_t hook_device_count() { return g_memory ? g_memory->device_count() : 0; }
+void* hook_host_view(const void* ptr, uint64_t size) { return memory().view(ptr, size); }
+
+hm_device_plugin_api make_table() {
+  hm_device_plugin_api t{};
+  t.struct_size = sizeof t;
+  t.abi_major = HM_DEVICE_PLUGIN_ABI_MAJOR;
+  t.abi_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
+  t.name = "cpu";
+  t.version = HETMESH_VERSION;
+  t.initialize = initialize;
+  t.last_error = hm::kit::last_error;
+  t.device_count = device_count;
+  t.device_properties = device_properties;
+  t.mem_alloc = mem_alloc;
+  t.mem_free = mem_free;
+  t.pointer_query = pointer_query;
+  t.memcpy_async = memcpy_async;
+  t.memset_async = memset_async;
+  t.shutdown = shutdown;
+  t.host_register = host_register;
+  t.host_unregister = host_unregister;
+  t.ipc_export = ipc_export;
+  t.ipc_open = ipc_open;
+  t.ipc_close = ipc_close;
+  t.dmabuf_export = dmabuf_export;
+  t.dmabuf_release = dmabuf_release;
+  t.get_extension = get_extension;
+  hm::kit::install_host_streams(&t, {hook_device_count, hook_host_view});
+  return t;
+}
+
+}  // namespace
+
+extern "C" const hm_device_plugin_api* hm_device_plugin_v1(void) {
+  static const hm_device_plugin_api table = make_table();
+  return &table;
+}

@@ -1,0 +1,79 @@
+// Turning C++ failures into hm_status values at the ABI boundary.
+//
+// Wrap the body of every exported slot in hm::kit::guarded("slot_name", [&] { ... }). Inside it,
+// throw hm::kit::Failure (via fail()) for expected errors; any other exception becomes
+// HM_ERR_INTERNAL or HM_ERR_OUT_OF_MEMORY. Nothing escapes into the host.
+#pragma once
+
+#include <hetmesh/device_plugin.h>
+
+#include <cstdio>
+#include <exception>
+#include <new>
+#include <type_traits>
+#include <string>
+#include <utility>
+
+namespace hm::kit {
+
+// The calling thread's last error, returned by the plugin's last_error slot.
+inline std::string& last_error_storage() {
+  thread_local std::string message;
+  return message;
+}
+
+inline const char* last_error() { return last_error_storage().c_str(); }
+
+// An expected failure with a status code, thrown inside guarded().
+struct Failure {
+  hm_status status;
+  std::string message;
+};
+
+template <typename... Args>
+[[noreturn]] void fail(hm_status status, const char* format, Args... args) {
+  char buffer[512];
+  if constexpr (sizeof...(Args) == 0) {
+    std::snprintf(buffer, sizeof buffer, "%s", format);
+  } else {
+    std::snprintf(buffer, sizeof buffer, format, args...);
+  }
+  throw Failure{status, buffer};
+}
+
+// Runs `body` (which returns void or hm_status) and maps whatever it throws to a status, recording
+// "<slot>: <reason>" as the thread's last error.
+template <typename Body>
+hm_status guarded(const char* slot, Body&& body) noexcept {
+  try {
+    if constexpr (std::is_same_v<decltype(body()), void>) {
+      body();
+      return HM_OK;
+    } else {
+      return body();
+    }
+  } catch (const Failure& failure) {
+    last_error_storage() = std::string(slot) + ": " + failure.message;
+    return failure.status;
+  } catch (const std::bad_alloc&) {
+    last_error_storage() = std::string(slot) + ": out of host memory";
+    return HM_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    last_error_storage() = std::string(slot) + ": internal error: " + e.what();
+    return HM_ERR_INTERNAL;
+  } catch (...) {
+    last_error_storage() = std::string(slot) + ": internal error: unknown exception";
+    return HM_ERR_INTERNAL;
+  }
+}
+
+// Validates a caller-provided argument struct's struct_size.
+template <typename T>
+void require_struct(const T* arg, size_t known_size, const char* what) {
+  if (arg == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+  if (arg->struct_size < known_size)
+    fail(HM_ERR_INVALID_ARGUMENT, "%s.struct_size is %zu, expected at least %zu", what,
+         arg->struct_size, known_size);
+}
+
+}  // namespace hm::kit
