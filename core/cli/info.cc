@@ -38,14 +38,14 @@ nlohmann::json to_json(const PluginRegistry& registry) {
                          {"total_memory", props.total_memory},
                          {"capabilities", capability_names(props.capabilities)}});
     }
-    out["plugins"].push_back({{"name", p->name()},
-                              {"version", p->version()},
-                              {"path", p->path()},
-                              {"abi", fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR,
-                                                  p->plugin_abi_minor())},
-                              {"negotiated_abi", fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR,
-                                                             p->negotiated_abi_minor())},
-                              {"devices", devices}});
+    out["plugins"].push_back(
+        {{"name", p->name()},
+         {"version", p->version()},
+         {"path", p->path()},
+         {"abi", fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, p->plugin_abi_minor())},
+         {"negotiated_abi",
+          fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, p->negotiated_abi_minor())},
+         {"devices", devices}});
   }
   out["refused"] = nlohmann::json::array();
   for (const auto& r : registry.refused())

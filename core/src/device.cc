@@ -68,9 +68,9 @@ std::string capability_names(hm_capabilities caps) {
 Device::Device(std::shared_ptr<Plugin> plugin, int32_t index)
     : plugin_(std::move(plugin)), index_(index) {
   if (index_ < 0 || index_ >= plugin_->device_count())
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{}: device {} does not exist ({} devices)",
-                                                     plugin_->name(), index_,
-                                                     plugin_->device_count()));
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: device {} does not exist ({} devices)", plugin_->name(), index_,
+                            plugin_->device_count()));
   properties_.struct_size = sizeof properties_;
   plugin_->check(api().device_properties(index_, &properties_), "device_properties");
   properties_.name[sizeof properties_.name - 1] = '\0';
@@ -78,7 +78,9 @@ Device::Device(std::shared_ptr<Plugin> plugin, int32_t index)
   properties_.pci_bus_id[sizeof properties_.pci_bus_id - 1] = '\0';
 }
 
-std::string Device::selector() const { return fmt::format("{}:{}", plugin_->name(), index_); }
+std::string Device::selector() const {
+  return fmt::format("{}:{}", plugin_->name(), index_);
+}
 
 Buffer Device::allocate(uint64_t size, MemoryKind kind) const {
   void* ptr = nullptr;
@@ -161,13 +163,12 @@ void Stream::write_value32(void* address, uint32_t value) const {
 }
 
 void Stream::wait_value32(const void* address, uint32_t value, hm_wait_condition condition) const {
-  call(device(), device().api().stream_wait_value32, "stream_wait_value32", handle_, address,
-       value, static_cast<int32_t>(condition), 0u);
+  call(device(), device().api().stream_wait_value32, "stream_wait_value32", handle_, address, value,
+       static_cast<int32_t>(condition), 0u);
 }
 
 void Stream::add_callback(hm_host_fn fn, void* user_data) const {
-  call(device(), device().api().stream_add_callback, "stream_add_callback", handle_, fn,
-       user_data);
+  call(device(), device().api().stream_add_callback, "stream_add_callback", handle_, fn, user_data);
 }
 
 Event& Event::operator=(Event&& other) noexcept {
@@ -198,8 +199,7 @@ void Event::synchronize(Timeout timeout) const {
 
 float Event::elapsed_ms_since(const Event& start) const {
   float ms = 0;
-  call(device(), device().api().event_elapsed_ms, "event_elapsed_ms", start.native(), handle_,
-       &ms);
+  call(device(), device().api().event_elapsed_ms, "event_elapsed_ms", start.native(), handle_, &ms);
   return ms;
 }
 

@@ -4,18 +4,30 @@ namespace hetmesh {
 
 const char* status_name(hm_status status) {
   switch (status) {
-    case HM_OK: return "HM_OK";
-    case HM_ERR_INVALID_ARGUMENT: return "HM_ERR_INVALID_ARGUMENT";
-    case HM_ERR_NOT_SUPPORTED: return "HM_ERR_NOT_SUPPORTED";
-    case HM_ERR_OUT_OF_MEMORY: return "HM_ERR_OUT_OF_MEMORY";
-    case HM_ERR_DEVICE_LOST: return "HM_ERR_DEVICE_LOST";
-    case HM_ERR_NOT_READY: return "HM_ERR_NOT_READY";
-    case HM_ERR_TIMEOUT: return "HM_ERR_TIMEOUT";
-    case HM_ERR_INVALID_HANDLE: return "HM_ERR_INVALID_HANDLE";
-    case HM_ERR_UNINITIALIZED: return "HM_ERR_UNINITIALIZED";
-    case HM_ERR_BACKEND: return "HM_ERR_BACKEND";
-    case HM_ERR_INTERNAL: return "HM_ERR_INTERNAL";
-    default: return "HM_STATUS_UNKNOWN";
+    case HM_OK:
+      return "HM_OK";
+    case HM_ERR_INVALID_ARGUMENT:
+      return "HM_ERR_INVALID_ARGUMENT";
+    case HM_ERR_NOT_SUPPORTED:
+      return "HM_ERR_NOT_SUPPORTED";
+    case HM_ERR_OUT_OF_MEMORY:
+      return "HM_ERR_OUT_OF_MEMORY";
+    case HM_ERR_DEVICE_LOST:
+      return "HM_ERR_DEVICE_LOST";
+    case HM_ERR_NOT_READY:
+      return "HM_ERR_NOT_READY";
+    case HM_ERR_TIMEOUT:
+      return "HM_ERR_TIMEOUT";
+    case HM_ERR_INVALID_HANDLE:
+      return "HM_ERR_INVALID_HANDLE";
+    case HM_ERR_UNINITIALIZED:
+      return "HM_ERR_UNINITIALIZED";
+    case HM_ERR_BACKEND:
+      return "HM_ERR_BACKEND";
+    case HM_ERR_INTERNAL:
+      return "HM_ERR_INTERNAL";
+    default:
+      return "HM_STATUS_UNKNOWN";
   }
 }
 

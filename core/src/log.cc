@@ -19,10 +19,14 @@ LogLevel level_from_environment() {
 
 const char* tag(LogLevel level) {
   switch (level) {
-    case LogLevel::error: return "E";
-    case LogLevel::warn: return "W";
-    case LogLevel::info: return "I";
-    default: return "D";
+    case LogLevel::error:
+      return "E";
+    case LogLevel::warn:
+      return "W";
+    case LogLevel::info:
+      return "I";
+    default:
+      return "D";
   }
 }
 
@@ -39,7 +43,9 @@ LogState& state() {
 
 }  // namespace
 
-bool log_enabled(LogLevel level) { return level <= state().threshold; }
+bool log_enabled(LogLevel level) {
+  return level <= state().threshold;
+}
 
 void log_message(LogLevel level, std::string_view message) {
   LogState& s = state();

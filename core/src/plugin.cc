@@ -5,14 +5,14 @@
 
 #include <fmt/format.h>
 
+#include <dirent.h>
+#include <dlfcn.h>
+#include <sys/auxv.h>
+#include <unistd.h>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
-#include <dlfcn.h>
 #include <mutex>
-#include <sys/auxv.h>
-#include <unistd.h>
 
 namespace hetmesh {
 namespace {
@@ -42,14 +42,17 @@ struct Slot {
   const char* name;
   size_t offset;
 };
-#define HM_SLOT(s) Slot{#s, offsetof(hm_device_plugin_api, s)}
+#define HM_SLOT(s)                        \
+  Slot {                                  \
+#s, offsetof(hm_device_plugin_api, s) \
+  }
 constexpr Slot kRequiredSlots[] = {
-    HM_SLOT(initialize),     HM_SLOT(last_error),         HM_SLOT(device_count),
-    HM_SLOT(device_properties), HM_SLOT(mem_alloc),       HM_SLOT(mem_free),
-    HM_SLOT(pointer_query),  HM_SLOT(memcpy_async),       HM_SLOT(memset_async),
-    HM_SLOT(stream_create),  HM_SLOT(stream_destroy),     HM_SLOT(stream_synchronize),
-    HM_SLOT(stream_query),   HM_SLOT(event_create),       HM_SLOT(event_destroy),
-    HM_SLOT(event_record),   HM_SLOT(event_query),        HM_SLOT(event_synchronize),
+    HM_SLOT(initialize),        HM_SLOT(last_error),     HM_SLOT(device_count),
+    HM_SLOT(device_properties), HM_SLOT(mem_alloc),      HM_SLOT(mem_free),
+    HM_SLOT(pointer_query),     HM_SLOT(memcpy_async),   HM_SLOT(memset_async),
+    HM_SLOT(stream_create),     HM_SLOT(stream_destroy), HM_SLOT(stream_synchronize),
+    HM_SLOT(stream_query),      HM_SLOT(event_create),   HM_SLOT(event_destroy),
+    HM_SLOT(event_record),      HM_SLOT(event_query),    HM_SLOT(event_synchronize),
     HM_SLOT(stream_wait_event)};
 #undef HM_SLOT
 
@@ -141,11 +144,11 @@ std::string probe_in_child(const std::string& path, const std::string& options,
     return fmt::format("loading or initialize() did not finish within {} ms (probe killed)",
                        timeout.count());
   if (r.signal != 0)
-    return fmt::format("loading or initialize() crashed the probe process with {}",
-                       r.describe());
+    return fmt::format("loading or initialize() crashed the probe process with {}", r.describe());
   if (r.exit_code == 0) return {};
   std::string reason = r.out;
-  while (!reason.empty() && reason.back() == '\n') reason.pop_back();
+  while (!reason.empty() && reason.back() == '\n')
+    reason.pop_back();
   return reason.empty() ? fmt::format("probe failed with {}", r.describe()) : reason;
 }
 
@@ -160,9 +163,13 @@ void Plugin::check(hm_status status, const char* operation) const {
   if (status != HM_OK) raise(status, operation);
 }
 
-std::string installed_plugin_dir() { return library_dir() + "/hetmesh/plugins"; }
+std::string installed_plugin_dir() {
+  return library_dir() + "/hetmesh/plugins";
+}
 
-std::string plugin_probe_path() { return library_dir() + "/../libexec/hetmesh/hetmesh-plugin-probe"; }
+std::string plugin_probe_path() {
+  return library_dir() + "/" HETMESH_PROBE_FROM_LIBDIR "/hetmesh-plugin-probe";
+}
 
 std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::string& options,
                                          std::string* refusal) {
@@ -184,32 +191,34 @@ std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::str
     return nullptr;
   };
 
-  auto entry = reinterpret_cast<hm_device_plugin_entry_fn>(dlsym(handle, HM_DEVICE_PLUGIN_ENTRY_V1));
+  auto entry =
+      reinterpret_cast<hm_device_plugin_entry_fn>(dlsym(handle, HM_DEVICE_PLUGIN_ENTRY_V1));
   if (entry == nullptr)
-    return refuse(fmt::format("does not export {} (not a hetmesh ABI v1 plugin)",
-                              HM_DEVICE_PLUGIN_ENTRY_V1));
+    return refuse(
+        fmt::format("does not export {} (not a hetmesh ABI v1 plugin)", HM_DEVICE_PLUGIN_ENTRY_V1));
   const hm_device_plugin_api* table = entry();
   if (table == nullptr) return refuse(fmt::format("{}() returned NULL", HM_DEVICE_PLUGIN_ENTRY_V1));
   constexpr size_t kVersionEnd = offsetof(hm_device_plugin_api, abi_minor) + sizeof(uint32_t);
   if (table->struct_size < kVersionEnd)
-    return refuse(fmt::format("table struct_size {} is too small to hold a version", table->struct_size));
+    return refuse(
+        fmt::format("table struct_size {} is too small to hold a version", table->struct_size));
   if (table->abi_major != HM_DEVICE_PLUGIN_ABI_MAJOR)
     return refuse(fmt::format("ABI major version {} is not supported (this host speaks {}.{})",
                               table->abi_major, HM_DEVICE_PLUGIN_ABI_MAJOR,
                               HM_DEVICE_PLUGIN_ABI_MINOR));
   if (table->struct_size < HM_DEVICE_PLUGIN_API_MIN_SIZE)
-    return refuse(fmt::format(
-        "table struct_size {} is shorter than the {} bytes the required slots need",
-        table->struct_size, HM_DEVICE_PLUGIN_API_MIN_SIZE));
+    return refuse(
+        fmt::format("table struct_size {} is shorter than the {} bytes the required slots need",
+                    table->struct_size, HM_DEVICE_PLUGIN_API_MIN_SIZE));
   if (table->struct_size % sizeof(void*) != 0 || table->struct_size > 65536)
-    return refuse(fmt::format("table struct_size {} is not a plausible table size", table->struct_size));
+    return refuse(
+        fmt::format("table struct_size {} is not a plausible table size", table->struct_size));
 
   auto plugin = std::make_shared<Plugin>();
   std::memcpy(&plugin->api_, table, std::min(table->struct_size, sizeof(hm_device_plugin_api)));
   plugin->api_.struct_size = sizeof(hm_device_plugin_api);
   const hm_device_plugin_api& api = plugin->api_;
-  if (!valid_name(api.name))
-    return refuse("name is missing or not of the form [a-z0-9_]{1,32}");
+  if (!valid_name(api.name)) return refuse("name is missing or not of the form [a-z0-9_]{1,32}");
   for (const Slot& slot : kRequiredSlots)
     if (!slot_present(api, slot.offset))
       return refuse(fmt::format("required slot '{}' is NULL", slot.name));
@@ -222,8 +231,8 @@ std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::str
 
   hm_status status = api.initialize(host_api(options));
   if (status != HM_OK)
-    return refuse(fmt::format("initialize() failed with {}: {}", status_name(status),
-                              safe_last_error(api)));
+    return refuse(
+        fmt::format("initialize() failed with {}: {}", status_name(status), safe_last_error(api)));
   int32_t count = 0;
   status = api.device_count(&count);
   if (status != HM_OK || count < 0)
@@ -246,8 +255,10 @@ PluginRegistry PluginRegistry::load(const PluginLoadOptions& options) {
     candidates = options.explicit_paths;
     if (options.search) {
       for (const auto& dir : split(secure_getenv_compat("HETMESH_PLUGIN_PATH"), ':'))
-        for (auto& p : plugins_in(dir)) candidates.push_back(std::move(p));
-      for (auto& p : plugins_in(installed_plugin_dir())) candidates.push_back(std::move(p));
+        for (auto& p : plugins_in(dir))
+          candidates.push_back(std::move(p));
+      for (auto& p : plugins_in(installed_plugin_dir()))
+        candidates.push_back(std::move(p));
     }
   }
 
@@ -276,9 +287,8 @@ PluginRegistry PluginRegistry::load(const PluginLoadOptions& options) {
     }
     if (auto existing = registry.find(plugin->name())) {
       if (existing != plugin)
-        registry.refused_.push_back(
-            {path, fmt::format("plugin name '{}' is already provided by {}", plugin->name(),
-                               existing->path())});
+        registry.refused_.push_back({path, fmt::format("plugin name '{}' is already provided by {}",
+                                                       plugin->name(), existing->path())});
       continue;
     }
     registry.plugins_.push_back(std::move(plugin));
@@ -295,7 +305,8 @@ std::shared_ptr<Plugin> PluginRegistry::find(const std::string& name) const {
 std::vector<Device> PluginRegistry::devices() const {
   std::vector<Device> all;
   for (const auto& p : plugins_)
-    for (int32_t i = 0; i < p->device_count(); ++i) all.emplace_back(p, i);
+    for (int32_t i = 0; i < p->device_count(); ++i)
+      all.emplace_back(p, i);
   return all;
 }
 
@@ -308,14 +319,16 @@ Device PluginRegistry::device(const std::string& selector) const {
     char* end = nullptr;
     long value = std::strtol(digits.c_str(), &end, 10);
     if (digits.empty() || *end != '\0' || value < 0 || value > INT32_MAX)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("device selector '{}': '{}' is not a device index", selector, digits));
+      throw Error(
+          HM_ERR_INVALID_ARGUMENT,
+          fmt::format("device selector '{}': '{}' is not a device index", selector, digits));
     index = static_cast<int32_t>(value);
   }
   auto plugin = find(name);
   if (!plugin) {
     std::string known;
-    for (const auto& p : plugins_) known += (known.empty() ? "" : ", ") + p->name();
+    for (const auto& p : plugins_)
+      known += (known.empty() ? "" : ", ") + p->name();
     for (const auto& r : refused_)
       if (r.path.find(HM_DEVICE_PLUGIN_PREFIX + name + ".so") != std::string::npos)
         throw Error(HM_ERR_INVALID_ARGUMENT,

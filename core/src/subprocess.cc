@@ -3,15 +3,15 @@
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 
 extern char** environ;
 
@@ -38,7 +38,8 @@ struct Pipe {
   int read = -1, write = -1;
   explicit Pipe(bool socket = false) {
     int fds[2];
-    int rc = socket ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : pipe2(fds, O_CLOEXEC);
+    int rc =
+        socket ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : pipe2(fds, O_CLOEXEC);
     if (rc != 0) throw Error(HM_ERR_BACKEND, fmt::format("pipe: {}", std::strerror(errno)));
     read = fds[0];
     write = fds[1];
@@ -63,7 +64,8 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
   posix_spawn_file_actions_adddup2(&actions, out.write, 1);
   posix_spawn_file_actions_adddup2(&actions, err.write, 2);
   std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = -1;
   int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);

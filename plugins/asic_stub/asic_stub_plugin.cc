@@ -86,8 +86,8 @@ hm_status initialize(const hm_host_api* host) {
     if (devices > 64) fail(HM_ERR_INVALID_ARGUMENT, "devices=%g exceeds 64", devices);
     std::vector<uint64_t> capacity(static_cast<size_t>(devices),
                                    static_cast<uint64_t>(memory_mib * 1024 * 1024));
-    g_stub.reset(new Stub{model, hm::kit::HostMemory(kIpcMagic, /*hidden_device_memory=*/true,
-                                                     std::move(capacity))});
+    g_stub.reset(new Stub{
+        model, hm::kit::HostMemory(kIpcMagic, /*hidden_device_memory=*/true, std::move(capacity))});
     if (host->log != nullptr) {
       char line[160];
       std::snprintf(line, sizeof line,
@@ -220,7 +220,8 @@ hm_status launch(hm_stream stream, hm_asic_stub_kernel kernel, void* const* buff
            HM_ASIC_STUB_MAX_KERNEL_ARGS);
     if (args_size > 0 && args == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "args is NULL");
     std::vector<void*> views(buffer_count);
-    for (size_t i = 0; i < buffer_count; ++i) views[i] = stub().memory.view(buffers[i], buffer_sizes[i]);
+    for (size_t i = 0; i < buffer_count; ++i)
+      views[i] = stub().memory.view(buffers[i], buffer_sizes[i]);
     std::vector<uint8_t> arg_copy(static_cast<const uint8_t*>(args),
                                   static_cast<const uint8_t*>(args) + args_size);
     s->worker.submit([kernel, views = std::move(views), arg_copy = std::move(arg_copy)] {
@@ -238,14 +239,18 @@ hm_status get_extension(const char* name, uint32_t min_version, const void** tab
     if (std::strcmp(name, HM_ASIC_STUB_LAUNCH_EXTENSION) != 0)
       fail(HM_ERR_NOT_SUPPORTED, "no extension named '%s'", name);
     if (min_version > HM_ASIC_STUB_LAUNCH_VERSION)
-      fail(HM_ERR_NOT_SUPPORTED, "'%s' version %u requested, this plugin has %u", name,
-           min_version, HM_ASIC_STUB_LAUNCH_VERSION);
+      fail(HM_ERR_NOT_SUPPORTED, "'%s' version %u requested, this plugin has %u", name, min_version,
+           HM_ASIC_STUB_LAUNCH_VERSION);
     *table = &kLaunchExtension;
   });
 }
 
-int32_t hook_device_count() { return g_stub ? g_stub->memory.device_count() : 0; }
-void* hook_host_view(const void* ptr, uint64_t size) { return stub().memory.view(ptr, size); }
+int32_t hook_device_count() {
+  return g_stub ? g_stub->memory.device_count() : 0;
+}
+void* hook_host_view(const void* ptr, uint64_t size) {
+  return stub().memory.view(ptr, size);
+}
 
 hm_device_plugin_api make_table() {
   hm_device_plugin_api t{};

@@ -161,8 +161,12 @@ hm_status get_extension(const char* name, uint32_t, const void**) {
   });
 }
 
-int32_t hook_device_count() { return g_memory ? g_memory->device_count() : 0; }
-void* hook_host_view(const void* ptr, uint64_t size) { return memory().view(ptr, size); }
+int32_t hook_device_count() {
+  return g_memory ? g_memory->device_count() : 0;
+}
+void* hook_host_view(const void* ptr, uint64_t size) {
+  return memory().view(ptr, size);
+}
 
 hm_device_plugin_api make_table() {
   hm_device_plugin_api t{};

@@ -101,7 +101,9 @@ enum {
   HM_DLPACK_ONEAPI = 14
 };
 
-/* Opaque handles. Each belongs to one device of one plugin. */
+/* Opaque handles. Each belongs to one device of one plugin. NULL is never a valid handle: a slot
+ * given a NULL stream or event returns HM_ERR_INVALID_HANDLE (there is no implicit default stream).
+ */
 typedef struct hm_stream_s* hm_stream;
 typedef struct hm_event_s* hm_event;
 
@@ -129,15 +131,15 @@ typedef struct hm_host_api {
 /* Devices.                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 typedef struct hm_device_properties {
-  size_t struct_size;          /* set by the caller: HM_DEVICE_PROPERTIES_SIZE_V1 or larger */
-  char name[128];              /* e.g. "NVIDIA H200"; NUL-terminated */
-  char vendor[64];             /* e.g. "NVIDIA"; NUL-terminated */
-  int32_t dlpack_device_type;  /* HM_DLPACK_* */
-  char pci_bus_id[32];         /* "0000:19:00.0", or "" when the device is not a PCI device */
-  int32_t numa_node;           /* -1 when unknown */
-  uint64_t total_memory;       /* bytes of device memory, 0 when not meaningful */
+  size_t struct_size;         /* set by the caller: HM_DEVICE_PROPERTIES_SIZE_V1 or larger */
+  char name[128];             /* e.g. "NVIDIA H200"; NUL-terminated */
+  char vendor[64];            /* e.g. "NVIDIA"; NUL-terminated */
+  int32_t dlpack_device_type; /* HM_DLPACK_* */
+  char pci_bus_id[32];        /* "0000:19:00.0", or "" when the device is not a PCI device */
+  int32_t numa_node;          /* -1 when unknown */
+  uint64_t total_memory;      /* bytes of device memory, 0 when not meaningful */
   hm_capabilities capabilities;
-  uint64_t memory_alignment;   /* guaranteed alignment of mem_alloc results, a power of two */
+  uint64_t memory_alignment; /* guaranteed alignment of mem_alloc results, a power of two */
 } hm_device_properties;
 #define HM_DEVICE_PROPERTIES_SIZE_V1 \
   (offsetof(hm_device_properties, memory_alignment) + sizeof(uint64_t))
@@ -146,9 +148,9 @@ typedef struct hm_device_properties {
 /* Memory.                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 typedef enum hm_memory_kind {
-  HM_MEM_UNKNOWN = 0,     /* pointer_query: not memory of this plugin (plain host memory) */
-  HM_MEM_DEVICE = 1,      /* device memory */
-  HM_MEM_PINNED_HOST = 2, /* page-locked host memory, host-addressable, device-accessible */
+  HM_MEM_UNKNOWN = 0,         /* pointer_query: not memory of this plugin (plain host memory) */
+  HM_MEM_DEVICE = 1,          /* device memory */
+  HM_MEM_PINNED_HOST = 2,     /* page-locked host memory, host-addressable, device-accessible */
   HM_MEM_REGISTERED_HOST = 3, /* host memory registered through host_register */
   HM_MEM_IPC_MAPPED = 4       /* a peer's device memory opened through ipc_open */
 } hm_memory_kind;
@@ -203,9 +205,9 @@ typedef void (*hm_host_fn)(void* user_data);
 /* The function table.                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 typedef struct hm_device_plugin_api {
-  size_t struct_size; /* sizeof(hm_device_plugin_api) the plugin was built with */
-  uint32_t abi_major; /* HM_DEVICE_PLUGIN_ABI_MAJOR */
-  uint32_t abi_minor; /* HM_DEVICE_PLUGIN_ABI_MINOR */
+  size_t struct_size;  /* sizeof(hm_device_plugin_api) the plugin was built with */
+  uint32_t abi_major;  /* HM_DEVICE_PLUGIN_ABI_MAJOR */
+  uint32_t abi_minor;  /* HM_DEVICE_PLUGIN_ABI_MINOR */
   const char* name;    /* short name used in selectors ("cpu" in "cpu:0"): [a-z0-9_]+ */
   const char* version; /* the plugin's own version, free text (e.g. "1.2.0+cuda13.0") */
 

@@ -3,10 +3,10 @@
 // releases a wait that was enqueued against the previous capture.
 #pragma once
 
+#include <hetmesh/device_plugin.h>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <hetmesh/device_plugin.h>
 
 #include <mutex>
 

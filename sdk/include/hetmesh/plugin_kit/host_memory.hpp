@@ -19,10 +19,10 @@ class HostMemory {
  public:
   struct Allocation {
     uint64_t size;
-    int32_t kind;    // hm_memory_kind
+    int32_t kind;  // hm_memory_kind
     int32_t device;
-    int fd;          // memfd, or -1 (registered host memory, or an IPC mapping)
-    uint8_t* view;   // host-writable view of the same bytes
+    int fd;         // memfd, or -1 (registered host memory, or an IPC mapping)
+    uint8_t* view;  // host-writable view of the same bytes
   };
 
   HostMemory(uint32_t ipc_magic, bool hidden_device_memory, std::vector<uint64_t> device_capacity)

@@ -6,18 +6,20 @@
 
 #include "status.hpp"
 
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
 #include <linux/udmabuf.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 namespace hm::kit {
 
-inline uint64_t page_size() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
+inline uint64_t page_size() {
+  return static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
 
 inline uint64_t round_up(uint64_t value, uint64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -39,8 +41,9 @@ inline int create_memfd(const char* name, uint64_t size) {
 // Maps `size` bytes of `fd` with `protection`.
 inline void* map_memfd(int fd, uint64_t size, int protection) {
   void* p = mmap(nullptr, round_up(size, page_size()), protection, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) fail(HM_ERR_OUT_OF_MEMORY, "mmap of %llu bytes failed: %s",
-                            static_cast<unsigned long long>(size), std::strerror(errno));
+  if (p == MAP_FAILED)
+    fail(HM_ERR_OUT_OF_MEMORY, "mmap of %llu bytes failed: %s",
+         static_cast<unsigned long long>(size), std::strerror(errno));
   return p;
 }
 
@@ -89,7 +92,9 @@ inline int open_peer_memfd(const MemfdHandle& h) {
 }
 
 // dma-buf through /dev/udmabuf, which wraps sealed memfd pages. Absent on many kernels.
-inline bool udmabuf_available() { return access("/dev/udmabuf", R_OK | W_OK) == 0; }
+inline bool udmabuf_available() {
+  return access("/dev/udmabuf", R_OK | W_OK) == 0;
+}
 
 inline int export_udmabuf(int memfd, uint64_t offset, uint64_t size) {
   if (offset % page_size() != 0 || size % page_size() != 0 || size == 0)

@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <exception>
 #include <new>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace hm::kit {
@@ -22,7 +22,9 @@ inline std::string& last_error_storage() {
   return message;
 }
 
-inline const char* last_error() { return last_error_storage().c_str(); }
+inline const char* last_error() {
+  return last_error_storage().c_str();
+}
 
 // An expected failure with a status code, thrown inside guarded().
 struct Failure {

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds the plugin template (sdk/template) out of tree from an installed hetmesh SDK only, as a
+# vendor would, installs it, and checks that hetmesh loads it and it passes the conformance kit.
+#
+#   ci/test-template.sh [PREFIX [WORKDIR]]
+#
+#   PREFIX   hetmesh install prefix (default build/ci-install, from
+#            `cmake --preset ci && cmake --build --preset ci && cmake --install build/ci`)
+#   WORKDIR  scratch folder, emptied first (default build/template-ci)
+set -euo pipefail
+
+prefix=$(realpath -m "${1:-build/ci-install}")
+work=$(realpath -m "${2:-build/template-ci}")
+template="$prefix/share/hetmesh/template"
+
+die() {
+  echo "test-template: $*" >&2
+  exit 1
+}
+
+[[ -f "$template/CMakeLists.txt" ]] || die "$template/CMakeLists.txt is missing: is $prefix a hetmesh install?"
+[[ -x "$prefix/bin/hetmesh" ]] || die "$prefix/bin/hetmesh is missing"
+
+# The loader honours these; HETMESH_PLUGINS would even hide --plugin. Test only what we name.
+unset HETMESH_PLUGINS HETMESH_PLUGIN_PATH
+
+rm -rf "$work"
+mkdir -p "$work"
+
+echo "== configure, build and install $template"
+cmake -S "$template" -B "$work/build" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_INSTALL_PREFIX="$work/install" \
+  -DCMAKE_CXX_FLAGS=-Werror
+cmake --build "$work/build"
+cmake --install "$work/build"
+
+so="$work/install/lib/hetmesh/plugins/libhetmesh-device-mychip.so"
+[[ -f "$so" ]] || die "the plugin was not installed at $so"
+[[ -f "$so.cts-expected" ]] || die "the expectations file was not installed at $so.cts-expected"
+
+echo "== exported symbols"
+exports=$(nm -D --defined-only "$so" | awk '{print $NF}')
+echo "$exports"
+[[ "$exports" == "hm_device_plugin_v1" ]] || die "the plugin must export exactly hm_device_plugin_v1"
+
+echo "== hetmesh info"
+"$prefix/bin/hetmesh" info --plugin "$so" | tee "$work/info.txt"
+grep -Eq '^ +mychip:0 ' "$work/info.txt" || die "hetmesh info does not list mychip:0"
+
+# ---- conformance: hetmesh-cts ------------------------------------------------------------------
+# Runs the whole kit on the template; known failures would go in the installed
+# libhetmesh-device-mychip.so.cts-expected (the template ships it empty).
+# The installed cpu plugin comes along so the pair tests cross plugins (mychip <-> cpu).
+[[ -x "$prefix/bin/hetmesh-cts" ]] || die "$prefix/bin/hetmesh-cts is not installed"
+echo "== hetmesh-cts"
+"$prefix/bin/hetmesh-cts" --plugin "$so" --plugin "$prefix/lib/hetmesh/plugins/libhetmesh-device-cpu.so" \
+  --junit "$work/cts-mychip.xml" --gtest_brief=1
+# -------------------------------------------------------------------------------------------------
+
+echo "test-template: ok"

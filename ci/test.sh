@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The test command: installs dependencies, builds with warnings as errors, runs the unit tests,
+# the conformance kit on every plugin found, the out-of-tree template plugin against the installed
+# SDK, and the ASan/UBSan build of core + cpu + asic_stub. Fails on the first failing step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "dependencies"
+bash ci/install-deps.sh
+
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/hetmesh/ccache}
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-2G}
+export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$(nproc)}
+
+step "layout: no vendor header outside plugins/"
+if grep -rnE '#include *[<"](cuda|cuda_runtime|hip/|hsa/|level_zero|ze_api|nccl)' core backends sdk 2>/dev/null; then
+  echo "vendor headers found outside plugins/" >&2
+  exit 1
+fi
+
+step "format"
+git ls-files '*.h' '*.hpp' '*.cc' '*.c' | xargs clang-format --dry-run -Werror
+
+step "build (preset ci: RelWithDebInfo, -Werror)"
+cmake --preset ci
+cmake --build --preset ci
+cmake --install build/ci >/dev/null
+
+step "unit tests and the conformance kit (cpu, asic_stub and every pair of their devices)"
+ctest --preset ci
+
+step "hetmesh info"
+build/ci-install/bin/hetmesh info
+
+step "template plugin, built out of tree against the installed SDK"
+bash ci/test-template.sh "$root/build/ci-install" "$root/build/template"
+
+step "ASan + UBSan build: core, cpu and asic_stub plugins, unit tests, conformance kit"
+cmake --preset asan
+cmake --build --preset asan
+ASAN_OPTIONS=detect_leaks=1 ctest --preset asan
+
+step "all tests passed"

@@ -1,0 +1,297 @@
+// Properties, argument checking and memory: allocation, pointer queries, copies and fills.
+#include "cts.hpp"
+
+#include <cstring>
+#include <thread>
+
+namespace hetmesh::cts {
+namespace {
+
+constexpr hm_capabilities kKnownCapabilities = (HM_CAP_PEER_COPY << 1) - 1;
+
+TEST_P(DeviceTest, PropertiesAreComplete) {
+  const hm_device_properties& p = device().properties();
+  EXPECT_GT(std::strlen(p.name), 0u) << "name is empty";
+  EXPECT_GT(std::strlen(p.vendor), 0u) << "vendor is empty";
+  EXPECT_TRUE(p.dlpack_device_type == HM_DLPACK_CPU || p.dlpack_device_type == HM_DLPACK_CUDA ||
+              p.dlpack_device_type == HM_DLPACK_ROCM || p.dlpack_device_type == HM_DLPACK_EXT_DEV ||
+              p.dlpack_device_type == HM_DLPACK_ONEAPI ||
+              p.dlpack_device_type == HM_DLPACK_CUDA_HOST ||
+              p.dlpack_device_type == HM_DLPACK_ROCM_HOST)
+      << "unknown DLPack device type " << p.dlpack_device_type;
+  EXPECT_GE(p.numa_node, -1);
+  EXPECT_NE(p.memory_alignment, 0u);
+  EXPECT_EQ(p.memory_alignment & (p.memory_alignment - 1), 0u) << "alignment is not a power of 2";
+  EXPECT_EQ(p.capabilities & ~kKnownCapabilities, 0u) << "capability bits this ABI does not define";
+  if (p.pci_bus_id[0] != '\0') {
+    unsigned domain, bus, dev, fn;
+    EXPECT_EQ(std::sscanf(p.pci_bus_id, "%x:%x:%x.%x", &domain, &bus, &dev, &fn), 4)
+        << "pci_bus_id '" << p.pci_bus_id << "' is not DDDD:BB:DD.F";
+  }
+}
+
+TEST_P(DeviceTest, RejectsTooSmallStructSize) {
+  hm_device_properties props{};
+  props.struct_size = sizeof(size_t);
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().device_properties(index(), &props));
+  EXPECT_STRNE(api().last_error(), "") << "a failure must leave a last_error message";
+  hm_pointer_info info{};
+  info.struct_size = sizeof(size_t);
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().pointer_query(&info, &info));
+}
+
+TEST_P(DeviceTest, AcceptsLargerStructSize) {
+  // A newer host passes bigger structs; the plugin must fill what it knows and accept the rest.
+  struct {
+    hm_device_properties props;
+    char future[64];
+  } bigger{};
+  bigger.props.struct_size = sizeof bigger;
+  HM_EXPECT_STATUS(device(), HM_OK, api().device_properties(index(), &bigger.props));
+  EXPECT_STREQ(bigger.props.name, device().properties().name);
+}
+
+TEST_P(DeviceTest, RejectsInvalidDeviceIndex) {
+  int32_t count = device().plugin().device_count();
+  hm_device_properties props{};
+  props.struct_size = sizeof props;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().device_properties(count, &props));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().device_properties(-1, &props));
+  void* ptr = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                   api().mem_alloc(count, 64, HM_MEM_DEVICE, &ptr));
+  hm_stream stream = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().stream_create(count, 0, &stream));
+  hm_event event = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(-1, 0, &event));
+}
+
+TEST_P(DeviceTest, DeviceMemoryAllocFree) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  for (uint64_t size : {1ull, 4096ull, 3ull << 20}) {
+    void* ptr = nullptr;
+    HM_ASSERT_OK(device(), api().mem_alloc(index(), size, HM_MEM_DEVICE, &ptr));
+    ASSERT_NE(ptr, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(ptr) % device().properties().memory_alignment, 0u);
+    HM_EXPECT_STATUS(device(), HM_OK, api().mem_free(ptr));
+  }
+}
+
+TEST_P(DeviceTest, DeviceMemoryNotSupportedWithoutCapability) {
+  if (has(HM_CAP_DEVICE_MEMORY)) GTEST_SKIP() << "device has device memory";
+  void* ptr = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                   api().mem_alloc(index(), 64, HM_MEM_DEVICE, &ptr));
+}
+
+TEST_P(DeviceTest, PinnedMemoryIsHostAccessible) {
+  HM_REQUIRE(HM_CAP_PINNED_HOST_MEMORY, "pinned host memory");
+  void* ptr = nullptr;
+  HM_ASSERT_OK(device(), api().mem_alloc(index(), 8192, HM_MEM_PINNED_HOST, &ptr));
+  std::memset(ptr, 0x5a, 8192);  // must not crash
+  EXPECT_EQ(static_cast<uint8_t*>(ptr)[8191], 0x5a);
+  HM_EXPECT_STATUS(device(), HM_OK, api().mem_free(ptr));
+}
+
+TEST_P(DeviceTest, PinnedMemoryNotSupportedWithoutCapability) {
+  if (has(HM_CAP_PINNED_HOST_MEMORY)) GTEST_SKIP() << "device has pinned memory";
+  void* ptr = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                   api().mem_alloc(index(), 64, HM_MEM_PINNED_HOST, &ptr));
+}
+
+TEST_P(DeviceTest, AllocRejectsBadArguments) {
+  void* ptr = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                   api().mem_alloc(index(), 0, HM_MEM_DEVICE, &ptr));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().mem_alloc(index(), 64, 77, &ptr));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                   api().mem_alloc(index(), 64, HM_MEM_DEVICE, nullptr));
+}
+
+TEST_P(DeviceTest, AllocBeyondCapacityIsOutOfMemory) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  uint64_t total = device().properties().total_memory;
+  if (total == 0) GTEST_SKIP() << "device reports no memory size";
+  void* ptr = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_OUT_OF_MEMORY,
+                   api().mem_alloc(index(), total * 2, HM_MEM_DEVICE, &ptr));
+}
+
+TEST_P(DeviceTest, FreeRejectsInteriorPointerAndAcceptsNull) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  Buffer buffer = device().allocate(4096);
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                   api().mem_free(static_cast<char*>(buffer.data()) + 64));
+  HM_EXPECT_STATUS(device(), HM_OK, api().mem_free(nullptr));
+}
+
+TEST_P(DeviceTest, PointerQueryFindsInteriorPointers) {
+  for (MemoryKind kind : {MemoryKind::device, MemoryKind::pinned_host}) {
+    hm_capabilities cap =
+        kind == MemoryKind::device ? HM_CAP_DEVICE_MEMORY : HM_CAP_PINNED_HOST_MEMORY;
+    if (!has(cap)) continue;
+    const uint64_t size = 3 * 4096 + 100;
+    Buffer buffer = device().allocate(size, kind);
+    auto* base = static_cast<char*>(buffer.data());
+    for (uint64_t offset : {uint64_t{0}, uint64_t{1}, size / 2, size - 1}) {
+      hm_pointer_info info{};
+      info.struct_size = sizeof info;
+      HM_ASSERT_OK(device(), api().pointer_query(base + offset, &info));
+      EXPECT_EQ(info.kind, static_cast<int32_t>(kind)) << "offset " << offset;
+      EXPECT_EQ(info.device, index()) << "offset " << offset;
+      EXPECT_EQ(info.base, base) << "offset " << offset;
+      EXPECT_EQ(info.size, size) << "offset " << offset;
+    }
+  }
+}
+
+TEST_P(DeviceTest, PointerQueryOfForeignMemoryIsUnknown) {
+  std::vector<uint8_t> heap(256);
+  int on_stack = 0;
+  for (const void* ptr :
+       {static_cast<const void*>(heap.data()), static_cast<const void*>(&on_stack)}) {
+    hm_pointer_info info{};
+    info.struct_size = sizeof info;
+    HM_ASSERT_OK(device(), api().pointer_query(ptr, &info));
+    EXPECT_EQ(info.kind, HM_MEM_UNKNOWN);
+    EXPECT_EQ(info.device, -1);
+  }
+}
+
+// Copies host -> device -> device -> host with odd sizes and offsets and checks every byte.
+TEST_P(DeviceTest, CopyRoundTripsAtOddSizesAndOffsets) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  Stream stream = device().create_stream();
+  for (uint64_t size : {uint64_t{1}, uint64_t{3}, uint64_t{4096 + 7}, uint64_t{(1 << 20) + 13}}) {
+    const uint64_t offset = 5;
+    Buffer first = device().allocate(size + 2 * offset);
+    Buffer second = device().allocate(size + 2 * offset);
+    auto* source = static_cast<uint8_t*>(host_buffer(size));
+    auto* result = static_cast<uint8_t*>(host_buffer(size + offset));
+    fill_pattern(source, size, static_cast<uint32_t>(size));
+    std::memset(result, 0, size + offset);
+    auto* d1 = static_cast<uint8_t*>(first.data()) + offset;
+    auto* d2 = static_cast<uint8_t*>(second.data()) + 2 * offset - 1;
+    HM_ASSERT_OK(device(), api().memcpy_async(stream.native(), d1, source, size));
+    HM_ASSERT_OK(device(), api().memcpy_async(stream.native(), d2, d1, size));
+    HM_ASSERT_OK(device(), api().memcpy_async(stream.native(), result + offset, d2, size));
+    HM_ASSERT_OK(device(), api().stream_synchronize(stream.native(), HM_TIMEOUT_INFINITE));
+    EXPECT_EQ(find_mismatch(result + offset, size, static_cast<uint32_t>(size)), -1)
+        << "size " << size;
+    for (uint64_t i = 0; i < offset; ++i)
+      EXPECT_EQ(result[i], 0) << "copy wrote before dst";
+  }
+}
+
+TEST_P(DeviceTest, CopyOfZeroBytesIsANoOp) {
+  Stream stream = device().create_stream();
+  uint8_t a = 1, b = 2;
+  HM_EXPECT_STATUS(device(), HM_OK, api().memcpy_async(stream.native(), &a, &b, 0));
+  HM_EXPECT_STATUS(device(), HM_OK, api().memset_async(stream.native(), &a, 9, 0));
+  stream.synchronize();
+  EXPECT_EQ(a, 1);
+}
+
+TEST_P(DeviceTest, FillSetsExactlyTheRange) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  Stream stream = device().create_stream();
+  const uint64_t size = 10000;
+  Buffer buffer = device().allocate(size);
+  auto* host = static_cast<uint8_t*>(host_buffer(size));
+  stream.fill(buffer.data(), 0x11, size);
+  HM_ASSERT_OK(device(), api().memset_async(stream.native(), static_cast<char*>(buffer.data()) + 3,
+                                            0x1ab, size - 6));  // only the low byte counts
+  stream.copy(host, buffer.data(), size);
+  stream.synchronize();
+  for (uint64_t i = 0; i < size; ++i) {
+    uint8_t want = (i < 3 || i >= size - 3) ? 0x11 : 0xab;
+    ASSERT_EQ(host[i], want) << "byte " << i;
+  }
+}
+
+TEST_P(DeviceTest, HostAddressableDeviceMemoryIsReadableByTheHost) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY | HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY, "host access");
+  Stream stream = device().create_stream();
+  Buffer buffer = device().allocate(4096);
+  stream.fill(buffer.data(), 0x77, 4096);
+  stream.synchronize();
+  EXPECT_EQ(static_cast<volatile uint8_t*>(buffer.data())[4095], 0x77);
+  static_cast<uint8_t*>(buffer.data())[0] = 0x12;
+  auto* host = static_cast<uint8_t*>(host_buffer(1));
+  stream.copy(host, buffer.data(), 1);
+  stream.synchronize();
+  EXPECT_EQ(host[0], 0x12);
+}
+
+TEST_P(DeviceTest, HostRegisterMakesMemoryKnown) {
+  HM_REQUIRE(HM_CAP_HOST_REGISTER, "host_register");
+  ASSERT_NE(api().host_register, nullptr) << "capability set but slot is NULL";
+  std::vector<uint8_t> memory(1 << 16);
+  HM_ASSERT_OK(device(), api().host_register(memory.data(), memory.size()));
+  hm_pointer_info info{};
+  info.struct_size = sizeof info;
+  HM_EXPECT_STATUS(device(), HM_OK, api().pointer_query(memory.data() + 100, &info));
+  EXPECT_EQ(info.kind, HM_MEM_REGISTERED_HOST);
+  HM_EXPECT_STATUS(device(), HM_OK, api().host_unregister(memory.data()));
+}
+
+TEST_P(DeviceTest, HostRegisterNotSupportedWithoutCapability) {
+  if (has(HM_CAP_HOST_REGISTER)) GTEST_SKIP() << "device can register host memory";
+  if (api().host_register == nullptr)
+    SUCCEED() << "slot is NULL";
+  else {
+    std::vector<uint8_t> memory(4096);
+    HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                     api().host_register(memory.data(), memory.size()));
+  }
+}
+
+TEST_P(DeviceTest, UnknownExtensionIsNotSupported) {
+  if (api().get_extension == nullptr) GTEST_SKIP() << "plugin has no extensions";
+  const void* table = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                   api().get_extension("hm.cts.no_such_extension", 1, &table));
+}
+
+// Several threads allocate, touch and free concurrently; every pointer stays distinct and
+// queryable, and nothing fails.
+TEST_P(DeviceTest, AllocFreeStormFromManyThreads) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  constexpr int kThreads = 8, kRounds = 40, kLive = 6;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        Stream stream = device().create_stream();
+        for (int round = 0; round < kRounds; ++round) {
+          std::vector<Buffer> live;
+          for (int i = 0; i < kLive; ++i) {
+            uint64_t size =
+                1 + static_cast<uint64_t>((t * 7919 + round * 104729 + i * 31) % 200000);
+            live.push_back(device().allocate(size, i % 2 == 0 || !has(HM_CAP_PINNED_HOST_MEMORY)
+                                                       ? MemoryKind::device
+                                                       : MemoryKind::pinned_host));
+            stream.fill(live.back().data(), static_cast<uint8_t>(t), size);
+            PointerInfo info = device().query(static_cast<char*>(live.back().data()) + size - 1);
+            if (info.base != live.back().data() || info.size != size) ++failures;
+          }
+          stream.synchronize();
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "thread " << t << ": " << e.what();
+        ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DeviceTest);
+INSTANTIATE_TEST_SUITE_P(Device, DeviceTest, testing::ValuesIn(device_params()), param_name);
+
+}  // namespace
+}  // namespace hetmesh::cts

@@ -1,0 +1,111 @@
+#include "ipc_peer.hpp"
+
+#include "cts.hpp"
+
+#include <hetmesh/subprocess.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace hetmesh::cts {
+namespace {
+
+constexpr uint64_t kSize = (1 << 20) + 4096;
+constexpr uint32_t kExporterSeed = 1234;
+constexpr uint8_t kPeerFill = 0xc7;
+
+std::string to_hex(const hm_ipc_handle& handle) {
+  std::string hex;
+  for (uint8_t byte : handle.bytes)
+    hex += fmt::format("{:02x}", byte);
+  return hex;
+}
+
+bool from_hex(const std::string& hex, hm_ipc_handle* handle) {
+  if (hex.size() != 2 * sizeof handle->bytes) return false;
+  for (size_t i = 0; i < sizeof handle->bytes; ++i)
+    handle->bytes[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
+  return true;
+}
+
+}  // namespace
+
+void expect_ipc_round_trip(const Device& exporter, const Device& importer) {
+  Buffer buffer = exporter.allocate(kSize);
+  Buffer staging =
+      exporter.allocate(kSize, exporter.has(HM_CAP_PINNED_HOST_MEMORY) ? MemoryKind::pinned_host
+                                                                       : MemoryKind::device);
+  std::vector<uint8_t> host(kSize);
+  void* host_side = exporter.has(HM_CAP_PINNED_HOST_MEMORY) ? staging.data() : host.data();
+  fill_pattern(host_side, kSize, kExporterSeed);
+  Stream stream = exporter.create_stream();
+  stream.copy(buffer.data(), host_side, kSize);
+  stream.synchronize();
+
+  hm_ipc_handle handle = ipc_export(exporter, buffer.data());
+  ProcessResult child = run_process(
+      {env().self, "--cts-ipc-peer", importer.plugin().path(), std::to_string(importer.index()),
+       to_hex(handle), std::to_string(kSize), std::to_string(kExporterSeed)},
+      std::chrono::seconds(120));
+  ASSERT_EQ(child.exit_code, 0) << "IPC peer process failed (" << child.describe()
+                                << "): " << child.out << child.err;
+
+  std::memset(host_side, 0, kSize);
+  stream.copy(host_side, buffer.data(), kSize);
+  stream.synchronize();
+  const auto* bytes = static_cast<const uint8_t*>(host_side);
+  for (uint64_t i = 0; i < kSize; ++i)
+    ASSERT_EQ(bytes[i], kPeerFill) << "the peer's write is not visible at byte " << i;
+}
+
+int run_ipc_peer(int argc, char** argv) {
+  if (argc != 7) {
+    std::printf("usage: --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED\n");
+    return 2;
+  }
+  try {
+    PluginLoadOptions options;
+    options.explicit_paths = {argv[2]};
+    options.search = false;
+    PluginRegistry registry = PluginRegistry::load(options);
+    if (registry.plugins().empty()) {
+      std::printf("plugin %s was refused: %s\n", argv[2],
+                  registry.refused().empty() ? "?" : registry.refused()[0].reason.c_str());
+      return 3;
+    }
+    Device device(registry.plugins()[0], std::stoi(argv[3]));
+    hm_ipc_handle handle{};
+    if (!from_hex(argv[4], &handle)) {
+      std::printf("malformed handle\n");
+      return 2;
+    }
+    uint64_t size = std::stoull(argv[5]);
+    uint32_t seed = static_cast<uint32_t>(std::stoul(argv[6]));
+
+    IpcMapping mapping(device, handle);
+    PointerInfo info = device.query(static_cast<char*>(mapping.data()) + size - 1);
+    if (info.kind != HM_MEM_IPC_MAPPED || info.base != mapping.data()) {
+      std::printf("pointer_query on the mapping gave kind %d base %p (expected IPC_MAPPED %p)\n",
+                  info.kind, info.base, mapping.data());
+      return 4;
+    }
+    std::vector<uint8_t> host(size);
+    Stream stream = device.create_stream();
+    stream.copy(host.data(), mapping.data(), size);
+    stream.synchronize(std::chrono::seconds(60));
+    if (int64_t bad = find_mismatch(host.data(), size, seed); bad >= 0) {
+      std::printf("exporter's bytes differ at offset %lld\n", static_cast<long long>(bad));
+      return 5;
+    }
+    stream.fill(mapping.data(), kPeerFill, size);
+    stream.synchronize(std::chrono::seconds(60));
+    return 0;
+  } catch (const std::exception& e) {
+    std::printf("%s\n", e.what());
+    return 6;
+  }
+}
+
+}  // namespace hetmesh::cts

@@ -1,0 +1,16 @@
+// Cross-process IPC checks: the exporter side runs in the test, the importer in a child process.
+#pragma once
+
+#include <hetmesh/device.hpp>
+
+namespace hetmesh::cts {
+
+// Exports device memory of `exporter`, has a child process open it on `importer` (same plugin),
+// check the bytes and overwrite them; then checks the overwrite here. Reports gtest failures.
+void expect_ipc_round_trip(const Device& exporter, const Device& importer);
+
+// The child side: `hetmesh-cts --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED`. Returns the
+// process exit code; prints the reason for a failure.
+int run_ipc_peer(int argc, char** argv);
+
+}  // namespace hetmesh::cts

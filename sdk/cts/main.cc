@@ -1,0 +1,112 @@
+// hetmesh-cts: runs the conformance suite over every device the loader finds (or the plugins
+// named with --plugin), applies each plugin's known-failure list, writes JUnit XML and prints a
+// summary. Exit status 0 means conformant: no unexpected failure and no unexpected pass.
+#include "cts.hpp"
+#include "ipc_peer.hpp"
+#include "report.hpp"
+
+#include <hetmesh/subprocess.hpp>
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace {
+
+const char kUsage[] = R"(usage: hetmesh-cts [options] [gtest options]
+
+  --plugin PATH        test this plugin file (repeatable); nothing else is loaded
+  --expectations FILE  known failures (repeatable), in addition to each plugin's own
+                       <plugin .so path>.cts-expected file
+  --junit FILE         write JUnit XML here
+  --gtest_filter=...   and the other GoogleTest options select and repeat tests
+
+Known-failure files hold one test-name glob per line, '#' starts a comment. A listed test that
+fails is an expected failure; a listed test that passes is an error; an unlisted failure fails.
+)";
+
+struct Options {
+  std::vector<std::string> plugins;
+  std::vector<std::string> expectation_files;
+  std::string junit;
+};
+
+// Takes our options out of argv, leaving GoogleTest's.
+bool parse(int& argc, char** argv, Options* options) {
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](std::vector<std::string>* list, std::string* one) {
+      if (i + 1 >= argc) throw std::runtime_error(arg + " needs a value");
+      if (list)
+        list->push_back(argv[++i]);
+      else
+        *one = argv[++i];
+    };
+    if (arg == "--plugin")
+      value(&options->plugins, nullptr);
+    else if (arg == "--expectations")
+      value(&options->expectation_files, nullptr);
+    else if (arg == "--junit")
+      value(nullptr, &options->junit);
+    else if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      argv[kept++] = argv[i];
+    } else
+      argv[kept++] = argv[i];
+  }
+  argc = kept;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace hetmesh;
+  if (argc >= 2 && std::strcmp(argv[1], "--cts-ipc-peer") == 0)
+    return cts::run_ipc_peer(argc, argv);
+
+  Options options;
+  try {
+    parse(argc, argv, &options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hetmesh-cts: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+
+  PluginLoadOptions load;
+  load.explicit_paths = options.plugins;
+  load.search = options.plugins.empty();
+  load.isolate = true;  // a plugin that crashes while starting is reported, not fatal
+  cts::Environment& env = cts::env();
+  env.registry = PluginRegistry::load(load);
+  env.devices = env.registry.devices();
+  env.self = self_executable();
+
+  cts::Expectations expectations;
+  try {
+    for (const auto& plugin : env.registry.plugins())
+      expectations.load_if_present(plugin->path() + ".cts-expected", plugin->name());
+    for (const auto& file : options.expectation_files)
+      expectations.load(file, "");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hetmesh-cts: %s\n", e.what());
+    return 2;
+  }
+
+  testing::InitGoogleTest(&argc, argv);
+  auto* recorder = new cts::Recorder;  // owned by gtest's listener list
+  testing::UnitTest::GetInstance()->listeners().Append(recorder);
+  int gtest_status = RUN_ALL_TESTS();
+  (void)gtest_status;  // our verdict applies the expectations
+
+  cts::Verdict verdict = cts::judge(recorder->records(), expectations);
+  if (!options.junit.empty()) cts::write_junit(options.junit, recorder->records(), verdict);
+  cts::print_summary(env, recorder->records(), verdict, options.plugins);
+
+  bool refused_requested = false;
+  for (const auto& r : env.registry.refused())
+    for (const auto& p : options.plugins)
+      refused_requested |= (r.path == p);
+  return verdict.conformant() && !refused_requested ? 0 : 1;
+}

@@ -1,0 +1,241 @@
+#include "report.hpp"
+
+#include <fmt/format.h>
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+namespace hetmesh::cts {
+
+void Recorder::OnTestPartResult(const testing::TestPartResult& part) {
+  if (part.failed() || part.skipped()) {
+    if (!pending_message_.empty()) pending_message_ += "\n";
+    pending_message_ += fmt::format("{}:{}: {}", part.file_name() ? part.file_name() : "?",
+                                    part.line_number(), part.message());
+  }
+}
+
+void Recorder::OnTestEnd(const testing::TestInfo& info) {
+  TestRecord record;
+  record.suite = info.test_suite_name();
+  record.name = info.name();
+  const testing::TestResult* result = info.result();
+  record.result = result->Failed()    ? TestRecord::failed
+                  : result->Skipped() ? TestRecord::skipped
+                                      : TestRecord::passed;
+  record.seconds = static_cast<double>(result->elapsed_time()) / 1000.0;
+  record.message = std::move(pending_message_);
+  pending_message_.clear();
+  records_.push_back(std::move(record));
+}
+
+void Expectations::load_if_present(const std::string& path, const std::string& owner) {
+  if (std::ifstream(path).good()) load(path, owner);
+}
+
+void Expectations::load(const std::string& path, const std::string& owner) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read expectations file " + path);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    std::string reason = fmt::format("listed in {}:{}", path, number);
+    if (size_t hash = line.find('#'); hash != std::string::npos) {
+      std::string comment = line.substr(hash + 1);
+      line.resize(hash);
+      comment.erase(0, comment.find_first_not_of(" \t"));
+      if (!comment.empty()) reason += ": " + comment;
+    }
+    line.erase(0, line.find_first_not_of(" \t"));
+    line.erase(line.find_last_not_of(" \t\r") + 1);
+    if (line.empty()) continue;
+    if (line.find_first_of(" \t") != std::string::npos)
+      throw std::runtime_error(
+          fmt::format("{}:{}: '{}' is not a single test-name glob", path, number, line));
+    entries_.push_back({line, owner, reason});
+  }
+}
+
+const std::string* Expectations::match(const std::string& full_name) const {
+  for (const Entry& e : entries_) {
+    if (fnmatch(e.glob.c_str(), full_name.c_str(), 0) != 0) continue;
+    if (!e.owner.empty()) {
+      auto involved = plugins_in_test(full_name);
+      if (std::find(involved.begin(), involved.end(), e.owner) == involved.end()) continue;
+    }
+    return &e.reason;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> plugins_in_test(const std::string& name) {
+  std::vector<std::string> plugins;
+  size_t slash = name.rfind('/');
+  if (slash == std::string::npos) return plugins;
+  std::string param = name.substr(slash + 1);
+  size_t start = 0;
+  while (start < param.size()) {
+    size_t end = param.find("__", start);
+    if (end == std::string::npos) end = param.size();
+    std::string token = param.substr(start, end - start);  // "asic_stub_1"
+    size_t underscore = token.rfind('_');
+    if (underscore != std::string::npos && underscore + 1 < token.size() &&
+        token.find_first_not_of("0123456789", underscore + 1) == std::string::npos)
+      plugins.push_back(token.substr(0, underscore));
+    start = end + 2;
+  }
+  return plugins;
+}
+
+int Verdict::count(Outcome o) const {
+  return static_cast<int>(std::count(outcomes.begin(), outcomes.end(), o));
+}
+
+Verdict judge(const std::vector<TestRecord>& records, const Expectations& expectations) {
+  Verdict v;
+  for (const TestRecord& r : records) {
+    const std::string* listed = expectations.match(r.full_name());
+    Outcome o = r.result == TestRecord::skipped  ? Outcome::skip
+                : r.result == TestRecord::failed ? (listed ? Outcome::expected_fail : Outcome::fail)
+                : listed                         ? Outcome::unexpected_pass
+                                                 : Outcome::pass;
+    v.outcomes.push_back(o);
+    v.notes.push_back(listed ? *listed : std::string());
+    auto plugins = plugins_in_test(r.full_name());
+    std::string group = plugins.empty() ? "loader" : plugins.size() > 1 ? "pairs" : plugins[0];
+    v.by_group[group][o]++;
+  }
+  return v;
+}
+
+namespace {
+
+std::string xml_escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t')
+          out += ' ';
+        else
+          out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_junit(const std::string& path, const std::vector<TestRecord>& records,
+                 const Verdict& verdict) {
+  std::map<std::string, std::vector<size_t>> suites;
+  for (size_t i = 0; i < records.size(); ++i)
+    suites[records[i].suite].push_back(i);
+  std::ofstream out(path);
+  if (!out) {
+    fmt::print(stderr, "hetmesh-cts: cannot write {}\n", path);
+    return;
+  }
+  out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out << fmt::format("<testsuites name=\"hetmesh-cts\" tests=\"{}\" failures=\"{}\">\n",
+                     records.size(),
+                     verdict.count(Outcome::fail) + verdict.count(Outcome::unexpected_pass));
+  for (const auto& [suite, indices] : suites) {
+    int failures = 0, skipped = 0;
+    for (size_t i : indices) {
+      Outcome o = verdict.outcomes[i];
+      failures += o == Outcome::fail || o == Outcome::unexpected_pass;
+      skipped += o == Outcome::skip || o == Outcome::expected_fail;
+    }
+    out << fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n",
+                       xml_escape(suite), indices.size(), failures, skipped);
+    for (size_t i : indices) {
+      const TestRecord& r = records[i];
+      out << fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3f}\"",
+                         xml_escape(r.suite), xml_escape(r.name), r.seconds);
+      switch (verdict.outcomes[i]) {
+        case Outcome::pass:
+          out << "/>\n";
+          continue;
+        case Outcome::skip:
+          out << fmt::format(">\n      <skipped message=\"{}\"/>\n", xml_escape(r.message));
+          break;
+        case Outcome::expected_fail:
+          out << fmt::format(">\n      <skipped message=\"expected failure: {}\"/>\n",
+                             xml_escape(verdict.notes[i]));
+          out << fmt::format("      <system-out>{}</system-out>\n", xml_escape(r.message));
+          break;
+        case Outcome::fail:
+          out << fmt::format(">\n      <failure message=\"failed\">{}</failure>\n",
+                             xml_escape(r.message));
+          break;
+        case Outcome::unexpected_pass:
+          out << fmt::format(
+              ">\n      <failure message=\"unexpectedly passed: {}; remove it from the list\"/>\n",
+              xml_escape(verdict.notes[i]));
+          break;
+      }
+      out << "    </testcase>\n";
+    }
+    out << "  </testsuite>\n";
+  }
+  out << "</testsuites>\n";
+}
+
+void print_summary(const Environment& env, const std::vector<TestRecord>& records,
+                   const Verdict& verdict, const std::vector<std::string>& requested_plugins) {
+  fmt::print("\n==== hetmesh-cts summary (host ABI {}.{}) ====\n", HM_DEVICE_PLUGIN_ABI_MAJOR,
+             HM_DEVICE_PLUGIN_ABI_MINOR);
+  for (const auto& plugin : env.registry.plugins()) {
+    fmt::print("plugin {} {}  ABI {}.{} (negotiated {}.{})  {}\n", plugin->name(),
+               plugin->version(), HM_DEVICE_PLUGIN_ABI_MAJOR, plugin->plugin_abi_minor(),
+               HM_DEVICE_PLUGIN_ABI_MAJOR, plugin->negotiated_abi_minor(), plugin->path());
+    if (plugin->device_count() == 0) fmt::print("  (no devices: nothing to test)\n");
+    for (const auto& device : env.devices)
+      if (device.plugin_ptr() == plugin)
+        fmt::print("  {:<12} {}\n    capabilities: {}\n", device.selector(),
+                   device.properties().name, capability_names(device.properties().capabilities));
+  }
+  for (const auto& r : env.registry.refused()) {
+    bool requested = std::find(requested_plugins.begin(), requested_plugins.end(), r.path) !=
+                     requested_plugins.end();
+    fmt::print("{} {}\n  {}\n", requested ? "REFUSED (requested):" : "refused:", r.path, r.reason);
+  }
+  fmt::print("\n{:<14} {:>6} {:>6} {:>14} {:>6} {:>16}\n", "group", "pass", "skip", "expected-fail",
+             "FAIL", "UNEXPECTED-PASS");
+  for (const auto& [group, counts] : verdict.by_group) {
+    auto n = [&](Outcome o) { return counts.count(o) ? counts.at(o) : 0; };
+    fmt::print("{:<14} {:>6} {:>6} {:>14} {:>6} {:>16}\n", group, n(Outcome::pass),
+               n(Outcome::skip), n(Outcome::expected_fail), n(Outcome::fail),
+               n(Outcome::unexpected_pass));
+  }
+  fmt::print("{:<14} {:>6} {:>6} {:>14} {:>6} {:>16}\n", "total", verdict.count(Outcome::pass),
+             verdict.count(Outcome::skip), verdict.count(Outcome::expected_fail),
+             verdict.count(Outcome::fail), verdict.count(Outcome::unexpected_pass));
+  for (size_t i = 0; i < verdict.outcomes.size(); ++i) {
+    if (verdict.outcomes[i] == Outcome::fail)
+      fmt::print("FAILED            {}\n", records[i].full_name());
+    if (verdict.outcomes[i] == Outcome::unexpected_pass)
+      fmt::print("UNEXPECTED PASS   {} ({}): remove it from the known-failure list\n",
+                 records[i].full_name(), verdict.notes[i]);
+    if (verdict.outcomes[i] == Outcome::expected_fail)
+      fmt::print("expected failure  {} ({})\n", records[i].full_name(), verdict.notes[i]);
+  }
+  fmt::print("\nverdict: {}\n", verdict.conformant() ? "CONFORMANT" : "NOT CONFORMANT");
+}
+
+}  // namespace hetmesh::cts

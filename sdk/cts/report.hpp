@@ -1,0 +1,70 @@
+// Outcome bookkeeping for hetmesh-cts: known failures, the verdict, JUnit XML and the summary.
+#pragma once
+
+#include "cts.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hetmesh::cts {
+
+struct TestRecord {
+  std::string suite;  // "Device/DeviceTest"
+  std::string name;   // "CopyRoundTrips/cpu_0"
+  enum Result { passed, skipped, failed } result = passed;
+  std::string message;  // failure or skip text
+  double seconds = 0;
+  std::string full_name() const { return suite + "." + name; }
+};
+
+// Collects results as GoogleTest reports them.
+class Recorder : public testing::EmptyTestEventListener {
+ public:
+  void OnTestPartResult(const testing::TestPartResult& part) override;
+  void OnTestEnd(const testing::TestInfo& info) override;
+  const std::vector<TestRecord>& records() const { return records_; }
+
+ private:
+  std::string pending_message_;
+  std::vector<TestRecord> records_;
+};
+
+// Known failures: test-name globs, each owned by a plugin (applies to tests involving it) or
+// global (owner "").
+class Expectations {
+ public:
+  void load(const std::string& path, const std::string& owner);  // throws on unreadable file
+  void load_if_present(const std::string& path, const std::string& owner);
+  // The matching entry's reason (or "listed in FILE"), or nullptr.
+  const std::string* match(const std::string& full_name) const;
+
+ private:
+  struct Entry {
+    std::string glob, owner, reason;
+  };
+  std::vector<Entry> entries_;
+};
+
+enum class Outcome { pass, skip, expected_fail, fail, unexpected_pass };
+
+struct Verdict {
+  std::vector<Outcome> outcomes;                           // parallel to the records
+  std::vector<std::string> notes;                          // parallel: reason for expected failures
+  std::map<std::string, std::map<Outcome, int>> by_group;  // plugin name, "pairs", "loader"
+  int count(Outcome o) const;
+  bool conformant() const {
+    return count(Outcome::fail) == 0 && count(Outcome::unexpected_pass) == 0;
+  }
+};
+
+// Plugins a test involves, from its parameter suffix ("cpu_0__asic_stub_1" -> cpu, asic_stub).
+std::vector<std::string> plugins_in_test(const std::string& name);
+
+Verdict judge(const std::vector<TestRecord>& records, const Expectations& expectations);
+void write_junit(const std::string& path, const std::vector<TestRecord>& records,
+                 const Verdict& verdict);
+void print_summary(const Environment& env, const std::vector<TestRecord>& records,
+                   const Verdict& verdict, const std::vector<std::string>& requested_plugins);
+
+}  // namespace hetmesh::cts

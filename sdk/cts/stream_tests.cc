@@ -1,0 +1,290 @@
+// Streams, events, host callbacks and stream memory operations.
+#include "cts.hpp"
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+namespace hetmesh::cts {
+namespace {
+
+// A 32-bit flag in pinned memory the host can set: the way tests hold a stream back.
+struct HostFlag {
+  Buffer memory;
+  volatile uint32_t* word;
+  explicit HostFlag(const Device& device)
+      : memory(device.allocate(4096, MemoryKind::pinned_host)),
+        word(static_cast<volatile uint32_t*>(memory.data())) {
+    *word = 0;
+  }
+  void set(uint32_t value) {
+    std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word)).store(value, std::memory_order_release);
+  }
+  void* address() const { return memory.data(); }
+};
+
+constexpr hm_capabilities kMemops = HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY;
+
+TEST_P(DeviceTest, StreamLifecycle) {
+  hm_stream stream = nullptr;
+  HM_ASSERT_OK(device(), api().stream_create(index(), HM_STREAM_NON_BLOCKING, &stream));
+  ASSERT_NE(stream, nullptr);
+  HM_EXPECT_STATUS(device(), HM_OK, api().stream_query(stream));
+  HM_EXPECT_STATUS(device(), HM_OK, api().stream_synchronize(stream, 0));
+  HM_EXPECT_STATUS(device(), HM_OK, api().stream_destroy(stream));
+}
+
+TEST_P(DeviceTest, StreamRejectsBadArguments) {
+  hm_stream stream = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().stream_create(index(), 0x80, &stream));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().stream_create(index(), 0, nullptr));
+  uint8_t a = 0, b = 0;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().memcpy_async(nullptr, &a, &b, 1));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().stream_synchronize(nullptr, 0));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().stream_query(nullptr));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().event_query(nullptr));
+  hm_event event = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(index(), 0x80, &event));
+}
+
+TEST_P(DeviceTest, StreamExecutesInOrder) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  Stream stream = device().create_stream();
+  const uint64_t size = 1 << 16;
+  Buffer chain[4] = {device().allocate(size), device().allocate(size), device().allocate(size),
+                     device().allocate(size)};
+  auto* host = static_cast<uint8_t*>(host_buffer(size));
+  auto* out = static_cast<uint8_t*>(host_buffer(size));
+  fill_pattern(host, size, 42);
+  stream.copy(chain[0].data(), host, size);
+  for (int i = 1; i < 4; ++i)
+    stream.copy(chain[i].data(), chain[i - 1].data(), size);
+  stream.copy(out, chain[3].data(), size);
+  stream.synchronize();
+  EXPECT_EQ(find_mismatch(out, size, 42), -1);
+}
+
+TEST_P(DeviceTest, EventNeverRecordedIsComplete) {
+  Event event = device().create_event();
+  HM_EXPECT_STATUS(device(), HM_OK, api().event_query(event.native()));
+  HM_EXPECT_STATUS(device(), HM_OK, api().event_synchronize(event.native(), 0));
+}
+
+TEST_P(DeviceTest, EventCompletesAfterRecordedWork) {
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  Stream stream = device().create_stream();
+  Event event = device().create_event();
+  const uint64_t size = 4 << 20;
+  Buffer buffer = device().allocate(size);
+  auto* host = static_cast<uint8_t*>(host_buffer(size));
+  stream.fill(buffer.data(), 0x3c, size);
+  stream.copy(host, buffer.data(), size);
+  HM_ASSERT_OK(device(), api().event_record(event.native(), stream.native()));
+  HM_ASSERT_OK(device(), api().event_synchronize(event.native(), HM_TIMEOUT_INFINITE));
+  HM_EXPECT_STATUS(device(), HM_OK, api().event_query(event.native()));
+  EXPECT_EQ(host[size - 1], 0x3c) << "event completed before the work it captured";
+}
+
+TEST_P(DeviceTest, EventTimingMeasuresElapsedTime) {
+  HM_REQUIRE(HM_CAP_EVENT_TIMING, "event timing");
+  ASSERT_NE(api().event_elapsed_ms, nullptr) << "capability set but slot is NULL";
+  Stream stream = device().create_stream();
+  Event start = device().create_event(), end = device().create_event();
+  start.record(stream);
+  if (has(HM_CAP_DEVICE_MEMORY)) {
+    Buffer buffer = device().allocate(1 << 20);
+    stream.fill(buffer.data(), 1, 1 << 20);
+    end.record(stream);
+    end.synchronize();
+  } else {
+    end.record(stream);
+    end.synchronize();
+  }
+  float ms = -1;
+  HM_ASSERT_OK(device(), api().event_elapsed_ms(start.native(), end.native(), &ms));
+  EXPECT_GE(ms, 0.0f);
+}
+
+TEST_P(DeviceTest, EventTimingNotSupportedWithoutCapability) {
+  if (has(HM_CAP_EVENT_TIMING)) GTEST_SKIP() << "device has event timing";
+  if (api().event_elapsed_ms == nullptr) return;
+  Stream stream = device().create_stream();
+  Event a = device().create_event(), b = device().create_event();
+  a.record(stream);
+  b.record(stream);
+  stream.synchronize();
+  float ms = 0;
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                   api().event_elapsed_ms(a.native(), b.native(), &ms));
+}
+
+// A stream held back on a flag: its event is not ready, a finite wait times out, and setting
+// the flag releases everything.
+TEST_P(DeviceTest, BlockedStreamReportsNotReadyAndTimesOut) {
+  HM_REQUIRE(kMemops, "stream memory operations");
+  HostFlag flag(device());
+  Stream stream = device().create_stream();
+  Event event = device().create_event();
+  stream.wait_value32(flag.address(), 1, HM_WAIT_GEQ);
+  event.record(stream);
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_READY, api().stream_query(stream.native()));
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_READY, api().event_query(event.native()));
+  HM_EXPECT_STATUS(device(), HM_ERR_TIMEOUT, api().event_synchronize(event.native(), 2'000'000));
+  HM_EXPECT_STATUS(device(), HM_ERR_TIMEOUT, api().stream_synchronize(stream.native(), 2'000'000));
+  flag.set(1);
+  HM_EXPECT_STATUS(device(), HM_OK, api().stream_synchronize(stream.native(), HM_TIMEOUT_INFINITE));
+  HM_EXPECT_STATUS(device(), HM_OK, api().event_query(event.native()));
+}
+
+TEST_P(DeviceTest, StreamWaitEventOrdersAnotherStream) {
+  HM_REQUIRE(kMemops, "stream memory operations");
+  HostFlag flag(device());
+  Stream producer = device().create_stream(), consumer = device().create_stream();
+  Event ready = device().create_event(HM_EVENT_DISABLE_TIMING);
+  auto* marker = static_cast<uint32_t*>(host_buffer(4096));
+  marker[0] = 0;
+  producer.wait_value32(flag.address(), 7, HM_WAIT_EQ);
+  ready.record(producer);
+  consumer.wait(ready);
+  consumer.write_value32(marker, 0xfeed);
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_READY, api().stream_query(consumer.native()));
+  EXPECT_EQ(std::atomic_ref<uint32_t>(marker[0]).load(), 0u) << "consumer ran before the event";
+  flag.set(7);
+  consumer.synchronize();
+  EXPECT_EQ(std::atomic_ref<uint32_t>(marker[0]).load(), 0xfeedu);
+}
+
+TEST_P(DeviceTest, WaitValueConditions) {
+  HM_REQUIRE(kMemops, "stream memory operations");
+  struct Case {
+    hm_wait_condition condition;
+    uint32_t value, unsatisfied, satisfied;
+  };
+  const Case cases[] = {
+      {HM_WAIT_GEQ, 5, 4, 6},
+      {HM_WAIT_GEQ, 0xfffffffe, 0xfffffffd, 1},  // cyclic: 1 is "after" 0xfffffffe
+      {HM_WAIT_EQ, 9, 10, 9},
+      {HM_WAIT_AND, 0x10, 0x0f, 0x30},
+      {HM_WAIT_NOR, 0xffff0000, 0xffffffff, 0xfffff000},
+  };
+  for (const Case& c : cases) {
+    HostFlag flag(device());
+    flag.set(c.unsatisfied);
+    auto* marker = static_cast<uint32_t*>(host_buffer(4096));
+    marker[0] = 0;
+    Stream stream = device().create_stream();
+    stream.wait_value32(flag.address(), c.value, c.condition);
+    stream.write_value32(marker, 1);
+    EXPECT_EQ(api().stream_synchronize(stream.native(), 2'000'000), HM_ERR_TIMEOUT)
+        << "condition " << c.condition << " value " << c.value << " passed on " << c.unsatisfied;
+    flag.set(c.satisfied);
+    stream.synchronize();
+    EXPECT_EQ(std::atomic_ref<uint32_t>(marker[0]).load(), 1u);
+  }
+}
+
+TEST_P(DeviceTest, WriteValueIsOrderedAfterPriorWork) {
+  HM_REQUIRE(kMemops | HM_CAP_DEVICE_MEMORY, "stream memory operations");
+  const uint64_t size = 8 << 20;
+  Buffer buffer = device().allocate(size);
+  auto* host = static_cast<uint8_t*>(host_buffer(size + 4096));
+  auto* flag = reinterpret_cast<uint32_t*>(host + size);
+  *flag = 0;
+  Stream stream = device().create_stream();
+  stream.fill(buffer.data(), 0x6d, size);
+  stream.copy(host, buffer.data(), size);
+  stream.write_value32(flag, 1);
+  // Poll the flag like a comm thread would: once it is 1, the copied data must be complete.
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);  // hang guard only
+  while (std::atomic_ref<uint32_t>(*flag).load(std::memory_order_acquire) != 1) {
+    ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "the flag was never written";
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(host[size - 1], 0x6d);
+  EXPECT_EQ(host[0], 0x6d);
+  stream.synchronize();
+}
+
+TEST_P(DeviceTest, StreamMemopsRejectMisalignedAddress) {
+  HM_REQUIRE(kMemops, "stream memory operations");
+  ASSERT_TRUE(api().stream_write_value32 && api().stream_wait_value32)
+      << "capability set but slot is NULL";
+  HostFlag flag(device());
+  Stream stream = device().create_stream();
+  HM_EXPECT_STATUS(
+      device(), HM_ERR_INVALID_ARGUMENT,
+      api().stream_write_value32(stream.native(), static_cast<char*>(flag.address()) + 1, 1, 0));
+}
+
+TEST_P(DeviceTest, StreamMemopsNotSupportedWithoutCapability) {
+  if (has(HM_CAP_STREAM_MEMOPS)) GTEST_SKIP() << "device has stream memory operations";
+  Stream stream = device().create_stream();
+  uint32_t word = 0;
+  if (api().stream_write_value32 != nullptr)
+    HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                     api().stream_write_value32(stream.native(), &word, 1, 0));
+  if (api().stream_wait_value32 != nullptr)
+    HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                     api().stream_wait_value32(stream.native(), &word, 0, HM_WAIT_GEQ, 0));
+}
+
+TEST_P(DeviceTest, HostCallbacksRunInStreamOrder) {
+  HM_REQUIRE(HM_CAP_HOST_CALLBACK, "host callbacks");
+  ASSERT_NE(api().stream_add_callback, nullptr) << "capability set but slot is NULL";
+  struct Log {
+    std::mutex mutex;
+    std::vector<int> order;
+  } log;
+  struct Call {
+    Log* log;
+    int id;
+  };
+  Call calls[3] = {{&log, 1}, {&log, 2}, {&log, 3}};
+  auto record = [](void* user) {
+    auto* call = static_cast<Call*>(user);
+    std::lock_guard lock(call->log->mutex);
+    call->log->order.push_back(call->id);
+  };
+  Stream stream = device().create_stream();
+  for (Call& call : calls)
+    HM_ASSERT_OK(device(), api().stream_add_callback(stream.native(), record, &call));
+  stream.synchronize();
+  EXPECT_EQ(log.order, (std::vector<int>{1, 2, 3}));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                   api().stream_add_callback(stream.native(), nullptr, nullptr));
+}
+
+TEST_P(DeviceTest, HostCallbacksNotSupportedWithoutCapability) {
+  if (has(HM_CAP_HOST_CALLBACK)) GTEST_SKIP() << "device has host callbacks";
+  if (api().stream_add_callback == nullptr) return;
+  Stream stream = device().create_stream();
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
+                   api().stream_add_callback(
+                       stream.native(), [](void*) {}, nullptr));
+}
+
+TEST_P(DeviceTest, StreamAndEventStormFromManyThreads) {
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&] {
+      try {
+        for (int i = 0; i < 50; ++i) {
+          Stream stream = device().create_stream();
+          Event event = device().create_event(HM_EVENT_DISABLE_TIMING);
+          event.record(stream);
+          event.synchronize(std::chrono::seconds(30));
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace
+}  // namespace hetmesh::cts

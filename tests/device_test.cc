@@ -1,0 +1,541 @@
+// The RAII device wrappers (Device, Buffer, Stream, Event, IpcMapping, DmaBuf) on the reference
+// plugins: cpu (host memory as a device) and asic_stub (a simulated accelerator whose device
+// memory the host cannot touch).
+//
+// Buffers are declared before the streams that use them, so streams (which finish their queued
+// work when destroyed) go first even when an assertion ends a test early.
+#include "test_support.hpp"
+
+#include <hetmesh/asic_stub.h>
+#include <hetmesh/device.hpp>
+#include <hetmesh/plugin.hpp>
+#include <hetmesh/subprocess.hpp>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+namespace hetmesh {
+namespace {
+
+using namespace std::chrono_literals;
+using test::plugin_path;
+using test::ScopedEnv;
+using ::testing::HasSubstr;
+
+const uint64_t kPage = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+
+std::shared_ptr<Plugin> load(const std::string& name) {
+  // Only the first load in the process initializes the plugin; keep the defaults for that one.
+  ScopedEnv devices("HETMESH_ASIC_STUB_DEVICES", std::nullopt);
+  ScopedEnv memory("HETMESH_ASIC_STUB_MEMORY_MIB", std::nullopt);
+  std::string refusal;
+  auto plugin = load_plugin_file(plugin_path(name), "", &refusal);
+  EXPECT_NE(plugin, nullptr) << name << ": " << refusal;
+  return plugin;
+}
+
+// Runs `fn` and returns the message of the hetmesh::Error it throws, checking its status.
+template <typename Fn>
+std::string error_of(Fn fn, hm_status expected) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), expected) << status_name(e.status()) << ": " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no hetmesh::Error was thrown";
+  return {};
+}
+
+uint8_t* bytes(const Buffer& buffer) {
+  return static_cast<uint8_t*>(buffer.data());
+}
+
+void store_flag(void* word, uint32_t value) {
+  std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(word)).store(value, std::memory_order_release);
+}
+
+// A device of each reference plugin.
+class DeviceTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    auto plugin = load(GetParam());
+    ASSERT_NE(plugin, nullptr);
+    device_.emplace(plugin, 0);
+  }
+  const Device& device() const { return *device_; }
+
+  std::optional<Device> device_;
+};
+
+TEST_P(DeviceTest, PropertiesDescribeTheDevice) {
+  const hm_device_properties& p = device().properties();
+  EXPECT_GT(std::strlen(p.name), 0u);
+  EXPECT_GT(p.total_memory, 0u);
+  EXPECT_TRUE(device().has(HM_CAP_DEVICE_MEMORY | HM_CAP_PINNED_HOST_MEMORY | HM_CAP_STREAM_MEMOPS |
+                           HM_CAP_HOST_CALLBACK | HM_CAP_EVENT_TIMING | HM_CAP_IPC));
+  EXPECT_EQ(p.memory_alignment, kPage);
+  EXPECT_EQ(device().has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY), std::string(GetParam()) == "cpu");
+  EXPECT_THAT(capability_names(p.capabilities), HasSubstr("stream_memops"));
+}
+
+TEST_P(DeviceTest, CopyRoundTripThroughPinnedMemory) {
+  const uint64_t n = 3 * kPage + 123;
+  Buffer dev = device().allocate(n);
+  Buffer dev2 = device().allocate(n);
+  Buffer in = device().allocate(n, MemoryKind::pinned_host);
+  Buffer out = device().allocate(n, MemoryKind::pinned_host);
+  std::vector<uint8_t> plain(n, 0);
+  for (uint64_t i = 0; i < n; ++i)
+    bytes(in)[i] = static_cast<uint8_t>(i * 7 + 3);
+  std::memset(out.data(), 0, n);
+  Stream s = device().create_stream();
+
+  s.copy(dev.data(), in.data(), n);                   // pinned -> device
+  s.copy(dev2.data(), dev.data(), n);                 // device -> device
+  s.copy(out.data(), dev2.data(), n);                 // device -> pinned
+  s.copy(plain.data(), bytes(dev) + 1000, n - 1000);  // device (inside) -> plain host memory
+  s.synchronize();
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), n), 0);
+  EXPECT_EQ(std::memcmp(plain.data(), bytes(in) + 1000, n - 1000), 0);
+  EXPECT_TRUE(s.ready());
+}
+
+TEST_P(DeviceTest, CopyPastTheEndOfAnAllocationIsRejected) {
+  Buffer dev = device().allocate(kPage);
+  Buffer in = device().allocate(2 * kPage, MemoryKind::pinned_host);
+  Stream s = device().create_stream();
+  EXPECT_THAT(error_of([&] { s.copy(bytes(dev) + 8, in.data(), kPage); }, HM_ERR_INVALID_ARGUMENT),
+              HasSubstr("memcpy_async"));
+}
+
+TEST_P(DeviceTest, FillSetsBytesInStreamOrder) {
+  const uint64_t n = 2 * kPage + 5;
+  Buffer dev = device().allocate(n);
+  Buffer out = device().allocate(n, MemoryKind::pinned_host);
+  std::memset(out.data(), 0, n);
+  Stream s = device().create_stream();
+  s.fill(dev.data(), 0xAB, n);
+  s.fill(bytes(dev) + 10, 0x01, 5);
+  s.copy(out.data(), dev.data(), n);
+  s.synchronize();
+  for (uint64_t i = 0; i < n; ++i)
+    ASSERT_EQ(bytes(out)[i], (i >= 10 && i < 15) ? 0x01 : 0xAB) << "at byte " << i;
+}
+
+TEST_P(DeviceTest, PointerQueryFindsTheContainingAllocation) {
+  const uint64_t n = 2 * kPage + 100;
+  Buffer dev = device().allocate(n);
+  Buffer pinned = device().allocate(kPage, MemoryKind::pinned_host);
+
+  PointerInfo inside = device().query(bytes(dev) + 1234);
+  EXPECT_EQ(inside.kind, HM_MEM_DEVICE);
+  EXPECT_EQ(inside.device, 0);
+  EXPECT_EQ(inside.base, dev.data());
+  EXPECT_EQ(inside.size, n);
+  EXPECT_EQ(device().query(bytes(dev) + n - 1).base, dev.data());
+  EXPECT_NE(device().query(bytes(dev) + n).base, dev.data());  // one past the end
+
+  PointerInfo host = device().query(bytes(pinned) + 7);
+  EXPECT_EQ(host.kind, HM_MEM_PINNED_HOST);
+  EXPECT_EQ(host.base, pinned.data());
+  EXPECT_EQ(host.size, kPage);
+
+  int on_stack = 0;
+  PointerInfo unknown = device().query(&on_stack);
+  EXPECT_EQ(unknown.kind, HM_MEM_UNKNOWN);
+  EXPECT_EQ(unknown.device, -1);
+  EXPECT_EQ(unknown.base, nullptr);
+}
+
+TEST_P(DeviceTest, BufferMovesAndFreesOnDestruction) {
+  Buffer a = device().allocate(kPage);
+  void* p = a.data();
+  Buffer b = std::move(a);
+  EXPECT_FALSE(a);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(b.size(), kPage);
+  EXPECT_EQ(device().query(p).kind, HM_MEM_DEVICE);
+  b = Buffer();  // move-assigning frees the old allocation
+  EXPECT_FALSE(b);
+  EXPECT_EQ(device().query(p).kind, HM_MEM_UNKNOWN);
+}
+
+TEST_P(DeviceTest, ZeroSizeAllocationIsRejected) {
+  EXPECT_THAT(error_of([&] { device().allocate(0); }, HM_ERR_INVALID_ARGUMENT),
+              HasSubstr("mem_alloc"));
+}
+
+TEST_P(DeviceTest, FreeInsideAnAllocationIsRejected) {
+  Buffer dev = device().allocate(2 * kPage);
+  hm_status status = device().api().mem_free(bytes(dev) + 64);
+  EXPECT_EQ(status, HM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(
+      error_of([&] { device().plugin().check(status, "mem_free"); }, HM_ERR_INVALID_ARGUMENT),
+      HasSubstr("is not the start of an allocation"));
+  EXPECT_EQ(device().query(dev.data()).kind, HM_MEM_DEVICE);  // still allocated
+}
+
+TEST_P(DeviceTest, EventsRecordSynchronizeAndTime) {
+  Buffer dev = device().allocate(kPage);
+  Stream s = device().create_stream();
+  Event start = device().create_event();
+  Event end = device().create_event();
+  EXPECT_TRUE(start.ready());  // never recorded counts as complete
+  start.record(s);
+  s.fill(dev.data(), 1, kPage);
+  end.record(s);
+  end.synchronize();
+  EXPECT_TRUE(end.ready());
+  EXPECT_TRUE(start.ready());
+  start.synchronize(0ms);  // complete, so even a zero timeout succeeds
+  EXPECT_GE(end.elapsed_ms_since(start), 0.0f);
+
+  Event untimed = device().create_event(HM_EVENT_DISABLE_TIMING);
+  untimed.record(s);
+  untimed.synchronize();
+  EXPECT_THAT(error_of([&] { untimed.elapsed_ms_since(start); }, HM_ERR_INVALID_ARGUMENT),
+              HasSubstr("event_elapsed_ms"));
+}
+
+TEST_P(DeviceTest, StreamWaitEventOrdersTwoStreams) {
+  const uint64_t n = kPage + 17;
+  Buffer gate = device().allocate(kPage, MemoryKind::pinned_host);
+  Buffer dev = device().allocate(n);
+  Buffer out = device().allocate(n, MemoryKind::pinned_host);
+  store_flag(gate.data(), 0);
+  std::memset(out.data(), 0, n);
+  Stream a = device().create_stream();
+  Stream b = device().create_stream();
+  Event filled = device().create_event();
+
+  a.wait_value32(gate.data(), 1, HM_WAIT_EQ);  // holds stream a until the host opens the gate
+  a.fill(dev.data(), 0x5A, n);
+  filled.record(a);
+  b.wait(filled);
+  b.copy(out.data(), dev.data(), n);
+
+  EXPECT_FALSE(filled.ready());
+  EXPECT_FALSE(b.ready());
+  EXPECT_THAT(error_of([&] { b.synchronize(10ms); }, HM_ERR_TIMEOUT), HasSubstr("still pending"));
+  EXPECT_EQ(bytes(out)[0], 0);  // b's copy has not run
+
+  store_flag(gate.data(), 1);
+  b.synchronize();
+  EXPECT_TRUE(filled.ready());
+  for (uint64_t i = 0; i < n; ++i)
+    ASSERT_EQ(bytes(out)[i], 0x5A) << "at byte " << i;
+}
+
+TEST_P(DeviceTest, WriteValue32ReleasesAWaitOnAnotherStream) {
+  const uint64_t n = kPage;
+  Buffer flag = device().allocate(kPage);  // a flag in device memory
+  Buffer dev = device().allocate(n);
+  Buffer out = device().allocate(n, MemoryKind::pinned_host);
+  Buffer word = device().allocate(kPage, MemoryKind::pinned_host);
+  std::memset(out.data(), 0, n);
+  Stream a = device().create_stream();
+  Stream b = device().create_stream();
+  b.fill(flag.data(), 0, 4);
+  b.synchronize();
+
+  a.wait_value32(flag.data(), 7, HM_WAIT_GEQ);
+  a.fill(dev.data(), 0x33, n);
+  a.copy(out.data(), dev.data(), n);
+  EXPECT_FALSE(a.ready());
+
+  b.write_value32(flag.data(), 7);
+  a.synchronize();
+  for (uint64_t i = 0; i < n; ++i)
+    ASSERT_EQ(bytes(out)[i], 0x33) << "at byte " << i;
+  b.synchronize();
+  b.copy(word.data(), flag.data(), 4);
+  b.synchronize();
+  EXPECT_EQ(*static_cast<uint32_t*>(word.data()), 7u);
+}
+
+TEST_P(DeviceTest, StreamMemopsRejectBadArguments) {
+  Buffer flag = device().allocate(kPage, MemoryKind::pinned_host);
+  Stream s = device().create_stream();
+  EXPECT_THAT(error_of([&] { s.write_value32(bytes(flag) + 2, 1); }, HM_ERR_INVALID_ARGUMENT),
+              HasSubstr("not 4-byte aligned"));
+  EXPECT_THAT(error_of([&] { s.wait_value32(flag.data(), 1, static_cast<hm_wait_condition>(9)); },
+                       HM_ERR_INVALID_ARGUMENT),
+              HasSubstr("unknown wait condition 9"));
+}
+
+struct CallbackRecord {
+  const uint8_t* watched = nullptr;
+  std::atomic<int> calls{0};
+  uint8_t seen = 0;
+};
+
+TEST_P(DeviceTest, CallbackRunsAfterPriorWork) {
+  Buffer dev = device().allocate(kPage);
+  Buffer out = device().allocate(kPage, MemoryKind::pinned_host);
+  std::memset(out.data(), 0, kPage);
+  CallbackRecord record;
+  record.watched = bytes(out) + kPage - 1;
+  Stream s = device().create_stream();
+  s.fill(dev.data(), 0x42, kPage);
+  s.copy(out.data(), dev.data(), kPage);
+  s.add_callback(
+      [](void* user_data) {
+        auto* r = static_cast<CallbackRecord*>(user_data);
+        r->seen = *r->watched;
+        r->calls.fetch_add(1);
+      },
+      &record);
+  s.synchronize();
+  EXPECT_EQ(record.calls.load(), 1);
+  EXPECT_EQ(record.seen, 0x42);
+}
+
+TEST_P(DeviceTest, SynchronizeTimesOutUntilTheHostWritesTheFlag) {
+  Buffer flag = device().allocate(kPage, MemoryKind::pinned_host);
+  store_flag(flag.data(), 0);
+  Stream s = device().create_stream();
+  Event after = device().create_event();
+  s.wait_value32(flag.data(), 1, HM_WAIT_EQ);  // nobody writes the flag yet
+  after.record(s);
+
+  EXPECT_THAT(error_of([&] { s.synchronize(10ms); }, HM_ERR_TIMEOUT),
+              HasSubstr("stream_synchronize"));
+  EXPECT_THAT(error_of([&] { after.synchronize(10ms); }, HM_ERR_TIMEOUT),
+              HasSubstr("event_synchronize"));
+  EXPECT_FALSE(s.ready());
+  EXPECT_FALSE(after.ready());
+
+  store_flag(flag.data(), 1);  // the host writes the flag through pinned memory
+  s.synchronize();
+  EXPECT_TRUE(s.ready());
+  EXPECT_TRUE(after.ready());
+}
+
+TEST_P(DeviceTest, IpcMappingSharesTheAllocation) {
+  const uint64_t n = 2 * kPage;
+  Buffer dev = device().allocate(n);
+  Buffer in = device().allocate(n, MemoryKind::pinned_host);
+  Buffer out = device().allocate(n, MemoryKind::pinned_host);
+  for (uint64_t i = 0; i < n; ++i)
+    bytes(in)[i] = static_cast<uint8_t>(i ^ 0x5C);
+  std::memset(out.data(), 0, n);
+
+  hm_ipc_handle handle = ipc_export(device(), bytes(dev) + 100);  // any address inside works
+  IpcMapping mapping(device(), handle);
+  ASSERT_TRUE(mapping);
+  EXPECT_NE(mapping.data(), dev.data());
+  PointerInfo info = device().query(mapping.data());
+  EXPECT_EQ(info.kind, HM_MEM_IPC_MAPPED);
+  EXPECT_EQ(info.base, mapping.data());
+  EXPECT_EQ(info.size, n);
+
+  {
+    Stream s = device().create_stream();
+    s.copy(dev.data(), in.data(), n);
+    s.copy(out.data(), mapping.data(), n);  // the same pages, seen through the mapping
+    s.synchronize();
+  }
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), n), 0);
+
+  void* mapped = mapping.data();
+  mapping.reset();
+  EXPECT_EQ(device().query(mapped).kind, HM_MEM_UNKNOWN);
+}
+
+TEST_P(DeviceTest, DmaBufNeedsUdmabuf) {
+  if (std::filesystem::exists("/dev/udmabuf")) GTEST_SKIP() << "/dev/udmabuf exists";
+  EXPECT_FALSE(device().has(HM_CAP_DMABUF_EXPORT));
+  Buffer dev = device().allocate(kPage);
+  EXPECT_THAT(error_of([&] { DmaBuf dmabuf(device(), dev.data(), kPage); }, HM_ERR_NOT_SUPPORTED),
+              HasSubstr("/dev/udmabuf"));
+}
+
+INSTANTIATE_TEST_SUITE_P(ReferencePlugins, DeviceTest, ::testing::Values("cpu", "asic_stub"),
+                         [](const auto& test) { return std::string(test.param); });
+
+// ---- cpu only ----
+
+TEST(CpuDeviceTest, DeviceMemoryIsHostAddressable) {
+  auto plugin = load("cpu");
+  ASSERT_NE(plugin, nullptr);
+  Device device(plugin, 0);
+  Buffer dev = device.allocate(kPage);
+  Buffer out = device.allocate(kPage, MemoryKind::pinned_host);
+  std::memset(dev.data(), 0x77, kPage);  // the host writes device memory directly
+  Stream s = device.create_stream();
+  s.copy(out.data(), dev.data(), kPage);
+  s.synchronize();
+  EXPECT_EQ(bytes(out)[kPage - 1], 0x77);
+}
+
+// ---- asic_stub only ----
+
+class AsicStubTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    plugin_ = load("asic_stub");
+    ASSERT_NE(plugin_, nullptr);
+    ASSERT_EQ(plugin_->device_count(), 2);
+  }
+  std::shared_ptr<Plugin> plugin_;
+};
+
+using AsicStubDeathTest = AsicStubTest;
+
+TEST_F(AsicStubDeathTest, HostDereferenceOfDeviceMemoryCrashes) {
+  // Re-execute for the death test rather than fork a process that has stream threads; and let the
+  // signal end the child even under AddressSanitizer.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ScopedEnv asan("ASAN_OPTIONS", test::asan_options_keeping_segv());
+  Device device(plugin_, 0);
+  Buffer dev = device.allocate(kPage);
+  const volatile uint8_t* p = bytes(dev);
+  EXPECT_EXIT(
+      {
+        uint8_t value = p[0];
+        std::fprintf(stderr, "read %u from device memory\n", value);
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGSEGV), "");
+}
+
+TEST_F(AsicStubTest, AllocatingMoreThanTotalMemoryFails) {
+  Device device(plugin_, 1);
+  const uint64_t total = device.properties().total_memory;
+  ASSERT_GT(total, 0u);
+  EXPECT_THAT(error_of([&] { device.allocate(total + 1); }, HM_ERR_OUT_OF_MEMORY),
+              HasSubstr("bytes requested"));
+
+  // The failed request reserved nothing; a full-size allocation then exhausts the device until
+  // it is freed. (memfd pages are only reserved, never touched.)
+  Buffer all = device.allocate(total);
+  EXPECT_THAT(error_of([&] { device.allocate(1); }, HM_ERR_OUT_OF_MEMORY),
+              HasSubstr("bytes requested"));
+  all.reset();
+  Buffer one = device.allocate(1);
+  EXPECT_TRUE(one);
+  // Pinned host memory does not count against device memory.
+  Buffer pinned = device.allocate(kPage, MemoryKind::pinned_host);
+  EXPECT_TRUE(pinned);
+}
+
+struct ScaleArgs {
+  uint64_t count;
+  float factor;
+};
+
+void scale_kernel(void* const* buffers, size_t buffer_count, const void* args) {
+  const auto* a = static_cast<const ScaleArgs*>(args);
+  if (buffer_count != 1) return;
+  auto* x = static_cast<float*>(buffers[0]);
+  for (uint64_t i = 0; i < a->count; ++i)
+    x[i] *= a->factor;
+}
+
+TEST_F(AsicStubTest, LaunchExtensionRunsAKernelOnDeviceMemory) {
+  Device device(plugin_, 0);
+  const void* table = nullptr;
+  plugin_->check(device.api().get_extension(HM_ASIC_STUB_LAUNCH_EXTENSION,
+                                            HM_ASIC_STUB_LAUNCH_VERSION, &table),
+                 "get_extension");
+  ASSERT_NE(table, nullptr);
+  const auto* ext = static_cast<const hm_asic_stub_launch_ext*>(table);
+  EXPECT_GE(ext->header.struct_size, sizeof(hm_asic_stub_launch_ext));
+  EXPECT_EQ(ext->header.version, HM_ASIC_STUB_LAUNCH_VERSION);
+
+  constexpr uint64_t kCount = 1000;
+  const uint64_t size = kCount * sizeof(float);
+  Buffer dev = device.allocate(size);
+  Buffer in = device.allocate(size, MemoryKind::pinned_host);
+  Buffer out = device.allocate(size, MemoryKind::pinned_host);
+  auto* input = static_cast<float*>(in.data());
+  for (uint64_t i = 0; i < kCount; ++i)
+    input[i] = static_cast<float>(i) * 0.5f - 100.0f;
+  Stream s = device.create_stream();
+
+  s.copy(dev.data(), in.data(), size);
+  ScaleArgs args{kCount, 2.0f};
+  void* buffers[] = {dev.data()};
+  uint64_t sizes[] = {size};
+  plugin_->check(ext->launch(s.native(), scale_kernel, buffers, sizes, 1, &args, sizeof args),
+                 "launch");
+  args.factor = 100.0f;  // the arguments were copied at launch
+  s.copy(out.data(), dev.data(), size);
+  s.synchronize();
+  const auto* result = static_cast<const float*>(out.data());
+  for (uint64_t i = 0; i < kCount; ++i)
+    ASSERT_EQ(result[i], 2.0f * input[i]) << "at " << i;
+
+  // Only memory of this plugin can be handed to a kernel.
+  std::vector<float> plain(kCount);
+  void* plain_buffers[] = {plain.data()};
+  EXPECT_EQ(ext->launch(s.native(), scale_kernel, plain_buffers, sizes, 1, &args, sizeof args),
+            HM_ERR_INVALID_ARGUMENT);
+}
+
+TEST_F(AsicStubTest, UnknownOrNewerExtensionsAreNotSupported) {
+  const void* table = nullptr;
+  EXPECT_EQ(plugin_->api().get_extension("hm.asic_stub.nosuch", 1, &table), HM_ERR_NOT_SUPPORTED);
+  EXPECT_EQ(plugin_->api().get_extension(HM_ASIC_STUB_LAUNCH_EXTENSION,
+                                         HM_ASIC_STUB_LAUNCH_VERSION + 1, &table),
+            HM_ERR_NOT_SUPPORTED);
+  EXPECT_EQ(table, nullptr);
+
+  auto cpu = load("cpu");
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->api().get_extension(HM_ASIC_STUB_LAUNCH_EXTENSION, 1, &table),
+            HM_ERR_NOT_SUPPORTED);
+}
+
+// Plugin options are read by initialize(), which runs once per process, so option errors are
+// checked in a fresh process: the isolation probe.
+ProcessResult probe(const std::string& plugin, const std::string& options) {
+  return run_process({test::probe_path(), plugin_path(plugin), options}, 60s);
+}
+
+TEST(PluginOptionsTest, UnknownOptionFailsInitialize) {
+  ProcessResult r = probe("asic_stub", "bogus=1");
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("initialize() failed with HM_ERR_INVALID_ARGUMENT"));
+  EXPECT_THAT(r.out, HasSubstr("unknown option 'bogus'"));
+
+  ProcessResult cpu = probe("cpu", "bogus=1");
+  EXPECT_EQ(cpu.exit_code, 1) << cpu.out << cpu.err;
+  EXPECT_THAT(cpu.out, HasSubstr("unknown option 'bogus'"));
+}
+
+TEST(PluginOptionsTest, MalformedOptionValuesFailInitialize) {
+  ProcessResult r = probe("asic_stub", "devices=many");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("option devices='many' is not a non-negative number"));
+
+  ProcessResult no_equals = probe("asic_stub", "devices");
+  EXPECT_EQ(no_equals.exit_code, 1) << no_equals.out << no_equals.err;
+  EXPECT_THAT(no_equals.out, HasSubstr("is not of the form key=value"));
+}
+
+TEST(PluginOptionsTest, KnownOptionsAreAccepted) {
+  ProcessResult r = probe("asic_stub", "devices=3;memory_mib=64;copy_bandwidth_gbps=0");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out, "ok asic_stub\n");
+}
+
+}  // namespace
+}  // namespace hetmesh

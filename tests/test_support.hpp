@@ -1,0 +1,77 @@
+// Helpers shared by the unit tests: build-tree paths, scoped environment variables, temp folders.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <system_error>
+
+namespace hetmesh::test {
+
+// Plugins of the build tree (absolute paths passed by tests/CMakeLists.txt).
+inline std::string plugin_path(const std::string& name) {
+  return std::string(HETMESH_TEST_PLUGIN_DIR) + "/libhetmesh-device-" + name + ".so";
+}
+inline std::string cts_plugin_path(const std::string& name) {
+  return std::string(HETMESH_TEST_CTS_PLUGIN_DIR) + "/libhetmesh-device-" + name + ".so";
+}
+inline std::string probe_path() {
+  return HETMESH_TEST_PROBE;
+}
+
+// Sets (or, with nullopt, unsets) an environment variable and restores the old state on exit.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, std::optional<std::string> value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) old_ = old;
+    if (value)
+      setenv(name_.c_str(), value->c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_.c_str(), old_->c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// A fresh folder under the system temp folder, removed with its contents on exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "hetmesh-test-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed";
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// ASan turns a SIGSEGV into a report and exit code 1; a child started after this (a probe, or a
+// death test in the "threadsafe" style) dies of the signal itself, as it does without sanitizers.
+inline std::string asan_options_keeping_segv() {
+  const char* old = std::getenv("ASAN_OPTIONS");
+  return (old && *old ? std::string(old) + ":" : std::string()) + "handle_segv=0";
+}
+
+}  // namespace hetmesh::test
