@@ -26,6 +26,10 @@ const char* status_name(hm_status status) {
       return "HM_ERR_BACKEND";
     case HM_ERR_INTERNAL:
       return "HM_ERR_INTERNAL";
+    case kStatusPeerLost:
+      return "PEER_LOST";
+    case kStatusProtocolError:
+      return "PROTOCOL_ERROR";
     default:
       return "HM_STATUS_UNKNOWN";
   }
