@@ -23,9 +23,8 @@ inline nlohmann::json parse_descriptor(const std::vector<uint8_t>& bytes, const 
   if (document.is_discarded() || !document.is_object())
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} is not a descriptor", what));
   if (document.value("transport", "") != transport)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("{} is for transport '{}', not '{}'", what,
-                            document.value("transport", "?"), transport));
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} is for transport '{}', not '{}'", what,
+                                                     document.value("transport", "?"), transport));
   return document;
 }
 

@@ -24,7 +24,8 @@ class EventQueue {
     if (events_.empty() && timeout.count() > 0)
       ready_.wait_for(lock, timeout, [&] { return !events_.empty(); });
     size_t n = events_.size();
-    for (auto& e : events_) out.push_back(std::move(e));
+    for (auto& e : events_)
+      out.push_back(std::move(e));
     events_.clear();
     return n;
   }

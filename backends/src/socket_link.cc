@@ -63,7 +63,8 @@ Resolved resolve(const SocketAddress& address) {
   if (colon == std::string::npos)
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("socket address '{}' has no port", text));
   std::string host = rest.substr(0, colon), port = rest.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -268,8 +269,9 @@ void recv_all(int fd, void* data, size_t size, const char* what) {
     ssize_t n = recv(fd, p, size, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw Error(kStatusPeerLost, fmt::format("receiving {} failed: {}", what,
-                                               n < 0 ? std::strerror(errno) : "peer closed the connection"));
+      throw Error(kStatusPeerLost,
+                  fmt::format("receiving {} failed: {}", what,
+                              n < 0 ? std::strerror(errno) : "peer closed the connection"));
     p += n;
     size -= static_cast<size_t>(n);
   }

@@ -48,8 +48,8 @@ class TcpRegion : public Region {
  public:
   TcpRegion(std::shared_ptr<TcpShared> shared, uint32_t id, const Device& device, void* base,
             uint64_t size)
-      : Region(device, base, size, host_addressable(device, base) ? RegistrationPath::host
-                                                                   : RegistrationPath::staging),
+      : Region(device, base, size,
+               host_addressable(device, base) ? RegistrationPath::host : RegistrationPath::staging),
         shared_(std::move(shared)),
         id_(id),
         access_(device, base, size) {}
@@ -58,8 +58,8 @@ class TcpRegion : public Region {
     shared_->regions.erase(id_);
   }
   RegionDescriptor describe() const override {
-    return to_bytes({{"transport", "tcp"}, {"endpoint", shared_->id}, {"region", id_},
-                     {"size", size()}});
+    return to_bytes(
+        {{"transport", "tcp"}, {"endpoint", shared_->id}, {"region", id_}, {"size", size()}});
   }
   HostAccess& access() { return access_; }
 
@@ -78,7 +78,9 @@ class TcpRemoteRegion : public RemoteRegion {
 class TcpConnection : public Connection {
  public:
   TcpConnection(ConnectionId id, std::shared_ptr<TcpShared> shared, std::string peer_id, Fd socket)
-      : Connection(id), shared_(std::move(shared)), peer_id_(std::move(peer_id)),
+      : Connection(id),
+        shared_(std::move(shared)),
+        peer_id_(std::move(peer_id)),
         socket_(std::move(socket)) {
     receiver_ = std::thread([this] { receive(); });
   }
@@ -97,9 +99,10 @@ class TcpConnection : public Connection {
     if (owner != peer_id_)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("region descriptor belongs to endpoint {}, this connection's peer "
-                              "is {}", owner, peer_id_));
+                              "is {}",
+                              owner, peer_id_));
     return std::make_shared<TcpRemoteRegion>(field<uint32_t>(d, "region", "region descriptor"),
-                                              field<uint64_t>(d, "size", "region descriptor"));
+                                             field<uint64_t>(d, "size", "region descriptor"));
   }
 
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
@@ -111,8 +114,9 @@ class TcpConnection : public Connection {
     check_range("source", src_offset, length, src.size());
     check_range("destination", dst_offset, length, dst.size());
     if (!alive_) throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
-    FrameHeader header{kFrameMagic, kFrameVersion, notify ? kWriteNotify : kWrite, 0,
-                       target->id,  notify.value_or(0), dst_offset, length};
+    FrameHeader header{kFrameMagic, kFrameVersion, notify ? kWriteNotify : kWrite,
+                       0,           target->id,    notify.value_or(0),
+                       dst_offset,  length};
     TransportEvent done{TransportEvent::Type::write_done, id()};
     done.cookie = cookie;
     try {
@@ -138,7 +142,8 @@ class TcpConnection : public Connection {
     if (message.size() > kMaxControlBytes)
       throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("control message of {} bytes exceeds {}",
                                                        message.size(), kMaxControlBytes));
-    if (!alive_) throw Error(kStatusPeerLost, fmt::format("send_control: peer {} is lost", peer_id_));
+    if (!alive_)
+      throw Error(kStatusPeerLost, fmt::format("send_control: peer {} is lost", peer_id_));
     FrameHeader header{kFrameMagic, kFrameVersion, kControl, 0, 0, 0, 0, message.size()};
     try {
       std::lock_guard lock(send_mutex_);
@@ -178,9 +183,8 @@ class TcpConnection : public Connection {
                       fmt::format("bad frame (magic {:08x}, version {})", h.magic, h.version));
         if (h.type == kControl) {
           if (h.length > kMaxControlBytes)
-            throw Error(kStatusProtocolError,
-                        fmt::format("control message of {} bytes exceeds {}", h.length,
-                                    kMaxControlBytes));
+            throw Error(kStatusProtocolError, fmt::format("control message of {} bytes exceeds {}",
+                                                          h.length, kMaxControlBytes));
           TransportEvent control{TransportEvent::Type::control, id()};
           control.payload.resize(h.length);
           recv_all(socket_.get(), control.payload.data(), h.length, "control payload");
@@ -233,19 +237,18 @@ class TcpTransport : public Transport {
  public:
   explicit TcpTransport(const TransportOptions& options)
       : shared_(std::make_shared<TcpShared>()),
-        listener_(SocketAddress{fmt::format("tcp://{}:{}", options.listen_host,
-                                            options.listen_port)},
-                  (shared_->id = new_endpoint_id())) {}
+        listener_(
+            SocketAddress{fmt::format("tcp://{}:{}", options.listen_host, options.listen_port)},
+            (shared_->id = new_endpoint_id())) {}
 
   TransportKind kind() const override { return TransportKind::tcp; }
 
   EndpointDescriptor endpoint() const override {
-    return to_bytes({{"transport", "tcp"}, {"endpoint", shared_->id},
-                     {"address", listener_.address().text}});
+    return to_bytes(
+        {{"transport", "tcp"}, {"endpoint", shared_->id}, {"address", listener_.address().text}});
   }
 
-  std::shared_ptr<Region> register_memory(const Device& device, void* ptr,
-                                          uint64_t size) override {
+  std::shared_ptr<Region> register_memory(const Device& device, void* ptr, uint64_t size) override {
     check_registration(device, ptr, size);
     std::lock_guard lock(shared_->regions_mutex);
     uint32_t id = shared_->next_region++;

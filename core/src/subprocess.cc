@@ -9,9 +9,12 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <thread>
+#include <utility>
 
 extern char** environ;
 
@@ -111,6 +114,97 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  if (!result.timed_out) {
+    if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+    if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  }
+  return result;
+}
+
+ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
+  if (argv.empty()) throw Error(HM_ERR_INVALID_ARGUMENT, "ChildProcess: empty argv");
+  Pipe in(/*socket=*/true), out;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in.read, 0);
+  posix_spawn_file_actions_adddup2(&actions, out.write, 1);
+  std::vector<char*> args;
+  for (const auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int rc = posix_spawn(&pid_, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("cannot start {}: {}", argv[0], std::strerror(rc)));
+  stdin_ = std::exchange(in.write, -1);
+  stdout_ = std::exchange(out.read, -1);
+}
+
+ChildProcess::~ChildProcess() {
+  if (!reaped_) {
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (stdin_ >= 0) close(stdin_);
+  if (stdout_ >= 0) close(stdout_);
+}
+
+void ChildProcess::write(const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = send(stdin_, text.data() + done, text.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw Error(kStatusPeerLost,
+                  fmt::format("child {} does not read its input: {}", pid_, std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::string ChildProcess::read_line(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (size_t nl = buffered_.find('\n'); nl != std::string::npos) {
+      std::string line = buffered_.substr(0, nl);
+      buffered_.erase(0, nl + 1);
+      return line;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0)
+      throw Error(HM_ERR_TIMEOUT,
+                  fmt::format("child {} printed no line within {} ms", pid_, timeout.count()));
+    pollfd p{stdout_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char buffer[4096];
+    ssize_t n = read(stdout_, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(kStatusPeerLost, fmt::format("child {} closed its output", pid_));
+    buffered_.append(buffer, static_cast<size_t>(n));
+  }
+}
+
+void ChildProcess::kill(int signal) {
+  if (!reaped_) ::kill(pid_, signal);
+}
+
+ProcessResult ChildProcess::wait(std::chrono::milliseconds timeout) {
+  ProcessResult result;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  for (;;) {
+    pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      result.timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  reaped_ = true;
   if (!result.timed_out) {
     if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
     if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);

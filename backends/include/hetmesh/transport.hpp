@@ -104,10 +104,10 @@ struct TransportEvent {
   };
   Type type;
   ConnectionId connection = 0;
-  uint64_t cookie = 0;       // write_done
-  hm_status status = HM_OK;  // write_done
-  uint32_t value = 0;        // notification
-  std::string message;       // failures and peer_lost
+  uint64_t cookie = 0;           // write_done
+  hm_status status = HM_OK;      // write_done
+  uint32_t value = 0;            // notification
+  std::string message;           // failures and peer_lost
   std::vector<uint8_t> payload;  // control
 };
 

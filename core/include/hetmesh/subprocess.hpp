@@ -22,6 +22,33 @@ struct ProcessResult {
 ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
                           const std::string& input = {});
 
+// A running child process with pipes to its stdin and stdout (stderr is inherited): the peer in
+// multi-process tests and demos. Destroying it kills the child if it still runs.
+class ChildProcess {
+ public:
+  explicit ChildProcess(const std::vector<std::string>& argv);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  int pid() const { return pid_; }
+  // Writes `text` to the child's stdin; throws Error if it exited.
+  void write(const std::string& text);
+  // The next line of the child's stdout, without the newline; throws Error(TIMEOUT), or
+  // Error(kStatusPeerLost) if the child closed its stdout.
+  std::string read_line(std::chrono::milliseconds timeout);
+  void kill(int signal);
+  // Waits for the exit; on timeout kills the child with SIGKILL and reports timed_out.
+  ProcessResult wait(std::chrono::milliseconds timeout);
+
+ private:
+  int pid_ = -1;
+  int stdin_ = -1;
+  int stdout_ = -1;
+  std::string buffered_;
+  bool reaped_ = false;
+};
+
 // Path of the running executable.
 std::string self_executable();
 

@@ -1,0 +1,366 @@
+// One suite for every transport (ipc, tcp, verbs), run with real processes: this binary re-runs
+// itself as the peer (--peer), which echoes every write it is notified of back into our region.
+// Memory kinds: cpu memory (host-addressable) and asic_stub device memory (not host-addressable,
+// which forces the staging paths), in every combination across the two processes.
+#include <hetmesh/subprocess.hpp>
+#include <hetmesh/transport.hpp>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <iostream>
+
+namespace hetmesh {
+namespace {
+
+constexpr uint64_t kHalf = (64ull << 20) + (256 << 10);
+constexpr uint64_t kRegionSize = 2 * kHalf;  // sources in the first half, echoes in the second
+constexpr std::chrono::seconds kWait{120};
+constexpr uint32_t kBurstBase = 1000;
+constexpr int kBurst = 64;
+
+// Where the bytes of a write with notification `value` come from and go, in both processes.
+struct Shape {
+  uint64_t length, src_offset, peer_offset, echo_offset;
+};
+
+const uint64_t kSizes[] = {1, 3, 4096, 65537, 1 << 20, (4 << 20) + 1, 64 << 20};
+constexpr uint32_t kSizeCases = sizeof kSizes / sizeof kSizes[0];
+
+Shape shape_for(uint32_t value) {
+  if (value < kSizeCases)  // odd offsets on both sides
+    return {kSizes[value], 7 + value, 13 + 2 * value, kHalf + 11 + value};
+  uint64_t k = value - kBurstBase;
+  return {4099, k * 8192 + 3, k * 8192 + 5, kHalf + k * 8192 + 9};
+}
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  std::string out;
+  for (uint8_t b : bytes)
+    out += fmt::format("{:02x}", b);
+  return out;
+}
+
+std::vector<uint8_t> unhex(const std::string& text) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < text.size(); i += 2)
+    out.push_back(static_cast<uint8_t>(std::stoul(text.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::string after(const std::string& line, const std::string& tag) {
+  if (line.rfind(tag + " ", 0) != 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("expected '{} ...', got '{}'", tag, line));
+  return line.substr(tag.size() + 1);
+}
+
+Device open_device(const std::string& memory) {
+  return PluginRegistry::load().device(memory + ":0");
+}
+
+// The process under test and the peer both hold one of these.
+struct Side {
+  Device device;
+  Buffer memory;
+  std::unique_ptr<Transport> transport;
+  std::shared_ptr<Region> region;
+
+  Side(TransportKind kind, const std::string& memory_kind)
+      : device(open_device(memory_kind)), memory(device.allocate(kRegionSize)) {
+    TransportOptions options;
+    options.kind = kind;
+    transport = Transport::create(options);
+    region = transport->register_memory(device, memory.data(), kRegionSize);
+  }
+};
+
+int run_peer(const std::string& kind, const std::string& memory) {
+  try {
+    Side side(parse_transport_kind(kind), memory);
+    std::cout << "ENDPOINT " << hex(side.transport->endpoint()) << "\n"
+              << "REGION " << hex(side.region->describe()) << std::endl;
+    std::string endpoint, region;
+    if (!std::getline(std::cin, endpoint) || !std::getline(std::cin, region)) return 2;
+    auto connection = side.transport->connect(unhex(after(endpoint, "ENDPOINT")), kWait);
+    auto target = connection->import_region(unhex(after(region, "REGION")));
+    std::vector<TransportEvent> events;
+    for (;;) {
+      events.clear();
+      side.transport->poll(events, std::chrono::seconds(1));
+      for (const auto& e : events) {
+        if (e.type == TransportEvent::Type::peer_lost) return 0;
+        if (e.type == TransportEvent::Type::notification) {
+          Shape s = shape_for(e.value);
+          connection->write(*side.region, s.peer_offset, *target, s.echo_offset, s.length, e.value,
+                            e.value);
+        } else if (e.type == TransportEvent::Type::control) {
+          std::string text(e.payload.begin(), e.payload.end());
+          if (text == "exit") return 0;
+          std::string reply = "pong " + text;
+          connection->send_control({reinterpret_cast<const uint8_t*>(reply.data()), reply.size()});
+        } else if (e.type == TransportEvent::Type::write_done && e.status != HM_OK) {
+          std::cerr << "peer: echo failed: " << e.message << std::endl;
+          return 3;
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "peer: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+struct Param {
+  TransportKind kind;
+  std::string local, remote;  // memory kinds: "cpu" or "asic_stub"
+};
+
+std::string param_name(const testing::TestParamInfo<Param>& info) {
+  return fmt::format("{}_{}_to_{}", to_string(info.param.kind), info.param.local,
+                     info.param.remote);
+}
+
+bool required(TransportKind kind) {
+  const char* list = std::getenv("HETMESH_REQUIRE_TRANSPORTS");
+  return list && std::string(list).find(to_string(kind)) != std::string::npos;
+}
+
+class TransportTest : public testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    try {
+      local_ = std::make_unique<Side>(GetParam().kind, GetParam().local);
+    } catch (const Error& e) {
+      if (e.status() == HM_ERR_NOT_SUPPORTED && !required(GetParam().kind))
+        GTEST_SKIP() << e.what() << " (set HETMESH_REQUIRE_TRANSPORTS to make this a failure)";
+      throw;
+    }
+    peer_ = std::make_unique<ChildProcess>(std::vector<std::string>{
+        self_executable(), "--peer", to_string(GetParam().kind), GetParam().remote});
+    auto endpoint = unhex(after(peer_->read_line(kWait), "ENDPOINT"));
+    auto region = unhex(after(peer_->read_line(kWait), "REGION"));
+    peer_->write("ENDPOINT " + hex(local_->transport->endpoint()) + "\nREGION " +
+                 hex(local_->region->describe()) + "\n");
+    connection_ = local_->transport->connect(endpoint, kWait);
+    remote_ = connection_->import_region(region);
+    fill_sources();
+  }
+
+  void TearDown() override {
+    if (connection_ && connection_->alive()) {
+      std::string bye = "exit";
+      try {
+        connection_->send_control({reinterpret_cast<const uint8_t*>(bye.data()), bye.size()});
+      } catch (const Error&) {
+      }
+    }
+    if (peer_) {
+      ProcessResult r = peer_->wait(std::chrono::seconds(30));
+      if (!killed_) {
+        EXPECT_EQ(r.exit_code, 0) << "peer: " << r.describe();
+      }
+    }
+  }
+
+  // Fills the first half of our region with a known pattern (through a stream: the memory may
+  // not be host-addressable) and keeps a host copy to check echoes against.
+  void fill_sources() {
+    expected_.resize(kHalf);
+    for (uint64_t i = 0; i < kHalf; ++i)
+      expected_[i] = static_cast<uint8_t>((i * 131 + 17) >> 3);
+    Stream stream = local_->device.create_stream();
+    stream.copy(local_->memory.data(), expected_.data(), kHalf);
+    stream.fill(static_cast<uint8_t*>(local_->memory.data()) + kHalf, 0, kHalf);
+    stream.synchronize(kWait);
+  }
+
+  // Polls until a notification with `value` arrives; fails on peer loss or timeout.
+  void await_notification(uint32_t value) {
+    auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (size_t i = 0; i < events_.size(); ++i) {
+        const TransportEvent& e = events_[i];
+        ASSERT_NE(e.type, TransportEvent::Type::peer_lost) << e.message;
+        if (e.type == TransportEvent::Type::write_done) {
+          EXPECT_EQ(e.status, HM_OK) << e.message;
+          ++writes_done_;
+        }
+        if (e.type == TransportEvent::Type::notification) notified_.push_back(e.value);
+      }
+      events_.clear();
+      for (uint32_t v : notified_)
+        if (v == value) return;
+      local_->transport->poll(events_, std::chrono::milliseconds(100));
+    }
+    FAIL() << "no notification " << value << " within " << kWait.count() << " s";
+  }
+
+  void expect_echo(uint32_t value) {
+    Shape s = shape_for(value);
+    std::vector<uint8_t> got(s.length);
+    Stream stream = local_->device.create_stream();
+    stream.copy(got.data(), static_cast<uint8_t*>(local_->memory.data()) + s.echo_offset, s.length);
+    stream.synchronize(kWait);
+    ASSERT_EQ(std::memcmp(got.data(), expected_.data() + s.src_offset, s.length), 0)
+        << "echo of " << s.length << " bytes differs";
+  }
+
+  void write(uint32_t value) {
+    Shape s = shape_for(value);
+    connection_->write(*local_->region, s.src_offset, *remote_, s.peer_offset, s.length, value,
+                       value);
+  }
+
+  std::unique_ptr<Side> local_;
+  std::unique_ptr<ChildProcess> peer_;
+  std::shared_ptr<Connection> connection_;
+  std::shared_ptr<RemoteRegion> remote_;
+  std::vector<uint8_t> expected_;
+  std::vector<TransportEvent> events_;
+  std::vector<uint32_t> notified_;
+  int writes_done_ = 0;
+  bool killed_ = false;
+};
+
+TEST_P(TransportTest, RoundTripsEverySizeAtOddOffsets) {
+  for (uint32_t value = 0; value < kSizeCases; ++value) {
+    write(value);
+    await_notification(value);
+    expect_echo(value);
+  }
+}
+
+TEST_P(TransportTest, ManyWritesInFlightKeepTheirOrder) {
+  for (int k = 0; k < kBurst; ++k)
+    write(kBurstBase + k);
+  await_notification(kBurstBase + kBurst - 1);
+  while (notified_.size() < static_cast<size_t>(kBurst) && !HasFatalFailure())
+    await_notification(kBurstBase + kBurst - 1);
+  std::vector<uint32_t> issued;
+  for (int k = 0; k < kBurst; ++k)
+    issued.push_back(kBurstBase + k);
+  EXPECT_EQ(notified_, issued) << "echo notifications arrived out of order";
+  EXPECT_GE(writes_done_, 1);
+  for (int k = 0; k < kBurst; ++k)
+    expect_echo(kBurstBase + k);
+}
+
+TEST_P(TransportTest, ControlMessagesArriveInOrder) {
+  for (int k = 0; k < 20; ++k) {
+    std::string text = std::to_string(k);
+    connection_->send_control({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  }
+  std::vector<std::string> replies;
+  auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (replies.size() < 20 && std::chrono::steady_clock::now() < deadline) {
+    std::vector<TransportEvent> events;
+    local_->transport->poll(events, std::chrono::milliseconds(100));
+    for (const auto& e : events) {
+      ASSERT_NE(e.type, TransportEvent::Type::peer_lost) << e.message;
+      if (e.type == TransportEvent::Type::control)
+        replies.emplace_back(e.payload.begin(), e.payload.end());
+    }
+  }
+  ASSERT_EQ(replies.size(), 20u);
+  for (int k = 0; k < 20; ++k)
+    EXPECT_EQ(replies[k], "pong " + std::to_string(k));
+}
+
+TEST_P(TransportTest, WriteOutsideEitherRegionIsRefused) {
+  auto refused = [&](uint64_t src_offset, uint64_t dst_offset, uint64_t length) {
+    try {
+      connection_->write(*local_->region, src_offset, *remote_, dst_offset, length, 1, 1);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT) << e.what();
+      EXPECT_NE(std::string(e.what()).find("outside"), std::string::npos) << e.what();
+      return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(0, kRegionSize - 10, 11));
+  EXPECT_TRUE(refused(kRegionSize - 10, 0, 11));
+  EXPECT_TRUE(refused(0, kRegionSize + 1, 0));
+  EXPECT_TRUE(refused(0, 1, UINT64_MAX));
+  // The connection survives a refused write.
+  write(2);
+  await_notification(2);
+  expect_echo(2);
+}
+
+TEST_P(TransportTest, ImportRefusesForeignOrMalformedDescriptors) {
+  EXPECT_THROW(connection_->import_region(local_->region->describe()), Error)
+      << "imported our own region as the peer's";
+  EXPECT_THROW(connection_->import_region({'n', 'o', 'p', 'e'}), Error);
+  EXPECT_THROW(local_->transport->connect({'{', '}'}, std::chrono::milliseconds(100)), Error);
+}
+
+TEST_P(TransportTest, KilledPeerIsReportedWithinTheTimeout) {
+  for (int k = 0; k < 4; ++k)
+    write(5);  // 1 MiB writes in flight
+  peer_->kill(SIGKILL);
+  killed_ = true;
+  bool lost = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!lost && std::chrono::steady_clock::now() < deadline) {
+    std::vector<TransportEvent> events;
+    local_->transport->poll(events, std::chrono::milliseconds(100));
+    for (const auto& e : events)
+      lost |= e.type == TransportEvent::Type::peer_lost;
+    if (!lost) {
+      try {
+        write(5);  // keeps traffic going so a transport without a read-side signal notices too
+      } catch (const Error& e) {
+        EXPECT_EQ(e.status(), kStatusPeerLost) << e.what();
+      }
+    }
+  }
+  ASSERT_TRUE(lost) << "no peer_lost event after the peer was killed";
+  EXPECT_FALSE(connection_->alive());
+  try {
+    write(5);
+    ADD_FAILURE() << "write to a lost peer did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), kStatusPeerLost) << e.what();
+  }
+}
+
+TEST_P(TransportTest, RegistrationPathFollowsTheMemory) {
+  RegistrationPath path = local_->region->path();
+  bool addressable = GetParam().local == "cpu";
+  switch (GetParam().kind) {
+    case TransportKind::ipc:
+      EXPECT_EQ(path, RegistrationPath::ipc_handle) << to_string(path);
+      break;
+    case TransportKind::tcp:
+      EXPECT_EQ(path, addressable ? RegistrationPath::host : RegistrationPath::staging)
+          << to_string(path);
+      break;
+    case TransportKind::verbs:
+      // rxe has no dma-buf MRs and no peermem, so device memory falls back to staging.
+      EXPECT_EQ(path, addressable ? RegistrationPath::host : RegistrationPath::staging)
+          << to_string(path);
+      break;
+  }
+}
+
+std::vector<Param> all_params() {
+  std::vector<Param> params;
+  for (TransportKind kind : {TransportKind::ipc, TransportKind::tcp, TransportKind::verbs})
+    for (auto [local, remote] : {std::pair{"cpu", "cpu"}, std::pair{"asic_stub", "asic_stub"},
+                                 std::pair{"cpu", "asic_stub"}, std::pair{"asic_stub", "cpu"}})
+      params.push_back({kind, local, remote});
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, testing::ValuesIn(all_params()), param_name);
+
+}  // namespace
+}  // namespace hetmesh
+
+int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--peer") == 0) return hetmesh::run_peer(argv[2], argv[3]);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
