@@ -6,9 +6,12 @@ namespace hetmesh {
 
 const char* to_string(TransportKind kind) {
   switch (kind) {
-    case TransportKind::ipc: return "ipc";
-    case TransportKind::tcp: return "tcp";
-    case TransportKind::verbs: return "verbs";
+    case TransportKind::ipc:
+      return "ipc";
+    case TransportKind::tcp:
+      return "tcp";
+    case TransportKind::verbs:
+      return "verbs";
   }
   return "?";
 }
@@ -23,11 +26,16 @@ TransportKind parse_transport_kind(const std::string& name) {
 
 const char* to_string(RegistrationPath path) {
   switch (path) {
-    case RegistrationPath::host: return "host";
-    case RegistrationPath::ipc_handle: return "ipc_handle";
-    case RegistrationPath::dmabuf: return "dmabuf";
-    case RegistrationPath::peermem: return "peermem";
-    case RegistrationPath::staging: return "staging";
+    case RegistrationPath::host:
+      return "host";
+    case RegistrationPath::ipc_handle:
+      return "ipc_handle";
+    case RegistrationPath::dmabuf:
+      return "dmabuf";
+    case RegistrationPath::peermem:
+      return "peermem";
+    case RegistrationPath::staging:
+      return "staging";
   }
   return "?";
 }
