@@ -8,4 +8,7 @@ namespace hetmesh::cli {
 // Registers `hetmesh info` on `app`.
 void add_info_command(CLI::App& app);
 
+// Registers `hetmesh bench transport` on the `bench` subcommand.
+void add_bench_transport_command(CLI::App& bench);
+
 }  // namespace hetmesh::cli

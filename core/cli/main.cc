@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   CLI::App app{"hetmesh: vendor-neutral attention-FFN disaggregation"};
   app.require_subcommand(1);
   hetmesh::cli::add_info_command(app);
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks with a same-run baseline");
+  bench->require_subcommand(1);
+  hetmesh::cli::add_bench_transport_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,343 @@
+// `hetmesh bench transport`: latency (p50, p99) and bandwidth of one transport between two
+// processes, per message size, with a baseline measured in the same run (memcpy always; more for
+// some transports) and the ratio. A second copy of this program is the peer.
+#include "commands.hpp"
+
+#include <hetmesh/subprocess.hpp>
+#include <hetmesh/transport.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <unistd.h>
+
+namespace hetmesh::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::seconds kWait{60};
+constexpr uint32_t kLatencyTag = 0x80000000u;  // echo this write back
+constexpr uint32_t kBandwidthTag = 0x40000000u;  // just count it
+
+struct BenchOptions {
+  std::string transport = "tcp";
+  std::string memory = "cpu";
+  std::string peer_memory;  // defaults to memory
+  std::vector<std::string> sizes = {"8", "4K", "64K", "1M", "2M"};
+  int iterations = 300;
+  int window = 8;
+  std::string json;
+  bool peer = false;
+};
+
+uint64_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  std::string unit = end;
+  uint64_t scale = unit.empty() || unit == "B" ? 1
+                   : unit == "K" || unit == "KiB" ? 1024
+                   : unit == "M" || unit == "MiB" ? 1 << 20
+                   : 0;
+  if (end == text.c_str() || scale == 0 || value <= 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("size '{}' is not a number with an optional K or M suffix", text));
+  return static_cast<uint64_t>(value * static_cast<double>(scale));
+}
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  std::string out;
+  for (uint8_t b : bytes) out += fmt::format("{:02x}", b);
+  return out;
+}
+
+std::vector<uint8_t> unhex(const std::string& text) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < text.size(); i += 2)
+    out.push_back(static_cast<uint8_t>(std::stoul(text.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::string human(uint64_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return fmt::format("{}M", bytes >> 20);
+  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{}K", bytes >> 10);
+  return fmt::format("{}", bytes);
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  size_t index = static_cast<size_t>(p * static_cast<double>(values.size() - 1) + 0.5);
+  return values[index];
+}
+
+// One process's end: a device buffer registered with the transport.
+struct End {
+  Device device;
+  Buffer memory;
+  std::unique_ptr<Transport> transport;
+  std::shared_ptr<Region> region;
+  End(const std::string& kind, const std::string& selector, uint64_t size)
+      : device(PluginRegistry::load().device(selector)), memory(device.allocate(size)) {
+    TransportOptions options;
+    options.kind = parse_transport_kind(kind);
+    transport = Transport::create(options);
+    region = transport->register_memory(device, memory.data(), size);
+  }
+};
+
+void send_text(Connection& c, const std::string& text) {
+  c.send_control({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+}
+
+// Waits for events until `done` says so; throws on peer loss, failed writes or timeout.
+template <typename Done>
+void pump(Transport& transport, std::vector<TransportEvent>& events, Done done) {
+  auto deadline = Clock::now() + kWait;
+  for (;;) {
+    events.clear();
+    transport.poll(events, std::chrono::milliseconds(50));
+    for (const auto& e : events) {
+      if (e.type == TransportEvent::Type::peer_lost)
+        throw Error(kStatusPeerLost, "benchmark peer lost: " + e.message);
+      if (e.type == TransportEvent::Type::write_done && e.status != HM_OK)
+        throw Error(e.status, "benchmark write failed: " + e.message);
+      if (done(e)) return;
+    }
+    if (Clock::now() > deadline) throw Error(HM_ERR_TIMEOUT, "benchmark peer stopped answering");
+  }
+}
+
+int run_peer(const BenchOptions& o, uint64_t region_size) {
+  End end(o.transport, o.memory + ":0", region_size);
+  std::cout << "ENDPOINT " << hex(end.transport->endpoint()) << "\nREGION "
+            << hex(end.region->describe()) << std::endl;
+  std::string endpoint, region;
+  if (!std::getline(std::cin, endpoint) || !std::getline(std::cin, region)) return 2;
+  auto connection = end.transport->connect(unhex(endpoint.substr(9)), kWait);
+  auto target = connection->import_region(unhex(region.substr(7)));
+  uint64_t counted = 0;
+  std::vector<TransportEvent> events;
+  for (;;) {
+    events.clear();
+    end.transport->poll(events, std::chrono::seconds(1));
+    for (const auto& e : events) {
+      if (e.type == TransportEvent::Type::peer_lost) return 0;
+      if (e.type == TransportEvent::Type::notification && (e.value & kLatencyTag)) {
+        uint64_t size = e.value & ~kLatencyTag;
+        connection->write(*end.region, 0, *target, 0, size, e.value, 0);
+      } else if (e.type == TransportEvent::Type::notification && (e.value & kBandwidthTag)) {
+        ++counted;
+      } else if (e.type == TransportEvent::Type::control) {
+        std::string text(e.payload.begin(), e.payload.end());
+        if (text == "exit") return 0;
+        if (text == "count") {
+          send_text(*connection, fmt::format("{}", counted));
+          counted = 0;
+        }
+      }
+    }
+  }
+}
+
+struct Row {
+  uint64_t size;
+  double latency_p50_us, latency_p99_us, bandwidth_gbps;
+  double memcpy_p50_us, memcpy_gbps;
+  double ucx_gbps = 0;  // 0 when not measured
+};
+
+std::string find_on_path(const char* program) {
+  const char* path = std::getenv("PATH");
+  std::string all = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= all.size()) {
+    size_t end = all.find(':', start);
+    if (end == std::string::npos) end = all.size();
+    std::string candidate = all.substr(start, end - start) + "/" + program;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+// UCX's shared-memory put bandwidth for `size` (ucx_perftest, UCX_TLS=sm,self), the baseline a
+// same-node transport should match. Returns 0 when ucx_perftest is missing or fails.
+double measure_ucx_put(const std::string& ucx_perftest, uint64_t size, int iterations) {
+  setenv("UCX_TLS", "sm,self", 1);
+  std::string port = std::to_string(20000 + (getpid() % 20000));
+  std::vector<std::string> args = {ucx_perftest, "-t", "ucp_put_bw", "-s", std::to_string(size),
+                                   "-n", std::to_string(iterations), "-p", port};
+  try {
+    ChildProcess server(args);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it listen
+    args.insert(args.begin() + 1, "localhost");
+    ProcessResult client = run_process(args, std::chrono::seconds(60));
+    server.wait(std::chrono::seconds(10));
+    size_t final_line = client.out.find("Final:");
+    if (client.exit_code != 0 || final_line == std::string::npos) return 0;
+    std::istringstream fields(client.out.substr(final_line + 6));
+    double iters, p50, average, overall, bw_average, bw_overall;
+    if (!(fields >> iters >> p50 >> average >> overall >> bw_average >> bw_overall)) return 0;
+    return bw_overall * 1.048576e-3;  // MB/s (2^20 bytes) to GB/s
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+// Hot memcpy between two host buffers: the ceiling for a same-node transport.
+void measure_memcpy(Row& row, int iterations) {
+  std::vector<uint8_t> a(row.size, 1), b(row.size, 2);
+  std::vector<double> us;
+  for (int i = 0; i < iterations + 10; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), row.size);
+    auto t1 = Clock::now();
+    if (i >= 10) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    a[i % row.size] = static_cast<uint8_t>(b[(i * 7) % row.size] + 1);  // keep the copy live
+  }
+  row.memcpy_p50_us = percentile(us, 0.5);
+  row.memcpy_gbps = static_cast<double>(row.size) / (row.memcpy_p50_us * 1e3);
+}
+
+void run_bench(const BenchOptions& o) {
+  std::vector<uint64_t> sizes;
+  for (const auto& s : o.sizes) sizes.push_back(parse_size(s));
+  uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  if (max_size >= kBandwidthTag)
+    throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
+  std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
+
+  End end(o.transport, o.memory + ":0", max_size);
+  ChildProcess peer({self_executable(), "bench", "transport", "--peer", "--transport", o.transport,
+                     "--memory", peer_memory, "--sizes", human(max_size)});
+  auto peer_endpoint = unhex(peer.read_line(kWait).substr(9));
+  auto peer_region = unhex(peer.read_line(kWait).substr(7));
+  peer.write("ENDPOINT " + hex(end.transport->endpoint()) + "\nREGION " +
+             hex(end.region->describe()) + "\n");
+  auto connection = end.transport->connect(peer_endpoint, kWait);
+  auto target = connection->import_region(peer_region);
+
+  // Same-node transports are also compared with UCX over shared memory, when it is installed.
+  std::string ucx_perftest =
+      o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
+  std::vector<Row> rows;
+  std::vector<TransportEvent> events;
+  for (uint64_t size : sizes) {
+    Row row{size, 0, 0, 0, 0, 0};
+    // Latency: a write with notification, echoed back by the peer; half the round trip.
+    std::vector<double> one_way_us;
+    uint32_t tag = kLatencyTag | static_cast<uint32_t>(size);
+    for (int i = 0; i < o.iterations + 10; ++i) {
+      auto t0 = Clock::now();
+      connection->write(*end.region, 0, *target, 0, size, tag, 0);
+      pump(*end.transport, events, [&](const TransportEvent& e) {
+        return e.type == TransportEvent::Type::notification && e.value == tag;
+      });
+      auto t1 = Clock::now();
+      if (i >= 10) one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
+    }
+    row.latency_p50_us = percentile(one_way_us, 0.5);
+    row.latency_p99_us = percentile(one_way_us, 0.99);
+
+    // Bandwidth: a stream of writes, at most `window` unfinished, then the peer's count.
+    int count = static_cast<int>(std::clamp<uint64_t>((256ull << 20) / size, 64, 4 * o.iterations));
+    int in_flight = 0;
+    auto t0 = Clock::now();
+    for (int i = 0; i < count; ++i) {
+      while (in_flight >= o.window)
+        pump(*end.transport, events, [&](const TransportEvent& e) {
+          if (e.type == TransportEvent::Type::write_done) --in_flight;
+          return in_flight < o.window;
+        });
+      connection->write(*end.region, 0, *target, 0, size, kBandwidthTag, 0);
+      ++in_flight;
+    }
+    send_text(*connection, "count");
+    std::string counted;
+    pump(*end.transport, events, [&](const TransportEvent& e) {
+      if (e.type == TransportEvent::Type::control) counted.assign(e.payload.begin(), e.payload.end());
+      return !counted.empty();
+    });
+    auto t1 = Clock::now();
+    if (counted != std::to_string(count))
+      throw Error(kStatusProtocolError,
+                  fmt::format("peer counted {} writes of {} bytes, {} were sent", counted, size, count));
+    row.bandwidth_gbps = static_cast<double>(size) * count /
+                         std::chrono::duration<double, std::nano>(t1 - t0).count();
+    measure_memcpy(row, o.iterations);
+    if (!ucx_perftest.empty() && size >= 4096)
+      row.ucx_gbps = measure_ucx_put(ucx_perftest, size, std::max(count, 200));
+    rows.push_back(row);
+  }
+  send_text(*connection, "exit");
+  peer.wait(std::chrono::seconds(10));
+
+  fmt::print("hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
+             "window {}\n",
+             o.transport, o.memory, peer_memory, o.iterations, o.window);
+  fmt::print("{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>8} {:>9}\n", "size",
+             "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
+             "ucx GB/s", "ucx ratio");
+  nlohmann::json out = {{"transport", o.transport}, {"memory", o.memory},
+                        {"peer_memory", peer_memory}, {"iterations", o.iterations},
+                        {"window", o.window}, {"rows", nlohmann::json::array()}};
+  for (const Row& r : rows) {
+    double ratio = r.bandwidth_gbps / r.memcpy_gbps;
+    std::string ucx = r.ucx_gbps > 0 ? fmt::format("{:>8.3f} {:>9.2f}", r.ucx_gbps,
+                                                     r.bandwidth_gbps / r.ucx_gbps)
+                                     : fmt::format("{:>8} {:>9}", "-", "-");
+    fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {}\n",
+               human(r.size), r.latency_p50_us, r.latency_p99_us, r.bandwidth_gbps,
+               r.memcpy_p50_us, r.memcpy_gbps, ratio, ucx);
+    out["rows"].push_back({{"size", r.size}, {"latency_p50_us", r.latency_p50_us},
+                           {"latency_p99_us", r.latency_p99_us},
+                           {"bandwidth_GBps", r.bandwidth_gbps},
+                           {"memcpy_p50_us", r.memcpy_p50_us}, {"memcpy_GBps", r.memcpy_gbps},
+                           {"bandwidth_ratio_to_memcpy", ratio}});
+    if (r.ucx_gbps > 0) {
+      out["rows"].back()["ucx_put_bw_GBps"] = r.ucx_gbps;
+      out["rows"].back()["bandwidth_ratio_to_ucx"] = r.bandwidth_gbps / r.ucx_gbps;
+    }
+  }
+  if (!o.json.empty()) {
+    std::ofstream(o.json) << out.dump(2) << "\n";
+    fmt::print("json: {}\n", o.json);
+  }
+}
+
+}  // namespace
+
+void add_bench_transport_command(CLI::App& bench) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = bench.add_subcommand("transport", "Latency and bandwidth of one transport");
+  cmd->add_option("--transport", o->transport, "ipc, tcp or verbs")->capture_default_str();
+  cmd->add_option("--memory", o->memory, "plugin whose device memory is used (cpu, asic_stub)")
+      ->capture_default_str();
+  cmd->add_option("--peer-memory", o->peer_memory, "the peer's plugin (default: --memory)");
+  cmd->add_option("--sizes", o->sizes, "message sizes (e.g. 8 4K 1M)")->capture_default_str();
+  cmd->add_option("--iterations", o->iterations, "latency samples per size")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 1000000));
+  cmd->add_option("--window", o->window, "writes in flight for bandwidth")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--json", o->json, "also write the results here");
+  cmd->add_flag("--peer", o->peer, "internal: run as the benchmark's peer")->group("");
+  cmd->callback([o] {
+    if (o->peer) {
+      uint64_t size = 0;
+      for (const auto& s : o->sizes) size = std::max(size, parse_size(s));
+      std::exit(run_peer(*o, size));
+    }
+    run_bench(*o);
+  });
+}
+
+}  // namespace hetmesh::cli
