@@ -10,6 +10,10 @@
 // only after the data is visible there (RDMA WRITE_WITH_IMM semantics). Device memory that the
 // transport cannot reach directly is staged through host buffers, on either side.
 //
+// Ordering: the writes of one connection land at the peer in the order they were issued, so a
+// notification implies that every earlier write on that connection is visible too. Notifications
+// arrive in issue order. Control messages are ordered among themselves only.
+//
 // Errors: setup calls throw hetmesh::Error. A dead or misbehaving peer becomes a peer_lost event
 // (and failed writes) within the transport's timeouts, never a hang or an abort.
 #pragma once
