@@ -23,7 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kWait{60};
-constexpr uint32_t kLatencyTag = 0x80000000u;  // echo this write back
+constexpr uint32_t kLatencyTag = 0x80000000u;    // echo this write back
 constexpr uint32_t kBandwidthTag = 0x40000000u;  // just count it
 
 struct BenchOptions {
@@ -41,10 +41,10 @@ uint64_t parse_size(const std::string& text) {
   char* end = nullptr;
   double value = std::strtod(text.c_str(), &end);
   std::string unit = end;
-  uint64_t scale = unit.empty() || unit == "B" ? 1
+  uint64_t scale = unit.empty() || unit == "B"    ? 1
                    : unit == "K" || unit == "KiB" ? 1024
                    : unit == "M" || unit == "MiB" ? 1 << 20
-                   : 0;
+                                                  : 0;
   if (end == text.c_str() || scale == 0 || value <= 0)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("size '{}' is not a number with an optional K or M suffix", text));
@@ -53,7 +53,8 @@ uint64_t parse_size(const std::string& text) {
 
 std::string hex(const std::vector<uint8_t>& bytes) {
   std::string out;
-  for (uint8_t b : bytes) out += fmt::format("{:02x}", b);
+  for (uint8_t b : bytes)
+    out += fmt::format("{:02x}", b);
   return out;
 }
 
@@ -172,8 +173,15 @@ std::string find_on_path(const char* program) {
 double measure_ucx_put(const std::string& ucx_perftest, uint64_t size, int iterations) {
   setenv("UCX_TLS", "sm,self", 1);
   std::string port = std::to_string(20000 + (getpid() % 20000));
-  std::vector<std::string> args = {ucx_perftest, "-t", "ucp_put_bw", "-s", std::to_string(size),
-                                   "-n", std::to_string(iterations), "-p", port};
+  std::vector<std::string> args = {ucx_perftest,
+                                   "-t",
+                                   "ucp_put_bw",
+                                   "-s",
+                                   std::to_string(size),
+                                   "-n",
+                                   std::to_string(iterations),
+                                   "-p",
+                                   port};
   try {
     ChildProcess server(args);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it listen
@@ -208,10 +216,10 @@ void measure_memcpy(Row& row, int iterations) {
 
 void run_bench(const BenchOptions& o) {
   std::vector<uint64_t> sizes;
-  for (const auto& s : o.sizes) sizes.push_back(parse_size(s));
+  for (const auto& s : o.sizes)
+    sizes.push_back(parse_size(s));
   uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  if (max_size >= kBandwidthTag)
-    throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
+  if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
   std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
 
   End end(o.transport, o.memory + ":0", max_size);
@@ -225,8 +233,7 @@ void run_bench(const BenchOptions& o) {
   auto target = connection->import_region(peer_region);
 
   // Same-node transports are also compared with UCX over shared memory, when it is installed.
-  std::string ucx_perftest =
-      o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
+  std::string ucx_perftest = o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
   std::vector<Row> rows;
   std::vector<TransportEvent> events;
   for (uint64_t size : sizes) {
@@ -241,7 +248,8 @@ void run_bench(const BenchOptions& o) {
         return e.type == TransportEvent::Type::notification && e.value == tag;
       });
       auto t1 = Clock::now();
-      if (i >= 10) one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
+      if (i >= 10)
+        one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
     }
     row.latency_p50_us = percentile(one_way_us, 0.5);
     row.latency_p99_us = percentile(one_way_us, 0.99);
@@ -262,13 +270,15 @@ void run_bench(const BenchOptions& o) {
     send_text(*connection, "count");
     std::string counted;
     pump(*end.transport, events, [&](const TransportEvent& e) {
-      if (e.type == TransportEvent::Type::control) counted.assign(e.payload.begin(), e.payload.end());
+      if (e.type == TransportEvent::Type::control)
+        counted.assign(e.payload.begin(), e.payload.end());
       return !counted.empty();
     });
     auto t1 = Clock::now();
     if (counted != std::to_string(count))
-      throw Error(kStatusProtocolError,
-                  fmt::format("peer counted {} writes of {} bytes, {} were sent", counted, size, count));
+      throw Error(
+          kStatusProtocolError,
+          fmt::format("peer counted {} writes of {} bytes, {} were sent", counted, size, count));
     row.bandwidth_gbps = static_cast<double>(size) * count /
                          std::chrono::duration<double, std::nano>(t1 - t0).count();
     measure_memcpy(row, o.iterations);
@@ -279,27 +289,30 @@ void run_bench(const BenchOptions& o) {
   send_text(*connection, "exit");
   peer.wait(std::chrono::seconds(10));
 
-  fmt::print("hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
-             "window {}\n",
-             o.transport, o.memory, peer_memory, o.iterations, o.window);
+  fmt::print(
+      "hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
+      "window {}\n",
+      o.transport, o.memory, peer_memory, o.iterations, o.window);
   fmt::print("{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>8} {:>9}\n", "size",
              "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
              "ucx GB/s", "ucx ratio");
-  nlohmann::json out = {{"transport", o.transport}, {"memory", o.memory},
+  nlohmann::json out = {{"transport", o.transport},   {"memory", o.memory},
                         {"peer_memory", peer_memory}, {"iterations", o.iterations},
-                        {"window", o.window}, {"rows", nlohmann::json::array()}};
+                        {"window", o.window},         {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
     double ratio = r.bandwidth_gbps / r.memcpy_gbps;
-    std::string ucx = r.ucx_gbps > 0 ? fmt::format("{:>8.3f} {:>9.2f}", r.ucx_gbps,
-                                                     r.bandwidth_gbps / r.ucx_gbps)
-                                     : fmt::format("{:>8} {:>9}", "-", "-");
+    std::string ucx =
+        r.ucx_gbps > 0 ? fmt::format("{:>8.3f} {:>9.2f}", r.ucx_gbps, r.bandwidth_gbps / r.ucx_gbps)
+                       : fmt::format("{:>8} {:>9}", "-", "-");
     fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {}\n",
-               human(r.size), r.latency_p50_us, r.latency_p99_us, r.bandwidth_gbps,
-               r.memcpy_p50_us, r.memcpy_gbps, ratio, ucx);
-    out["rows"].push_back({{"size", r.size}, {"latency_p50_us", r.latency_p50_us},
+               human(r.size), r.latency_p50_us, r.latency_p99_us, r.bandwidth_gbps, r.memcpy_p50_us,
+               r.memcpy_gbps, ratio, ucx);
+    out["rows"].push_back({{"size", r.size},
+                           {"latency_p50_us", r.latency_p50_us},
                            {"latency_p99_us", r.latency_p99_us},
                            {"bandwidth_GBps", r.bandwidth_gbps},
-                           {"memcpy_p50_us", r.memcpy_p50_us}, {"memcpy_GBps", r.memcpy_gbps},
+                           {"memcpy_p50_us", r.memcpy_p50_us},
+                           {"memcpy_GBps", r.memcpy_gbps},
                            {"bandwidth_ratio_to_memcpy", ratio}});
     if (r.ucx_gbps > 0) {
       out["rows"].back()["ucx_put_bw_GBps"] = r.ucx_gbps;
@@ -333,7 +346,8 @@ void add_bench_transport_command(CLI::App& bench) {
   cmd->callback([o] {
     if (o->peer) {
       uint64_t size = 0;
-      for (const auto& s : o->sizes) size = std::max(size, parse_size(s));
+      for (const auto& s : o->sizes)
+        size = std::max(size, parse_size(s));
       std::exit(run_peer(*o, size));
     }
     run_bench(*o);

@@ -10,5 +10,7 @@ void add_info_command(CLI::App& app);
 
 // Registers `hetmesh bench transport` on the `bench` subcommand.
 void add_bench_transport_command(CLI::App& bench);
+// Registers `hetmesh bench afd`.
+void add_bench_afd_command(CLI::App& bench);
 
 }  // namespace hetmesh::cli

@@ -1,0 +1,342 @@
+// The attention side of the AFD engine.
+#include "engine_common.hpp"
+
+#include <hetmesh/log.hpp>
+
+namespace hetmesh::afd {
+
+namespace {
+
+// One micro-batch slot's round trip in progress.
+struct Pending {
+  bool busy = false;  // pushed and not yet waited for (the slot's credit is taken)
+  bool posted = false;
+  uint64_t sequence = 0;
+  uint32_t tokens = 0;
+  AttentionEngine::Ready ready;
+  int arrived = 0;
+  RoundTrip trip;
+  std::vector<bool> from;  // which F answered
+};
+
+}  // namespace
+
+struct AttentionEngine::State {
+  EngineSpec spec;
+  Device device;
+  std::unique_ptr<Transport> transport;
+  Buffer a2f_send;                         // [mb] tokens then routing
+  HostSlots a2f_headers;                   // [mb]
+  Buffer f2a_receive;                      // [mb][f]
+  HostSlots f2a_headers;                   // [mb][f]
+  std::optional<HostSlots> arrival_flags;  // [mb] words, when the device has stream memops
+  PublishedRegions mine;
+  std::shared_ptr<Region> a2f_send_region, a2f_header_region;
+  std::vector<Peer> ffn;
+  std::map<ConnectionId, int> ffn_of_connection;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Pending> pending;  // [mb]
+  std::deque<int> to_post;       // micro-batches waiting for readiness
+  std::string failure;           // the first fatal error; every wait reports it
+  std::vector<TransportEvent> events;
+  std::unique_ptr<CommThread> comm;
+
+  State(const EngineSpec& s, const Device& d)
+      : spec(s),
+        device(d),
+        a2f_send(d.allocate(s.a2f_slot_bytes() * s.micro_batches)),
+        a2f_headers(d, sizeof(WireHeader) * s.micro_batches),
+        f2a_receive(d.allocate(s.f2a_slot_bytes() * s.micro_batches * s.ffn)),
+        f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
+        pending(static_cast<size_t>(s.micro_batches)) {}
+
+  WireHeader* send_header(int mb) { return reinterpret_cast<WireHeader*>(a2f_headers.data()) + mb; }
+  const WireHeader* receive_header(int mb, int f) {
+    return reinterpret_cast<const WireHeader*>(f2a_headers.data()) + mb * spec.ffn + f;
+  }
+  uint64_t routing_offset() const { return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes; }
+
+  void fail(const std::string& reason) {
+    {
+      std::lock_guard lock(mutex);
+      if (failure.empty()) failure = reason;
+    }
+    log(LogLevel::error, "attention {}: {}", spec.rank, reason);
+    changed.notify_all();
+  }
+
+  bool is_ready(const Pending& p) {
+    if (p.ready.event != nullptr) return p.ready.event->ready();
+    if (p.ready.flag != nullptr)
+      return static_cast<int32_t>(
+                 std::atomic_ref<const uint32_t>(*static_cast<const uint32_t*>(p.ready.flag))
+                     .load(std::memory_order_acquire) -
+                 p.ready.value) >= 0;
+    return true;
+  }
+
+  // Posts micro-batch mb to every F: tokens, routing, then the header that notifies.
+  void post(int mb) {
+    Pending& p = pending[static_cast<size_t>(mb)];
+    p.trip.ready = now_ns();
+    WireHeader* h = send_header(mb);
+    *h = WireHeader{};
+    h->magic = kWireMagic;
+    h->version = kWireVersion;
+    h->kind = static_cast<uint16_t>(MessageKind::a2f);
+    h->source = static_cast<uint32_t>(spec.rank);
+    h->micro_batch = static_cast<uint32_t>(mb);
+    h->sequence = p.sequence;
+    h->tokens = p.tokens;
+    h->hidden = spec.hidden;
+    h->top_k = spec.top_k;
+    h->payload_bytes = uint64_t{p.tokens} *
+                       (uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token());
+    h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
+    h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
+    h->stamps[kPosted] = static_cast<uint64_t>(now_ns());
+    uint64_t slot = spec.a2f_slot_bytes();
+    uint64_t token_bytes = uint64_t{p.tokens} * spec.hidden * spec.a2f_bytes;
+    uint64_t routing_bytes = uint64_t{p.tokens} * spec.routing_bytes_per_token();
+    for (Peer& f : ffn) {
+      // F's slot for (this A, mb).
+      uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
+      Connection& c = *f.connection;
+      c.write(*a2f_send_region, mb * slot, *f.regions.at("a2f_payload"), remote_slot * slot,
+              token_bytes, std::nullopt, 0);
+      c.write(*a2f_send_region, mb * slot + routing_offset(), *f.regions.at("a2f_payload"),
+              remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
+      c.write(*a2f_header_region, mb * sizeof(WireHeader), *f.regions.at("a2f_headers"),
+              remote_slot * sizeof(WireHeader), sizeof(WireHeader),
+              static_cast<uint32_t>(remote_slot), 0);
+    }
+    p.trip.posted = static_cast<int64_t>(h->stamps[kPosted]);
+  }
+
+  void on_result(const TransportEvent& e) {
+    int f = ffn_of_connection.at(e.connection);
+    std::string from = peer_name(Role::ffn, f);
+    check_slot(e.value, static_cast<uint32_t>(spec.micro_batches * spec.ffn), from);
+    int mb = static_cast<int>(e.value) / spec.ffn;
+    if (static_cast<int>(e.value) % spec.ffn != f)
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} notified slot {}, which belongs to ffn {}", from, e.value,
+                              static_cast<int>(e.value) % spec.ffn));
+    WireHeader h = *receive_header(mb, f);
+    SlotLimits limits{MessageKind::f2a,
+                      static_cast<uint32_t>(spec.ffn),
+                      static_cast<uint32_t>(spec.micro_batches),
+                      spec.tokens,
+                      spec.hidden,
+                      spec.top_k,
+                      spec.f2a_slot_bytes(),
+                      uint64_t{spec.hidden} * spec.f2a_bytes};
+    validate(h, limits, static_cast<uint32_t>(f), static_cast<uint32_t>(mb), from.c_str());
+    std::lock_guard lock(mutex);
+    Pending& p = pending[static_cast<size_t>(mb)];
+    if (!p.busy || h.sequence != p.sequence || p.from[static_cast<size_t>(f)] ||
+        h.tokens != p.tokens)
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} answered micro-batch {} sequence {} ({} tokens), but A expects "
+                              "sequence {} ({} tokens{})",
+                              from, mb, h.sequence, h.tokens, p.sequence, p.tokens,
+                              p.from[static_cast<size_t>(f)] ? ", already answered" : ""));
+    p.from[static_cast<size_t>(f)] = true;
+    auto& per = p.trip.ffn[static_cast<size_t>(f)];
+    per.received_at_a = now_ns();
+    per.f_received = static_cast<int64_t>(h.stamps[kReceived]);
+    per.f_batch_ready = static_cast<int64_t>(h.stamps[kBatchReady]);
+    per.f_compute_start = static_cast<int64_t>(h.stamps[kComputeStart]);
+    per.f_compute_end = static_cast<int64_t>(h.stamps[kComputeEnd]);
+    per.f_posted = static_cast<int64_t>(h.stamps[kPosted]);
+    if (++p.arrived == spec.ffn) {
+      p.trip.completed = now_ns();
+      if (arrival_flags)
+        std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
+            .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
+      changed.notify_all();
+    }
+  }
+
+  // One turn of the comm thread: post what is ready, then handle transport events.
+  void step() {
+    try {
+      {
+        std::unique_lock lock(mutex);
+        for (auto it = to_post.begin(); it != to_post.end();) {
+          if (is_ready(pending[static_cast<size_t>(*it)])) {
+            int mb = *it;
+            it = to_post.erase(it);
+            lock.unlock();
+            post(mb);
+            lock.lock();
+            pending[static_cast<size_t>(mb)].posted = true;
+          } else {
+            ++it;
+          }
+        }
+      }
+      events.clear();
+      bool waiting = false;
+      {
+        std::lock_guard lock(mutex);
+        waiting = !to_post.empty();
+      }
+      transport->poll(events,
+                      waiting ? std::chrono::microseconds(0) : std::chrono::microseconds(200));
+      for (const auto& e : events) {
+        switch (e.type) {
+          case TransportEvent::Type::notification:
+            on_result(e);
+            break;
+          case TransportEvent::Type::write_done:
+            if (e.status != HM_OK) throw Error(e.status, "a write failed: " + e.message);
+            break;
+          case TransportEvent::Type::peer_lost:
+            throw Error(
+                kStatusPeerLost,
+                fmt::format("{} lost: {}", peer_name(Role::ffn, ffn_of_connection.at(e.connection)),
+                            e.message));
+          case TransportEvent::Type::control:
+            break;
+        }
+      }
+    } catch (const std::exception& e) {
+      fail(e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+};
+
+AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store)
+    : state_(std::make_unique<State>(spec, device)) {
+  State& s = *state_;
+  s.spec.role = Role::attention;
+  if (device.has(HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY))
+    s.arrival_flags.emplace(device, 4 * static_cast<uint64_t>(spec.micro_batches));
+  s.transport = Transport::create(spec.transport);
+  s.a2f_send_region = s.transport->register_memory(device, s.a2f_send.data(), s.a2f_send.size());
+  s.a2f_header_region =
+      s.transport->register_memory(device, s.a2f_headers.data(), s.a2f_headers.size());
+  s.mine.regions["f2a_payload"] =
+      s.transport->register_memory(device, s.f2a_receive.data(), s.f2a_receive.size());
+  s.mine.regions["f2a_headers"] =
+      s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
+  s.ffn = join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn);
+  for (const Peer& f : s.ffn)
+    s.ffn_of_connection[f.connection->id()] = f.rank;
+  for (Pending& p : s.pending)
+    p.from.assign(static_cast<size_t>(spec.ffn), false);
+  s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
+  log(LogLevel::info, "attention {}: connected to {} ffn instance(s) over {}", spec.rank, spec.ffn,
+      to_string(s.transport->kind()));
+}
+
+AttentionEngine::~AttentionEngine() {
+  State& s = *state_;
+  s.comm->stop();
+  static const char kLeave[] = "leave";
+  for (Peer& f : s.ffn) {
+    try {
+      if (f.connection->alive())
+        f.connection->send_control({reinterpret_cast<const uint8_t*>(kLeave), sizeof kLeave - 1});
+    } catch (const Error&) {
+    }
+  }
+}
+
+void* AttentionEngine::tokens(int mb) const {
+  return static_cast<uint8_t*>(state_->a2f_send.data()) + mb * state_->spec.a2f_slot_bytes();
+}
+
+void* AttentionEngine::routing(int mb) const {
+  return static_cast<uint8_t*>(tokens(mb)) + state_->routing_offset();
+}
+
+void* AttentionEngine::result(int mb, int f) const {
+  return static_cast<uint8_t*>(state_->f2a_receive.data()) +
+         (mb * state_->spec.ffn + f) * state_->spec.f2a_slot_bytes();
+}
+
+const void* AttentionEngine::arrival_flag(int mb) const {
+  if (!state_->arrival_flags) return nullptr;
+  return state_->arrival_flags->data() + 4 * mb;
+}
+
+const EngineSpec& AttentionEngine::spec() const {
+  return state_->spec;
+}
+
+AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Ready ready,
+                                                   int64_t attention_start_ns) {
+  State& s = *state_;
+  if (mb < 0 || mb >= s.spec.micro_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("micro-batch {} does not exist (0..{})", mb, s.spec.micro_batches - 1));
+  if (tokens == 0 || tokens > s.spec.tokens)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{} tokens do not fit the slot (1..{})", tokens, s.spec.tokens));
+  std::lock_guard lock(s.mutex);
+  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+  Pending& p = s.pending[static_cast<size_t>(mb)];
+  if (p.busy)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("micro-batch {} is still in flight (sequence {}): wait for it first",
+                            mb, p.sequence));
+  uint64_t sequence = p.sequence + 1;
+  p = Pending{};
+  p.busy = true;
+  p.sequence = sequence;
+  p.tokens = tokens;
+  p.ready = ready;
+  p.from.assign(static_cast<size_t>(s.spec.ffn), false);
+  p.trip.micro_batch = mb;
+  p.trip.sequence = sequence;
+  p.trip.attention_start = attention_start_ns;
+  p.trip.push_start = now_ns();
+  p.trip.ffn.resize(static_cast<size_t>(s.spec.ffn));
+  s.to_post.push_back(mb);
+  return (sequence << 8) | static_cast<uint64_t>(mb);
+}
+
+RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  int mb = static_cast<int>(handle & 0xff);
+  uint64_t sequence = handle >> 8;
+  if (mb >= s.spec.micro_batches) throw Error(HM_ERR_INVALID_ARGUMENT, "not a push_pull handle");
+  std::unique_lock lock(s.mutex);
+  Pending& p = s.pending[static_cast<size_t>(mb)];
+  if (!p.busy || p.sequence != sequence)
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        fmt::format("handle for micro-batch {} sequence {} was already waited for", mb, sequence));
+  bool done = s.changed.wait_for(lock, timeout,
+                                 [&] { return p.arrived == s.spec.ffn || !s.failure.empty(); });
+  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+  if (!done) {
+    std::string missing;
+    for (int f = 0; f < s.spec.ffn; ++f)
+      if (!p.from[static_cast<size_t>(f)])
+        missing += (missing.empty() ? "" : ", ") + peer_name(Role::ffn, f);
+    throw Error(HM_ERR_TIMEOUT,
+                fmt::format("attention {}: micro-batch {} (sequence {}): no answer from {} within "
+                            "{} ms{}",
+                            s.spec.rank, mb, sequence, missing, timeout.count(),
+                            p.posted ? "" : " (never posted: its readiness signal did not come)"));
+  }
+  p.busy = false;
+  p.trip.wait_returned = now_ns();
+  return p.trip;
+}
+
+std::vector<std::pair<std::string, uint64_t>> AttentionEngine::registered() const {
+  const State& s = *state_;
+  return {{"a2f_send", s.a2f_send.size()},
+          {"a2f_headers", s.a2f_headers.size()},
+          {"f2a_receive", s.f2a_receive.size()},
+          {"f2a_headers", s.f2a_headers.size()}};
+}
+
+}  // namespace hetmesh::afd

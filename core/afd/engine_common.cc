@@ -1,0 +1,138 @@
+#include "engine_common.hpp"
+
+#include <hetmesh/log.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <pthread.h>
+
+namespace hetmesh::afd {
+namespace {
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes)
+    out += fmt::format("{:02x}", b);
+  return out;
+}
+
+std::vector<uint8_t> unhex(const std::string& text, const std::string& what) {
+  if (text.size() % 2 != 0) throw Error(kStatusProtocolError, what + ": odd-length hex");
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i < text.size(); i += 2) {
+    unsigned value = 0;
+    if (std::sscanf(text.c_str() + i, "%2x", &value) != 1)
+      throw Error(kStatusProtocolError, what + ": not hex");
+    out.push_back(static_cast<uint8_t>(value));
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+const char* role_name(Role role) {
+  return role == Role::attention ? "attention" : "ffn";
+}
+
+std::string peer_name(Role role, int rank) {
+  return fmt::format("{} {}", role_name(role), rank);
+}
+
+HostSlots::HostSlots(const Device& device, uint64_t bytes) : size_(bytes) {
+  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
+    pinned_ = device.allocate(bytes, MemoryKind::pinned_host);
+    data_ = static_cast<uint8_t*>(pinned_.data());
+  } else {
+    plain_.resize(bytes);
+    data_ = plain_.data();
+  }
+  std::memset(data_, 0, bytes);
+}
+
+std::vector<uint8_t> PublishedRegions::encode() const {
+  nlohmann::json document = nlohmann::json::object();
+  for (const auto& [name, region] : regions)
+    document[name] = hex(region->describe());
+  std::string text = document.dump();
+  return {text.begin(), text.end()};
+}
+
+std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uint8_t>& blob,
+                                                           const std::string& from) {
+  auto document = nlohmann::json::parse(blob.begin(), blob.end(), nullptr, false);
+  if (document.is_discarded() || !document.is_object())
+    throw Error(kStatusProtocolError, fmt::format("{} published malformed regions", from));
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& [name, value] : document.items()) {
+    if (!value.is_string())
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} published a malformed region '{}'", from, name));
+    out[name] = unhex(value.get<std::string>(), from + " region " + name);
+  }
+  return out;
+}
+
+std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
+                       KeyValueStore& store, Role peer_role, int peer_count) {
+  Rendezvous rendezvous(store, spec.job, role_name(spec.role), spec.rank);
+  rendezvous.publish("endpoint", transport.endpoint());
+  rendezvous.publish("regions", mine.encode());
+  std::vector<Peer> peers(static_cast<size_t>(peer_count));
+  for (int rank = 0; rank < peer_count; ++rank) {
+    std::string name = peer_name(peer_role, rank);
+    Peer& peer = peers[static_cast<size_t>(rank)];
+    peer.rank = rank;
+    auto endpoint = rendezvous.fetch(role_name(peer_role), rank, "endpoint", spec.timeout);
+    auto regions =
+        decode_regions(rendezvous.fetch(role_name(peer_role), rank, "regions", spec.timeout), name);
+    try {
+      peer.connection = transport.connect(endpoint, spec.timeout);
+    } catch (const Error& e) {
+      throw Error(e.status(), fmt::format("{} {}: connecting to {}: {}", role_name(spec.role),
+                                          spec.rank, name, e.what()));
+    }
+    for (const auto& [region_name, descriptor] : regions)
+      peer.regions[region_name] = peer.connection->import_region(descriptor);
+    log(LogLevel::debug, "{} {}: connected to {} over {}", role_name(spec.role), spec.rank, name,
+        to_string(transport.kind()));
+  }
+  return peers;
+}
+
+CommThread::CommThread(const std::vector<int>& cpus, std::function<void()> step)
+    : thread_([this, step = std::move(step)] {
+        while (!stopping_.load(std::memory_order_acquire))
+          step();
+      }) {
+  if (!cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus.front(), &set);
+    if (int rc = pthread_setaffinity_np(thread_.native_handle(), sizeof set, &set); rc != 0)
+      log(LogLevel::warn, "cannot pin the comm thread to CPU {}: {}", cpus.front(),
+          std::strerror(rc));
+  }
+}
+
+CommThread::~CommThread() {
+  stop();
+}
+
+void CommThread::stop() {
+  stopping_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+}
+
+void check_slot(uint32_t slot, uint32_t limit, const std::string& from) {
+  if (slot >= limit)
+    throw Error(kStatusProtocolError,
+                fmt::format("{} notified slot {}, but only {} slots exist", from, slot, limit));
+}
+
+}  // namespace hetmesh::afd

@@ -1,0 +1,134 @@
+// The job configuration of the AFD engine: one TOML file (read with TOML++), validated as a whole
+// before anything starts. Every key has a default, so an empty file is a valid 1A1F job on cpu:0
+// over the automatically chosen transport. The schema, with examples, is in examples/configs/.
+//
+// Errors: every problem is an Error(HM_ERR_INVALID_ARGUMENT) whose message starts with
+// "<file>:<line>:<column>: " and names the key path, e.g.
+//   2a2f.toml:12:1: [model] hidden: expected an integer in 1..1048576, got -5
+//   2a2f.toml:3:1: unknown key [job] micro_batchs (did you mean micro_batches?)
+// Unknown keys and tables are errors, so a typo never silently falls back to a default.
+// Plugin names in device selectors are checked later, by the loader, not here.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hetmesh {
+
+// Element types on the wire. Sizes: fp8 1, bf16 2, fp16 2, fp32 4 bytes.
+enum class Dtype { fp8, bf16, fp16, fp32 };
+size_t dtype_bytes(Dtype dtype);
+const char* to_string(Dtype dtype);  // "fp8", ...
+
+// How an F instance gathers a micro-batch.
+enum class GatherMode {
+  all,   // wait for every A instance's tokens, then run the experts once
+  eager  // serve each A as it arrives, so one slow A does not stall the others
+};
+const char* to_string(GatherMode mode);  // "all", "eager"
+
+// The transport, or `automatic`: ipc when every peer shares this host, else verbs when an RDMA
+// device is usable, else tcp (decided by the engine, which knows where its peers are).
+enum class TransportChoice { automatic, ipc, tcp, verbs };
+const char* to_string(TransportChoice choice);  // "auto", "ipc", "tcp", "verbs"
+
+// The key-value store used for rendezvous. "etcd" is a reserved name: rejected for now.
+enum class RendezvousKind { tcp };
+const char* to_string(RendezvousKind kind);  // "tcp"
+
+struct JobSection {
+  int attention = 1;                         // A instances, 1..1024
+  int ffn = 1;                               // F instances, 1..1024
+  int micro_batches = 3;                     // in flight per A at once, 1..64
+  int layers = 4;                            // demo model layers, 1..1024
+  GatherMode gather = GatherMode::all;       // "all" | "eager"
+  std::chrono::milliseconds timeout{10000};  // timeout_ms: bound on every wait, >= 1
+  bool operator==(const JobSection&) const = default;
+};
+
+// The defaults are a tiny MoE that runs in well under a second on a CPU; see
+// examples/configs/stepmesh-2a2f.toml for StepMesh's production shape.
+struct ModelSection {
+  int tokens = 32;                // tokens per micro-batch per A, 1..1048576
+  int hidden = 256;               // hidden size, 1..1048576
+  int experts = 4;                // total experts, split across the F instances (>= ffn)
+  int top_k = 2;                  // experts per token, 1..experts
+  Dtype a2f_dtype = Dtype::fp8;   // activations sent A -> F
+  Dtype f2a_dtype = Dtype::bf16;  // partial results sent F -> A
+  bool operator==(const ModelSection&) const = default;
+};
+
+// Device selectors, normalised to "name:index" ("cpu" in the file becomes "cpu:0"). The file may
+// give one selector for all instances of a role or an array with one per instance; here there is
+// always exactly one per instance, indexed by rank.
+struct DevicesSection {
+  std::vector<std::string> attention{"cpu:0"};  // attention[rank]
+  std::vector<std::string> ffn{"cpu:0"};        // ffn[rank]
+  bool operator==(const DevicesSection&) const = default;
+};
+
+struct PluginsSection {
+  // Extra plugin .so files (PluginLoadOptions::explicit_paths), as written: relative paths are
+  // relative to the working directory.
+  std::vector<std::string> paths;
+  // Options per plugin name, in hm_host_api.options form "k=v;k=v" (PluginLoadOptions::
+  // plugin_options). A TOML table in the file is converted to that form, its keys sorted.
+  std::map<std::string, std::string> options;
+  bool operator==(const PluginsSection&) const = default;
+};
+
+struct TransportSection {
+  TransportChoice kind = TransportChoice::automatic;  // "auto" | "ipc" | "tcp" | "verbs"
+  std::string listen_host = "127.0.0.1";  // where tcp and the verbs out-of-band channel listen
+  std::string rdma_device;                // verbs: "" = the first active RDMA device
+  int gid_index = -1;                     // verbs: -1 = the first IPv4-mapped GID
+  bool operator==(const TransportSection&) const = default;
+};
+
+struct RendezvousSection {
+  RendezvousKind kind = RendezvousKind::tcp;  // "tcp": the embedded store
+  // host:port of the store. Port 0 (the default) lets the hosting process pick a free port and
+  // report it, which is what a single-host job wants; multi-node jobs name a fixed port.
+  std::string address = "127.0.0.1:0";
+  bool operator==(const RendezvousSection&) const = default;
+};
+
+struct TracingSection {
+  bool enabled = true;                              // record per-operation timestamps
+  std::string chrome_trace = "hetmesh-trace.json";  // Chrome trace JSON path; "" = do not write
+  double straggler_factor = 1.5;  // a peer slower than this times the median is a straggler, > 1
+  bool operator==(const TracingSection&) const = default;
+};
+
+struct AffinitySection {
+  std::vector<int> comm_cpus;  // CPUs for the comm threads, in order of creation; empty = unpinned
+  int poller_cpu = -1;         // CPU of the transport's completion poller; -1 = unpinned
+  bool operator==(const AffinitySection&) const = default;
+};
+
+struct JobConfig {
+  JobSection job;
+  ModelSection model;
+  DevicesSection devices;
+  PluginsSection plugins;
+  TransportSection transport;
+  RendezvousSection rendezvous;
+  TracingSection tracing;
+  AffinitySection affinity;
+  bool operator==(const JobConfig&) const = default;
+};
+
+// Reads and validates a config file. A file that cannot be read is an Error(INVALID_ARGUMENT)
+// naming the path and the reason.
+JobConfig load_config(const std::string& path);
+// Parses and validates config text; `source_name` is the file name used in messages.
+JobConfig parse_config(std::string_view text, const std::string& source_name);
+// The effective configuration as TOML that parse_config reads back to an equal JobConfig.
+std::string to_toml(const JobConfig& config);
+
+}  // namespace hetmesh

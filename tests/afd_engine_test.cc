@@ -1,0 +1,280 @@
+// End-to-end tests of the AFD engine with real processes: this binary re-runs itself as the
+// attention or FFN instances of a job (--role), which meet through a real TCP store.
+#include "engine_common.hpp"
+
+#include <hetmesh/afd.hpp>
+#include <hetmesh/rendezvous.hpp>
+#include <hetmesh/subprocess.hpp>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <iostream>
+
+namespace hetmesh::afd {
+namespace {
+
+constexpr std::chrono::milliseconds kTimeout{20000};
+
+EngineSpec small_spec(int attention, int ffn, Gather gather, TransportKind kind) {
+  EngineSpec s;
+  s.attention = attention;
+  s.ffn = ffn;
+  s.micro_batches = 2;
+  s.tokens = 8;
+  s.hidden = 32;
+  s.top_k = 2;
+  s.a2f_bytes = 2;
+  s.f2a_bytes = 2;
+  s.gather = gather;
+  s.timeout = kTimeout;
+  s.transport.kind = kind;
+  return s;
+}
+
+// ---- child roles ----
+
+// Every F answers with out[i] = in[i] + its rank + 1 (bytes), so A can check each partial.
+int run_ffn(const EngineSpec& spec, KeyValueStore& store) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  FfnEngine engine(spec, device, store);
+  while (auto batch = engine.get_batch(kTimeout)) {
+    for (const auto& part : batch->parts) {
+      auto* in = static_cast<const uint8_t*>(part.tokens_data);
+      auto* out = static_cast<uint8_t*>(part.output);
+      for (uint64_t i = 0; i < uint64_t{part.tokens} * spec.hidden * spec.f2a_bytes; ++i)
+        out[i] = static_cast<uint8_t>(in[i] + spec.rank + 1);
+    }
+    std::cout << "batch " << batch->micro_batch << " parts " << batch->parts.size() << std::endl;
+    engine.respond(*batch);
+  }
+  return 0;
+}
+
+// A pushes `rounds` rounds of every micro-batch and checks each F's answer. With `after`, it
+// first waits until the store key `after` exists; at the end it sets "<rank>.done".
+int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds,
+                  const std::string& after) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  AttentionEngine engine(spec, device, store);
+  if (!after.empty()) store.get(after, kTimeout);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<AttentionEngine::Handle> handles;
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      auto* tokens = static_cast<uint8_t*>(engine.tokens(mb));
+      for (uint32_t i = 0; i < spec.tokens * spec.hidden * spec.a2f_bytes; ++i)
+        tokens[i] = static_cast<uint8_t>(i + round * 7 + mb * 3 + spec.rank * 11);
+      handles.push_back(engine.push_pull(mb, spec.tokens));
+    }
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      engine.wait(handles[static_cast<size_t>(mb)], kTimeout);
+      for (int f = 0; f < spec.ffn; ++f) {
+        auto* out = static_cast<const uint8_t*>(engine.result(mb, f));
+        for (uint32_t i = 0; i < spec.tokens * spec.hidden * spec.f2a_bytes; ++i) {
+          auto want = static_cast<uint8_t>(i + round * 7 + mb * 3 + spec.rank * 11 + f + 1);
+          if (out[i] != want) {
+            std::cerr << fmt::format(
+                "attention {}: round {} mb {} ffn {} byte {}: got {} want {}\n", spec.rank, round,
+                mb, f, i, out[i], want);
+            return 3;
+          }
+        }
+      }
+    }
+    std::cout << "round " << round << std::endl;
+  }
+  store.set(fmt::format("{}.done", spec.rank), {1});
+  return 0;
+}
+
+// Joins as attention 0 but sends one malformed header to F 0, then waits to be dropped.
+int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& defect) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  auto transport = Transport::create(spec.transport);
+  HostSlots headers(device, sizeof(WireHeader) * spec.micro_batches);
+  HostSlots results(device, spec.f2a_slot_bytes() * spec.micro_batches * spec.ffn);
+  HostSlots result_headers(device, sizeof(WireHeader) * spec.micro_batches * spec.ffn);
+  auto header_region = transport->register_memory(device, headers.data(), headers.size());
+  PublishedRegions mine;
+  mine.regions["f2a_payload"] = transport->register_memory(device, results.data(), results.size());
+  mine.regions["f2a_headers"] =
+      transport->register_memory(device, result_headers.data(), result_headers.size());
+  auto peers = join(spec, *transport, mine, store, Role::ffn, spec.ffn);
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.kind = static_cast<uint16_t>(MessageKind::a2f);
+  h.source = 0;
+  h.micro_batch = 0;
+  h.sequence = 1;
+  h.tokens = spec.tokens;
+  h.hidden = spec.hidden;
+  h.top_k = spec.top_k;
+  h.payload_bytes = uint64_t{spec.tokens} * (spec.hidden * spec.a2f_bytes + spec.top_k * 8);
+  uint32_t slot = 0;
+  if (defect == "tokens") h.tokens = spec.tokens + 1000;
+  if (defect == "payload") h.payload_bytes = spec.a2f_slot_bytes() * 4;
+  if (defect == "magic") h.magic = 0x12345678;
+  if (defect == "slot") slot = 999;
+  std::memcpy(headers.data(), &h, sizeof h);
+  peers[0].connection->write(*header_region, 0, *peers[0].regions.at("a2f_headers"), 0, sizeof h,
+                             slot, 0);
+  std::vector<TransportEvent> events;
+  for (int i = 0; i < 200; ++i)
+    transport->poll(events, std::chrono::milliseconds(50));
+  return 0;
+}
+
+int child_main(int argc, char** argv) {
+  // --role ROLE RANK ATTENTION FFN GATHER TRANSPORT STORE [ROUNDS AFTER | DEFECT]
+  std::string role = argv[2];
+  int rank = std::stoi(argv[3]);
+  EngineSpec spec = small_spec(std::stoi(argv[4]), std::stoi(argv[5]),
+                               std::string(argv[6]) == "eager" ? Gather::eager : Gather::all,
+                               parse_transport_kind(argv[7]));
+  spec.rank = rank;
+  try {
+    auto store = connect_tcp_store(argv[8], kTimeout);
+    if (role == "ffn") {
+      spec.role = Role::ffn;
+      return run_ffn(spec, *store);
+    }
+    spec.role = Role::attention;
+    if (role == "rogue") return run_rogue(spec, *store, argv[9]);
+    return run_attention(spec, *store, std::stoi(argv[9]), argc > 10 ? argv[10] : "");
+  } catch (const Error& e) {
+    std::cout << "error " << status_name(e.status()) << ": " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+// ---- the tests ----
+
+struct Job {
+  TcpStoreServer store{"127.0.0.1:0"};
+  std::vector<std::unique_ptr<ChildProcess>> children;
+
+  ChildProcess& spawn(const std::string& role, int rank, int a, int f, const char* gather,
+                      TransportKind kind, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {
+        self_executable(), "--role",          role,   std::to_string(rank),
+        std::to_string(a), std::to_string(f), gather, to_string(kind),
+        store.address()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    children.push_back(std::make_unique<ChildProcess>(argv));
+    return *children.back();
+  }
+};
+
+// Collects a child's output lines until it exits.
+std::vector<std::string> lines_until_exit(ChildProcess& child) {
+  std::vector<std::string> lines;
+  try {
+    for (;;)
+      lines.push_back(child.read_line(kTimeout * 2));
+  } catch (const Error&) {
+  }
+  return lines;
+}
+
+struct Shape {
+  int attention, ffn;
+  TransportKind kind;
+};
+
+class AfdJobTest : public testing::TestWithParam<Shape> {};
+
+TEST_P(AfdJobTest, EveryAttentionGetsEveryFfnsAnswer) {
+  const Shape s = GetParam();
+  Job job;
+  for (int f = 0; f < s.ffn; ++f)
+    job.spawn("ffn", f, s.attention, s.ffn, "all", s.kind);
+  for (int a = 0; a < s.attention; ++a)
+    job.spawn("attention", a, s.attention, s.ffn, "all", s.kind, {"5"});
+  for (auto& child : job.children) {
+    auto lines = lines_until_exit(*child);
+    ProcessResult r = child->wait(kTimeout);
+    std::string output;
+    for (const auto& l : lines)
+      output += l + "\n";
+    EXPECT_EQ(r.exit_code, 0) << r.describe() << "\n" << output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AfdJobTest,
+    testing::Values(Shape{1, 1, TransportKind::ipc}, Shape{2, 2, TransportKind::ipc},
+                    Shape{3, 2, TransportKind::ipc}, Shape{1, 1, TransportKind::tcp},
+                    Shape{2, 2, TransportKind::tcp}, Shape{3, 2, TransportKind::tcp}),
+    [](const testing::TestParamInfo<Shape>& p) {
+      return fmt::format("{}a{}f_{}", p.param.attention, p.param.ffn, to_string(p.param.kind));
+    });
+
+// Attention 1 starts only after attention 0 has finished all its rounds. In eager mode F serves
+// attention 0 alone, so this completes; a gather-all F would wait for attention 1 forever.
+TEST(AfdEagerTest, SlowAttentionDoesNotStallTheOthers) {
+  Job job;
+  ChildProcess& ffn = job.spawn("ffn", 0, 2, 1, "eager", TransportKind::tcp);
+  ChildProcess& fast = job.spawn("attention", 0, 2, 1, "eager", TransportKind::tcp, {"3"});
+  ChildProcess& slow =
+      job.spawn("attention", 1, 2, 1, "eager", TransportKind::tcp, {"3", "0.done"});
+  EXPECT_EQ(fast.wait(kTimeout * 2).exit_code, 0);
+  EXPECT_EQ(slow.wait(kTimeout * 2).exit_code, 0);
+  auto lines = lines_until_exit(ffn);
+  EXPECT_EQ(ffn.wait(kTimeout).exit_code, 0);
+  ASSERT_FALSE(lines.empty());
+  for (const auto& l : lines)
+    EXPECT_NE(l.find("parts 1"), std::string::npos) << l;
+}
+
+TEST(AfdFailureTest, KilledFfnIsAClearErrorForAttention) {
+  Job job;
+  ChildProcess& ffn = job.spawn("ffn", 0, 1, 1, "all", TransportKind::tcp);
+  ChildProcess& attention = job.spawn("attention", 0, 1, 1, "all", TransportKind::tcp, {"1000000"});
+  EXPECT_EQ(attention.read_line(kTimeout), "round 0");
+  ffn.kill(SIGKILL);
+  std::string error;
+  for (;;) {
+    std::string line = attention.read_line(kTimeout * 2);
+    if (line.rfind("error", 0) == 0) {
+      error = line;
+      break;
+    }
+  }
+  EXPECT_NE(error.find("PEER_LOST"), std::string::npos) << error;
+  EXPECT_NE(error.find("ffn 0 lost"), std::string::npos) << error;
+  EXPECT_EQ(attention.wait(kTimeout).exit_code, 1);
+}
+
+class AfdHeaderTest : public testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(AfdHeaderTest, MalformedHeaderIsRefusedByFfn) {
+  Job job;
+  ChildProcess& ffn = job.spawn("ffn", 0, 1, 1, "all", TransportKind::tcp);
+  job.spawn("rogue", 0, 1, 1, "all", TransportKind::tcp, {GetParam().first});
+  auto lines = lines_until_exit(ffn);
+  EXPECT_EQ(ffn.wait(kTimeout).exit_code, 1);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find(GetParam().second), std::string::npos) << lines.back();
+  for (const auto& l : lines)
+    EXPECT_EQ(l.rfind("batch", 0), std::string::npos) << "served: " << l;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Defects, AfdHeaderTest,
+    testing::Values(std::pair{"tokens", "refused header: 1008 tokens (slot holds 1..8)"},
+                    std::pair{"payload", "refused header: payload of"},
+                    std::pair{"magic", "refused header: magic 12345678"},
+                    std::pair{"slot", "notified slot 999, but only 2 slots exist"}),
+    [](const auto& p) { return p.param.first; });
+
+}  // namespace
+}  // namespace hetmesh::afd
+
+int main(int argc, char** argv) {
+  if (argc > 2 && std::strcmp(argv[1], "--role") == 0) return hetmesh::afd::child_main(argc, argv);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

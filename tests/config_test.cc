@@ -1,0 +1,335 @@
+// The job config: defaults, the full schema, every validation rule with its exact message
+// (file:line:column, key path), the effective-config printer, and every example file.
+#include <hetmesh/config.hpp>
+#include <hetmesh/error.hpp>
+
+#include "test_support.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace hetmesh {
+namespace {
+
+// The message of the Error that parsing `text` throws; fails the test if it parses.
+std::string error_of(std::string_view text, const std::string& name = "job.toml") {
+  try {
+    parse_config(text, name);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "parsed without an error:\n" << text;
+  return {};
+}
+
+TEST(ConfigTest, EmptyFileIsA1A1FJobOnCpuOverAutoTransport) {
+  JobConfig c = parse_config("", "empty.toml");
+  EXPECT_EQ(c, JobConfig{});
+  EXPECT_EQ(c.job.attention, 1);
+  EXPECT_EQ(c.job.ffn, 1);
+  EXPECT_EQ(c.devices.attention, std::vector<std::string>{"cpu:0"});
+  EXPECT_EQ(c.devices.ffn, std::vector<std::string>{"cpu:0"});
+  EXPECT_EQ(c.transport.kind, TransportChoice::automatic);
+  EXPECT_EQ(c.rendezvous.kind, RendezvousKind::tcp);
+  EXPECT_EQ(c.job.timeout, std::chrono::milliseconds(10000));
+  EXPECT_LE(c.model.top_k, c.model.experts);
+}
+
+TEST(ConfigTest, ReadsTheFullSchema) {
+  JobConfig c = parse_config(R"(
+[job]
+attention = 2
+ffn = 2
+micro_batches = 3
+layers = 4
+gather = "eager"
+timeout_ms = 2500
+[model]
+tokens = 128
+hidden = 7168
+experts = 8
+top_k = 2
+a2f_dtype = "fp8"
+f2a_dtype = "fp32"
+[devices]
+attention = "cpu"
+ffn = ["asic_stub:0", "asic_stub:1"]
+[plugins]
+paths = ["/opt/x/libhetmesh-device-x.so"]
+[plugins.options]
+asic_stub = { copy_latency_us = 2, copy_bandwidth_gbps = 32.5, trace = true }
+cpu = "threads=4;pin=false"
+[transport]
+kind = "verbs"
+listen_host = "10.0.0.1"
+rdma_device = "mlx5_0"
+gid_index = 3
+[rendezvous]
+kind = "tcp"
+address = "[::1]:29500"
+[tracing]
+enabled = false
+chrome_trace = ""
+straggler_factor = 2
+[affinity]
+comm_cpus = [2, 3]
+poller_cpu = 4
+)",
+                             "full.toml");
+  EXPECT_EQ(c.job.attention, 2);
+  EXPECT_EQ(c.job.gather, GatherMode::eager);
+  EXPECT_EQ(c.job.timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.model.hidden, 7168);
+  EXPECT_EQ(c.model.f2a_dtype, Dtype::fp32);
+  // A single selector is repeated per instance and "cpu" is normalised to "cpu:0".
+  EXPECT_EQ(c.devices.attention, (std::vector<std::string>{"cpu:0", "cpu:0"}));
+  EXPECT_EQ(c.devices.ffn, (std::vector<std::string>{"asic_stub:0", "asic_stub:1"}));
+  EXPECT_EQ(c.plugins.paths, std::vector<std::string>{"/opt/x/libhetmesh-device-x.so"});
+  // Tables become "k=v;k=v" with sorted keys; strings are kept as written.
+  EXPECT_EQ(c.plugins.options.at("asic_stub"),
+            "copy_bandwidth_gbps=32.5;copy_latency_us=2;trace=true");
+  EXPECT_EQ(c.plugins.options.at("cpu"), "threads=4;pin=false");
+  EXPECT_EQ(c.transport.kind, TransportChoice::verbs);
+  EXPECT_EQ(c.transport.rdma_device, "mlx5_0");
+  EXPECT_EQ(c.transport.gid_index, 3);
+  EXPECT_EQ(c.rendezvous.address, "[::1]:29500");
+  EXPECT_FALSE(c.tracing.enabled);
+  EXPECT_EQ(c.tracing.chrome_trace, "");
+  EXPECT_EQ(c.tracing.straggler_factor, 2.0);  // an integer where a float is expected is fine
+  EXPECT_EQ(c.affinity.comm_cpus, (std::vector<int>{2, 3}));
+  EXPECT_EQ(c.affinity.poller_cpu, 4);
+}
+
+TEST(ConfigTest, DtypeSizes) {
+  EXPECT_EQ(dtype_bytes(Dtype::fp8), 1u);
+  EXPECT_EQ(dtype_bytes(Dtype::bf16), 2u);
+  EXPECT_EQ(dtype_bytes(Dtype::fp16), 2u);
+  EXPECT_EQ(dtype_bytes(Dtype::fp32), 4u);
+  EXPECT_STREQ(to_string(Dtype::bf16), "bf16");
+  EXPECT_STREQ(to_string(TransportChoice::automatic), "auto");
+}
+
+TEST(ConfigTest, UnknownKeySuggestsTheClosestOne) {
+  EXPECT_EQ(error_of("[job]\nattention = 2\nmicro_batchs = 3\n", "2a2f.toml"),
+            "2a2f.toml:3:1: unknown key [job] micro_batchs (did you mean micro_batches?)");
+  // Far from every known key: no suggestion.
+  EXPECT_EQ(error_of("[tracing]\nflamegraph = true\n"),
+            "job.toml:2:1: unknown key [tracing] flamegraph");
+}
+
+TEST(ConfigTest, UnknownTablesAndTopLevelKeys) {
+  EXPECT_EQ(error_of("\n[jobs]\nattention = 2\n"),
+            "job.toml:2:2: unknown table [jobs] (did you mean job?)");
+  EXPECT_EQ(error_of("[transport.tcp]\nnodelay = true\n"),
+            "job.toml:1:12: unknown table [transport.tcp]");
+  EXPECT_EQ(error_of("attention = 2\n"),
+            "job.toml:1:1: unknown top-level key attention; keys belong in a table such as [job]");
+}
+
+TEST(ConfigTest, WrongTypeNamesWhatWasFound) {
+  EXPECT_EQ(error_of("[job]\nattention = \"2\"\n"),
+            "job.toml:2:1: [job] attention: expected an integer in 1..1024, got string \"2\"");
+  EXPECT_EQ(error_of("[tracing]\nenabled = 1\n"),
+            "job.toml:2:1: [tracing] enabled: expected true or false, got integer 1");
+  EXPECT_EQ(error_of("[transport]\nlisten_host = 127\n"),
+            "job.toml:2:1: [transport] listen_host: expected a string, got integer 127");
+  EXPECT_EQ(error_of("model = 5\n"), "job.toml:1:1: [model]: expected a table, got integer 5");
+}
+
+TEST(ConfigTest, OutOfRangeValues) {
+  EXPECT_EQ(error_of("[job]\nffn = 1\n\n[model]\nhidden = -5\n", "2a2f.toml"),
+            "2a2f.toml:5:1: [model] hidden: expected a positive integer, got -5");
+  EXPECT_EQ(error_of("[job]\n  micro_batches = 65\n"),
+            "job.toml:2:3: [job] micro_batches: expected an integer in 1..64, got 65");
+  EXPECT_EQ(error_of("[job]\ntimeout_ms = 0\n"),
+            "job.toml:2:1: [job] timeout_ms: expected an integer in 1..86400000, got 0");
+  EXPECT_EQ(error_of("[transport]\ngid_index = -2\n"),
+            "job.toml:2:1: [transport] gid_index: expected an integer in -1..65535, got -2");
+  EXPECT_EQ(error_of("[tracing]\nstraggler_factor = 0.5\n"),
+            "job.toml:2:1: [tracing] straggler_factor: expected a number > 1, got 0.5");
+  EXPECT_EQ(error_of("[affinity]\ncomm_cpus = [1,\n  -3]\n"),
+            "job.toml:3:3: [affinity] comm_cpus[1]: expected a CPU id in 0..1023, got -3");
+  // Within int range individually, too big together.
+  EXPECT_NE(error_of("[model]\ntokens = 1000000\nhidden = 100000\n")
+                .find("job.toml:3:1: [model] hidden: tokens x hidden x 2 bytes"),
+            std::string::npos);
+}
+
+TEST(ConfigTest, BadDtype) {
+  EXPECT_EQ(error_of("[model]\na2f_dtype = \"fp9\"\n"),
+            "job.toml:2:1: [model] a2f_dtype: unknown value \"fp9\" (expected one of fp8, bf16, "
+            "fp16, fp32; did you mean fp8?)");
+  EXPECT_EQ(error_of("[model]\nf2a_dtype = \"int4\"\n"),
+            "job.toml:2:1: [model] f2a_dtype: unknown value \"int4\" (expected one of fp8, bf16, "
+            "fp16, fp32)");
+}
+
+TEST(ConfigTest, BadEnumsElsewhere) {
+  EXPECT_EQ(error_of("[job]\ngather = \"some\"\n"),
+            "job.toml:2:1: [job] gather: unknown value \"some\" (expected one of all, eager)");
+  EXPECT_EQ(error_of("[transport]\nkind = \"verb\"\n"),
+            "job.toml:2:1: [transport] kind: unknown value \"verb\" (expected one of auto, ipc, "
+            "tcp, verbs; did you mean verbs?)");
+  EXPECT_EQ(error_of("[rendezvous]\nkind = \"etcd\"\n"),
+            "job.toml:2:1: [rendezvous] kind: \"etcd\" is not supported yet (use \"tcp\", the "
+            "embedded store)");
+  EXPECT_EQ(error_of("[rendezvous]\naddress = \"localhost\"\n"),
+            "job.toml:2:1: [rendezvous] address: expected host:port (IPv6 as [addr]:port), got "
+            "\"localhost\"");
+  EXPECT_EQ(error_of("[rendezvous]\naddress = \"::1:29500\"\n"),
+            "job.toml:2:1: [rendezvous] address: expected host:port (IPv6 as [addr]:port), got "
+            "\"::1:29500\"");
+}
+
+TEST(ConfigTest, BadSelector) {
+  EXPECT_EQ(error_of("[devices]\nattention = \"cuda:x\"\n"),
+            "job.toml:2:1: [devices] attention: bad device selector \"cuda:x\" (expected "
+            "name:index, e.g. \"cpu:0\")");
+  // In an array the element's own position is reported.
+  EXPECT_EQ(error_of("[job]\nffn = 2\n[devices]\nffn = [\"asic_stub:0\", \"Asic:1\"]\n"),
+            "job.toml:4:23: [devices] ffn[1]: bad device selector \"Asic:1\" (expected "
+            "name:index, e.g. \"cpu:0\")");
+  EXPECT_NE(error_of("[devices]\nffn = \":0\"\n").find("bad device selector \":0\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[devices]\nffn = \"cpu:\"\n").find("bad device selector \"cpu:\""),
+            std::string::npos);
+}
+
+TEST(ConfigTest, DeviceArrayLengthMustMatchTheInstanceCount) {
+  EXPECT_EQ(error_of("[job]\nattention = 3\n[devices]\nattention = [\"cpu:0\", \"cpu:0\"]\n"),
+            "job.toml:4:1: [devices] attention: 2 selector(s) for 3 A instance(s) ([job] "
+            "attention = 3); give one per instance or a single string for all");
+  // The default is one F instance.
+  EXPECT_EQ(error_of("[devices]\nffn = [\"cpu:0\", \"cpu:1\"]\n"),
+            "job.toml:2:1: [devices] ffn: 2 selector(s) for 1 F instance(s) ([job] ffn = 1); "
+            "give one per instance or a single string for all");
+}
+
+TEST(ConfigTest, TopKMustNotExceedExperts) {
+  EXPECT_EQ(error_of("[model]\nexperts = 8\ntop_k = 9\n"),
+            "job.toml:3:1: [model] top_k: 9 is more than experts (8)");
+  // Only experts is written: the message points at it and says top_k is the default.
+  EXPECT_EQ(error_of("[model]\nexperts = 1\n"),
+            "job.toml:2:1: [model] experts: 1 is less than top_k (2, the default)");
+}
+
+TEST(ConfigTest, EveryFfnInstanceNeedsAnExpert) {
+  EXPECT_EQ(error_of("[job]\nffn = 4\n[model]\nexperts = 2\ntop_k = 1\n"),
+            "job.toml:4:1: [model] experts: 2 expert(s) cannot be split across 4 F instances "
+            "([job] ffn); each F needs at least one");
+  // Default experts (4): point at [job] ffn, which is what the user wrote.
+  EXPECT_EQ(error_of("[job]\nffn = 8\n"),
+            "job.toml:2:1: [job] ffn: 8 F instances need at least 8 experts, but [model] experts "
+            "is 4");
+}
+
+TEST(ConfigTest, PluginSection) {
+  EXPECT_EQ(error_of("[plugins.options]\nasic_stub = \"copy_latency_us\"\n"),
+            "job.toml:2:1: [plugins.options] asic_stub: option \"copy_latency_us\" is not "
+            "key=value");
+  EXPECT_EQ(error_of("[plugins.options]\nasic_stub = { latency = [1, 2] }\n"),
+            "job.toml:2:15: [plugins.options.asic_stub] latency: expected a string, number or "
+            "boolean, got an array");
+  EXPECT_EQ(error_of("[plugins.options]\n\"Bad-Name\" = \"a=1\"\n"),
+            "job.toml:2:1: [plugins.options] Bad-Name: not a plugin name ([a-z0-9_], at most 32 "
+            "characters)");
+  EXPECT_EQ(error_of("[plugins]\npaths = [\"\"]\n"),
+            "job.toml:2:10: [plugins] paths[0]: expected a non-empty path, got string \"\"");
+  EXPECT_EQ(error_of("[plugins]\npath = []\n"),
+            "job.toml:2:1: unknown key [plugins] path (did you mean paths?)");
+}
+
+TEST(ConfigTest, TomlSyntaxErrorCarriesTomlPlusPlusPosition) {
+  std::string message = error_of("[job]\nattention = = 2\n", "bad.toml");
+  EXPECT_EQ(message.rfind("bad.toml:2:13: TOML syntax error: ", 0), 0u) << message;
+  // A key defined twice is TOML++'s error too, on the second definition's line.
+  message = error_of("[job]\nffn = 1\nffn = 2\n", "twice.toml");
+  EXPECT_EQ(message.rfind("twice.toml:3:", 0), 0u) << message;
+  EXPECT_NE(message.find("TOML syntax error"), std::string::npos) << message;
+}
+
+TEST(ConfigTest, MissingFileNamesThePathAndTheReason) {
+  try {
+    load_config("/nonexistent/hetmesh/job.toml");
+    FAIL() << "loaded a missing file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
+    EXPECT_STREQ(e.what(),
+                 "cannot read config /nonexistent/hetmesh/job.toml: No such file or directory");
+  }
+  test::TempDir dir;
+  try {
+    load_config(dir.path().string());
+    FAIL() << "loaded a folder";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cannot read config " + dir.path().string() + ": Is a directory");
+  }
+}
+
+TEST(ConfigTest, LoadConfigReportsTheFilePath) {
+  test::TempDir dir;
+  std::string path = dir.file("job.toml");
+  std::ofstream(path) << "[job]\nattention = 2\n\n[model]\nhidden = -5\n";
+  try {
+    load_config(path);
+    FAIL() << "accepted hidden = -5";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path + ":5:1: [model] hidden: expected a positive integer, got -5");
+  }
+}
+
+TEST(ConfigTest, ToTomlReadsBackToTheSameConfig) {
+  JobConfig c;
+  c.job.attention = 3;
+  c.job.gather = GatherMode::eager;
+  c.model.experts = 6;
+  c.model.a2f_dtype = Dtype::fp16;
+  c.devices.attention = {"cpu:0", "asic_stub:1", "cpu:0"};  // not uniform: printed as an array
+  c.plugins.paths = {"/tmp/a \"quoted\" path\\x.so"};
+  c.plugins.options["asic_stub"] = "copy_latency_us=2";
+  c.transport.kind = TransportChoice::tcp;
+  c.tracing.straggler_factor = 2.0;
+  c.tracing.chrome_trace = "trace\tfile.json";
+  c.affinity.comm_cpus = {0, 5};
+  std::string text = to_toml(c);
+  EXPECT_NE(text.find("straggler_factor = 2.0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("attention = [\"cpu:0\", \"asic_stub:1\", \"cpu:0\"]"), std::string::npos)
+      << text;
+  EXPECT_EQ(parse_config(to_toml(c), "effective.toml"), c) << text;
+  EXPECT_EQ(parse_config(to_toml(JobConfig{}), "default.toml"), JobConfig{});
+}
+
+TEST(ConfigExamples, EveryExampleFileParsesAndRoundTrips) {
+  size_t count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(HETMESH_EXAMPLE_CONFIG_DIR)) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    JobConfig c = load_config(entry.path().string());
+    EXPECT_EQ(c.devices.attention.size(), static_cast<size_t>(c.job.attention));
+    EXPECT_EQ(c.devices.ffn.size(), static_cast<size_t>(c.job.ffn));
+    EXPECT_EQ(parse_config(to_toml(c), "effective.toml"), c);
+    ++count;
+  }
+  EXPECT_GE(count, 7u);
+}
+
+TEST(ConfigExamples, StepMeshShape) {
+  JobConfig c = load_config(std::string(HETMESH_EXAMPLE_CONFIG_DIR) + "/stepmesh-2a2f.toml");
+  EXPECT_EQ(c.model.tokens, 128);
+  EXPECT_EQ(c.model.hidden, 7168);
+  EXPECT_EQ(c.model.a2f_dtype, Dtype::fp8);
+  EXPECT_EQ(c.model.f2a_dtype, Dtype::bf16);
+  EXPECT_EQ(c.job.micro_batches, 3);
+  JobConfig mixed =
+      load_config(std::string(HETMESH_EXAMPLE_CONFIG_DIR) + "/2a2f-cpu-asic_stub-ipc.toml");
+  EXPECT_EQ(mixed.devices.ffn, (std::vector<std::string>{"asic_stub:0", "asic_stub:1"}));
+  EXPECT_EQ(mixed.plugins.options.at("asic_stub"), "copy_bandwidth_gbps=32;copy_latency_us=2");
+}
+
+}  // namespace
+}  // namespace hetmesh

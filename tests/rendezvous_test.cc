@@ -1,0 +1,572 @@
+// The rendezvous store: the TCP store's operations, blocking gets across threads and processes,
+// the reusable barrier, Rendezvous across real processes (2A2F), a store that dies, and a store
+// fed malformed frames.
+//
+// The binary doubles as its own helper process:
+//   rendezvous_test --serve-store               hosts a store, prints "ADDRESS <host:port>", and
+//                                               runs until its stdin closes
+//   rendezvous_test --set <address> <key> <value>   waits for "go" on stdin, then sets the key
+//   rendezvous_test --instance <address> <job> <role> <rank>   one instance of a 2A2F rendezvous
+#include <hetmesh/log.hpp>
+#include <hetmesh/rendezvous.hpp>
+#include <hetmesh/subprocess.hpp>
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+namespace hetmesh {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using Bytes = std::vector<uint8_t>;
+
+constexpr milliseconds kWait{20000};
+
+Bytes bytes(const std::string& text) {
+  return Bytes(text.begin(), text.end());
+}
+
+milliseconds since(Clock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+}
+
+// "<text after prefix>" of a helper's line, or a test failure.
+std::string after(const std::string& line, const std::string& prefix) {
+  EXPECT_EQ(line.rfind(prefix + " ", 0), 0u) << "expected '" << prefix << " ...', got: " << line;
+  return line.substr(std::min(line.size(), prefix.size() + 1));
+}
+
+// Captures log lines (from every thread) for the test's lifetime.
+class LogCapture {
+ public:
+  LogCapture() {
+    previous_ = set_log_sink([this](LogLevel, std::string_view line) {
+      std::lock_guard lock(mutex_);
+      lines_.emplace_back(line);
+    });
+  }
+  ~LogCapture() { set_log_sink(previous_); }
+  // Waits (briefly) for a line containing `text`.
+  bool saw(const std::string& text) {
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      {
+        std::lock_guard lock(mutex_);
+        for (const auto& line : lines_)
+          if (line.find(text) != std::string::npos) return true;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return false;
+  }
+  std::string all() {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const auto& line : lines_)
+      out += line + "\n";
+    return out;
+  }
+
+ private:
+  LogSink previous_;
+  std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
+// ---- helper processes ----------------------------------------------------------------------
+
+int serve_store() {
+  TcpStoreServer server("127.0.0.1:0");
+  std::cout << "ADDRESS " << server.address() << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}
+
+int set_when_told(const std::string& address, const std::string& key, const std::string& value) {
+  auto store = connect_tcp_store(address, kWait);
+  std::cout << "CONNECTED x" << std::endl;
+  std::string line;
+  if (!std::getline(std::cin, line) || line != "go") return 2;
+  store->set(key, bytes(value));
+  return 0;
+}
+
+std::string endpoint_of(const std::string& role, int rank) {
+  return "endpoint of " + role + " " + std::to_string(rank);
+}
+
+// One instance of a 2A2F job: publishes its endpoint, waits for the world, checks every peer's
+// endpoint, meets the others at a barrier twice, and leaves.
+int run_instance(const std::string& address, const std::string& job, const std::string& role,
+                 int rank) {
+  try {
+    auto store = connect_tcp_store(address, kWait);
+    Rendezvous rendezvous(*store, job, role, rank);
+    rendezvous.publish("endpoint", bytes(endpoint_of(role, rank)));
+    rendezvous.wait_for_world(2, 2, kWait);
+    for (const char* peer_role : {"attention", "ffn"})
+      for (int peer = 0; peer < 2; ++peer)
+        if (rendezvous.fetch(peer_role, peer, "endpoint", kWait) !=
+            bytes(endpoint_of(peer_role, peer))) {
+          std::cerr << role << rank << ": wrong endpoint for " << peer_role << peer << "\n";
+          return 1;
+        }
+    barrier(*store, job + "/fetched", 4, kWait);
+    barrier(*store, job + "/fetched", 4, kWait);
+    rendezvous.leave();
+    std::cout << "OK " << role << " " << rank << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << role << rank << ": " << e.what() << "\n";
+    return 1;
+  }
+}
+
+// A store hosted in a child process, so the test can kill it.
+class ChildStore {
+ public:
+  ChildStore() : child_({self_executable(), "--serve-store"}) {
+    address_ = after(child_.read_line(kWait), "ADDRESS");
+  }
+  const std::string& address() const { return address_; }
+  ChildProcess& process() { return child_; }
+
+ private:
+  ChildProcess child_;
+  std::string address_;
+};
+
+// ---- the store's operations ----------------------------------------------------------------
+
+class RendezvousTcpStore : public testing::Test {
+ protected:
+  TcpStoreServer server_{"127.0.0.1:0"};
+  std::unique_ptr<KeyValueStore> store_ = connect_tcp_store(server_.address(), kWait);
+};
+
+TEST_F(RendezvousTcpStore, ReportsTheRealPort) {
+  EXPECT_EQ(server_.address().rfind("127.0.0.1:", 0), 0u) << server_.address();
+  EXPECT_NE(server_.address(), "127.0.0.1:0");
+  EXPECT_EQ(store_->describe(), "tcp store " + server_.address());
+}
+
+TEST_F(RendezvousTcpStore, SetGetTryGetAddErase) {
+  store_->set("a", {1, 2, 3});
+  EXPECT_EQ(store_->get("a", milliseconds(100)), (Bytes{1, 2, 3}));
+  EXPECT_EQ(store_->try_get("a"), (Bytes{1, 2, 3}));
+  EXPECT_EQ(store_->try_get("missing"), std::nullopt);
+
+  store_->set("a", {});  // replaced, and an empty value is a value
+  EXPECT_EQ(store_->try_get("a"), Bytes{});
+
+  EXPECT_EQ(store_->add("counter", 5), 5);
+  EXPECT_EQ(store_->add("counter", -7), -2);
+  EXPECT_EQ(store_->add("counter", 0), -2);
+  EXPECT_EQ(store_->get("counter", milliseconds(100)), bytes("-2"));  // decimal text
+
+  store_->erase("a");
+  EXPECT_EQ(store_->try_get("a"), std::nullopt);
+  store_->erase("a");  // erasing a missing key is fine
+
+  Bytes big(1 << 20);
+  for (size_t i = 0; i < big.size(); ++i)
+    big[i] = static_cast<uint8_t>(i * 7);
+  store_->set("big", big);
+  EXPECT_EQ(store_->get("big", milliseconds(1000)), big);
+}
+
+TEST_F(RendezvousTcpStore, AddRefusesValuesThatAreNotCounters) {
+  store_->set("blob", {0xff, 0x00});
+  try {
+    store_->add("blob", 1);
+    FAIL() << "added to a blob";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(
+        std::string(e.what()).find("add to 'blob': the key holds a value that is not a counter"),
+        std::string::npos)
+        << e.what();
+  }
+  store_->set("max", bytes(std::to_string(INT64_MAX)));
+  EXPECT_THROW(store_->add("max", 1), Error);
+  EXPECT_EQ(store_->add("max", -1), INT64_MAX - 1);  // the connection is still fine
+}
+
+TEST_F(RendezvousTcpStore, RejectsOversizedKeysAndValuesBeforeSending) {
+  try {
+    store_->set(std::string(KeyValueStore::kMaxKeyBytes + 1, 'k'), {1});
+    FAIL() << "accepted a 4 KiB + 1 key";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("key of 4097 bytes is outside 1..4096"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(store_->set("", {1}), Error);
+  EXPECT_THROW(store_->set("v", Bytes(KeyValueStore::kMaxValueBytes + 1)), Error);
+  store_->set(std::string(KeyValueStore::kMaxKeyBytes, 'k'), {1});  // the limits are inclusive
+  EXPECT_EQ(store_->try_get(std::string(KeyValueStore::kMaxKeyBytes, 'k')), Bytes{1});
+}
+
+TEST_F(RendezvousTcpStore, GetBlocksUntilAnotherThreadSetsTheKey) {
+  auto start = Clock::now();
+  std::thread setter([&] {
+    auto other = connect_tcp_store(server_.address(), kWait);
+    std::this_thread::sleep_for(milliseconds(300));
+    other->set("late", bytes("here"));
+  });
+  EXPECT_EQ(store_->get("late", kWait), bytes("here"));
+  EXPECT_GE(since(start), milliseconds(250));
+  setter.join();
+}
+
+TEST_F(RendezvousTcpStore, OneThreadsBlockingGetDoesNotHoldUpAnother) {
+  // Both threads share one store object: the set must get through while the get waits.
+  auto waiting = std::async(std::launch::async, [&] { return store_->get("shared", kWait); });
+  std::this_thread::sleep_for(milliseconds(100));
+  store_->set("shared", {42});
+  EXPECT_EQ(waiting.get(), Bytes{42});
+}
+
+TEST_F(RendezvousTcpStore, GetBlocksUntilAnotherProcessSetsTheKey) {
+  ChildProcess setter({self_executable(), "--set", server_.address(), "from/child", "hello"});
+  after(setter.read_line(kWait), "CONNECTED");
+  auto waiting = std::async(std::launch::async, [&] { return store_->get("from/child", kWait); });
+  EXPECT_EQ(waiting.wait_for(milliseconds(200)), std::future_status::timeout);  // still blocked
+  setter.write("go\n");
+  EXPECT_EQ(waiting.get(), bytes("hello"));
+  EXPECT_EQ(setter.wait(kWait).exit_code, 0);
+}
+
+TEST_F(RendezvousTcpStore, GetTimeoutNamesTheKeyAndTheStore) {
+  auto start = Clock::now();
+  try {
+    store_->get("job/ffn/1/endpoint", milliseconds(300));
+    FAIL() << "got a key nobody set";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
+    EXPECT_EQ(std::string(e.what()), "tcp store " + server_.address() +
+                                         ": key 'job/ffn/1/endpoint' did not appear within 300 ms");
+  }
+  EXPECT_GE(since(start), milliseconds(290));
+  EXPECT_LT(since(start), milliseconds(3000));
+  store_->set("after", {1});  // a timed-out get leaves the store usable
+  EXPECT_EQ(store_->try_get("after"), Bytes{1});
+}
+
+TEST(RendezvousConnect, RetriesUntilTheServerIsUp) {
+  // Find a free port, then start a store on it only after the client has begun dialing.
+  std::string address;
+  { address = TcpStoreServer("127.0.0.1:0").address(); }
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread late([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    server = std::make_unique<TcpStoreServer>(address);
+  });
+  auto start = Clock::now();
+  auto store = connect_tcp_store(address, kWait);
+  late.join();
+  EXPECT_GE(since(start), milliseconds(250));
+  store->set("k", {1});
+  EXPECT_EQ(store->try_get("k"), Bytes{1});
+}
+
+TEST(RendezvousConnect, TimesOutWhenNoServerComes) {
+  std::string address;
+  { address = TcpStoreServer("127.0.0.1:0").address(); }
+  auto start = Clock::now();
+  try {
+    connect_tcp_store(address, milliseconds(300));
+    FAIL() << "connected to nothing";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
+    EXPECT_NE(
+        std::string(e.what()).find("cannot connect to tcp store " + address + " within 300 ms"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(since(start), milliseconds(3000));
+  EXPECT_THROW(connect_tcp_store("no-port-here", milliseconds(10)), Error);
+}
+
+// ---- barrier -------------------------------------------------------------------------------
+
+TEST(RendezvousBarrier, ReusedByManyThreadsManyTimes) {
+  TcpStoreServer server("127.0.0.1:0");
+  constexpr int kThreads = 5, kRounds = 6;
+  std::atomic<int> entered[kRounds] = {};
+  std::atomic<int> violations{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      auto store = connect_tcp_store(server.address(), kWait);
+      for (int round = 0; round < kRounds; ++round) {
+        // Stagger arrivals so the early ones really wait.
+        std::this_thread::sleep_for(milliseconds((t * 7 + round * 3) % 20));
+        entered[round]++;
+        barrier(*store, "step", kThreads, kWait);
+        // Nobody passes round r before everyone has entered it.
+        if (entered[round] != kThreads) violations++;
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  EXPECT_EQ(violations, 0);
+  // Finished generations clean up after themselves: only the last round's key is left.
+  auto store = connect_tcp_store(server.address(), kWait);
+  EXPECT_EQ(store->try_get("barrier/step/done/" + std::to_string(kRounds - 2)), std::nullopt);
+  EXPECT_TRUE(store->try_get("barrier/step/done/" + std::to_string(kRounds - 1)));
+}
+
+TEST(RendezvousBarrier, TimeoutSaysHowManyArrived) {
+  TcpStoreServer server("127.0.0.1:0");
+  auto store = connect_tcp_store(server.address(), kWait);
+  try {
+    barrier(*store, "lonely", 3, milliseconds(200));
+    FAIL() << "a barrier of 3 let one through";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
+    EXPECT_NE(std::string(e.what()).find("barrier 'lonely' (round 0): only 1 of 3 arrived within "
+                                         "200 ms"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(barrier(*store, "empty", 0, milliseconds(10)), Error);
+}
+
+// ---- Rendezvous ----------------------------------------------------------------------------
+
+TEST(RendezvousWorld, TwoAttentionTwoFfnAcrossProcesses) {
+  TcpStoreServer server("127.0.0.1:0");
+  std::vector<std::unique_ptr<ChildProcess>> instances;
+  for (const char* role : {"attention", "ffn"})
+    for (int rank = 0; rank < 2; ++rank)
+      instances.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
+          self_executable(), "--instance", server.address(), "job42", role, std::to_string(rank)}));
+  for (auto& instance : instances) {
+    after(instance->read_line(kWait), "OK");
+    ProcessResult result = instance->wait(kWait);
+    EXPECT_EQ(result.exit_code, 0) << result.describe();
+  }
+  // The host waits for a clean departure before it lets the store go.
+  auto store = connect_tcp_store(server.address(), kWait);
+  wait_for_departure(*store, "job42", 2, 2, milliseconds(1000));
+  Rendezvous observer(*store, "job42", "attention", 0);
+  EXPECT_TRUE(observer.has_left("ffn", 1));
+  EXPECT_EQ(observer.fetch("ffn", 1, "endpoint", milliseconds(100)), bytes(endpoint_of("ffn", 1)));
+}
+
+TEST(RendezvousWorld, TimeoutListsTheMissingInstances) {
+  TcpStoreServer server("127.0.0.1:0");
+  auto store = connect_tcp_store(server.address(), kWait);
+  Rendezvous alone(*store, "job7", "attention", 0);
+  try {
+    alone.wait_for_world(1, 2, milliseconds(300));
+    FAIL() << "a world of three met with one";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
+    EXPECT_NE(std::string(e.what()).find("job 'job7': 2 of 3 instance(s) not ready within 300 ms: "
+                                         "ffn/0, ffn/1"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    wait_for_departure(*store, "job7", 1, 0, milliseconds(100));
+    FAIL() << "departed without leaving";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not left within 100 ms: attention/0"), std::string::npos)
+        << e.what();
+  }
+  alone.leave();
+  alone.leave();  // idempotent
+  wait_for_departure(*store, "job7", 1, 0, milliseconds(100));
+}
+
+TEST(RendezvousWorld, RejectsBadIdentities) {
+  TcpStoreServer server("127.0.0.1:0");
+  auto store = connect_tcp_store(server.address(), kWait);
+  EXPECT_THROW(Rendezvous(*store, "job", "expert", 0), Error);
+  EXPECT_THROW(Rendezvous(*store, "job", "ffn", -1), Error);
+  EXPECT_THROW(Rendezvous(*store, "a/b", "ffn", 0), Error);
+  EXPECT_THROW(Rendezvous(*store, "", "ffn", 0), Error);
+  Rendezvous r(*store, "job", "ffn", 2);
+  EXPECT_EQ(r.key("attention", 1, "slots"), "job/attention/1/slots");
+  EXPECT_THROW(r.wait_for_world(1, 2, milliseconds(10)), Error);  // rank 2 of 2 F instances
+}
+
+// ---- failures ------------------------------------------------------------------------------
+
+void expect_prompt_loss(const std::function<void()>& call, milliseconds limit) {
+  auto start = Clock::now();
+  try {
+    call();
+    ADD_FAILURE() << "the call succeeded without a store";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.status() == kStatusPeerLost || e.status() == HM_ERR_TIMEOUT)
+        << status_name(e.status()) << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find("tcp store "), std::string::npos) << e.what();
+  }
+  EXPECT_LT(since(start), limit);
+}
+
+TEST(RendezvousFailure, KilledServerFailsCallsPromptly) {
+  ChildStore host;
+  auto store = connect_tcp_store(host.address(), milliseconds(2000));
+  store->set("k", {1});
+  // One call is blocked in get() when the server dies; later calls start after.
+  auto blocked = std::async(std::launch::async, [&] {
+    auto start = Clock::now();
+    try {
+      store->get("never", std::chrono::seconds(60));
+    } catch (const Error& e) {
+      return std::make_pair(std::string(e.what()), since(start));
+    }
+    return std::make_pair(std::string("returned"), since(start));
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  host.process().kill(SIGKILL);
+  EXPECT_TRUE(host.process().wait(kWait).signal == SIGKILL);
+  auto [message, took] = blocked.get();
+  EXPECT_NE(message.find("tcp store " + host.address() + ": get 'never': "), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("is the store's host still running?"), std::string::npos) << message;
+  EXPECT_LT(took, milliseconds(5000));
+  expect_prompt_loss([&] { store->get("k", std::chrono::seconds(60)); }, milliseconds(2000));
+  expect_prompt_loss([&] { store->set("k", {2}); }, milliseconds(2000));
+}
+
+TEST(RendezvousFailure, StoppedServerFailsBlockedGetPromptly) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1:0");
+  auto store = connect_tcp_store(server->address(), milliseconds(2000));
+  auto start = Clock::now();
+  auto blocked = std::async(std::launch::async, [&]() -> hm_status {
+    try {
+      store->get("never", std::chrono::seconds(60));
+      return HM_OK;
+    } catch (const Error& e) {
+      return e.status();
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  server.reset();  // must not wait for the get's 60 s
+  EXPECT_EQ(blocked.get(), kStatusPeerLost);
+  EXPECT_LT(since(start), milliseconds(5000));
+}
+
+// A raw connection to the store, for sending what a real client never would.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& address) {
+    size_t colon = address.rfind(':');
+    sockaddr_in in{};
+    in.sin_family = AF_INET;
+    in.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+    inet_pton(AF_INET, address.substr(0, colon).c_str(), &in.sin_addr);
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&in), sizeof in), 0) << std::strerror(errno);
+  }
+  ~RawClient() { close(fd_); }
+  void send_bytes(const Bytes& data) {
+    EXPECT_EQ(send(fd_, data.data(), data.size(), MSG_NOSIGNAL), static_cast<ssize_t>(data.size()));
+  }
+  // Whether the server closed the connection within the limit (reading and dropping any data).
+  bool closed_by_peer(milliseconds limit) {
+    auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char buffer[256];
+      ssize_t n = recv(fd_, buffer, sizeof buffer, 0);
+      if (n <= 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A request header as the protocol lays it out (little-endian): magic "HMKV", version, op, zero,
+// key length, value length.
+Bytes header(uint32_t magic, uint8_t version, uint8_t op, uint32_t key_length,
+             uint32_t value_length) {
+  Bytes out(16, 0);
+  for (int i = 0; i < 4; ++i) {
+    out[i] = static_cast<uint8_t>(magic >> (8 * i));
+    out[8 + i] = static_cast<uint8_t>(key_length >> (8 * i));
+    out[12 + i] = static_cast<uint8_t>(value_length >> (8 * i));
+  }
+  out[4] = version;
+  out[5] = op;
+  return out;
+}
+
+TEST(RendezvousFailure, MalformedFramesCloseOnlyThatConnection) {
+  LogCapture log;
+  TcpStoreServer server("127.0.0.1:0");
+  auto store = connect_tcp_store(server.address(), kWait);
+  store->set("before", {1});
+  constexpr uint32_t kMagic = 0x564b4d48;
+  struct Case {
+    Bytes frame;
+    std::string logged;
+  } cases[] = {
+      {bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "malformed request: bad magic"},
+      {header(kMagic, 9, 1, 1, 0), "malformed request: protocol version 9"},
+      {header(kMagic, 1, 77, 1, 0), "malformed request: unknown op 77"},
+      {header(kMagic, 1, 1, 5000, 0), "malformed request: key length 5000 is outside 1..4096"},
+      {header(kMagic, 1, 1, 0, 0), "malformed request: key length 0 is outside 1..4096"},
+      {header(kMagic, 1, 1, 1, (16u << 20) + 1), "malformed request: set with a value of 16777217"},
+      {header(kMagic, 1, 2, 1, 3), "malformed request: get with a value of 3 bytes"},
+      {header(kMagic, 1, 4, 1, 0xffffffffu), "malformed request: add with a value of 4294967295"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.logged);
+    RawClient raw(server.address());
+    raw.send_bytes(c.frame);
+    EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+    EXPECT_TRUE(log.saw(c.logged)) << log.all();
+    // The server and its other clients carry on.
+    EXPECT_EQ(store->try_get("before"), Bytes{1});
+  }
+  // A client that dies mid-header costs nothing either.
+  {
+    RawClient raw(server.address());
+    Bytes partial = header(kMagic, 1, 1, 100, 100);
+    partial.resize(10);
+    raw.send_bytes(partial);
+  }
+  EXPECT_TRUE(log.saw("request header: connection closed mid-frame")) << log.all();
+  auto fresh = connect_tcp_store(server.address(), kWait);
+  fresh->set("after", {2});
+  EXPECT_EQ(store->get("after", milliseconds(1000)), Bytes{2});
+}
+
+}  // namespace
+}  // namespace hetmesh
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && args[0] == "--serve-store") return hetmesh::serve_store();
+  if (args.size() == 4 && args[0] == "--set")
+    return hetmesh::set_when_told(args[1], args[2], args[3]);
+  if (args.size() == 5 && args[0] == "--instance")
+    return hetmesh::run_instance(args[1], args[2], args[3], std::stoi(args[4]));
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
