@@ -44,6 +44,10 @@ std::unique_ptr<Transport> Transport::create(const TransportOptions& options) {
   switch (options.kind) {
     case TransportKind::tcp:
       return detail::make_tcp_transport(options);
+    case TransportKind::verbs:
+      return detail::make_verbs_transport(options);
+    case TransportKind::ipc:
+      return detail::make_ipc_transport(options);
     default:
       throw Error(HM_ERR_NOT_SUPPORTED,
                   fmt::format("the {} transport is not built yet", to_string(options.kind)));

@@ -4,6 +4,7 @@
 
 #include <hetmesh/device.hpp>
 #include <hetmesh/plugin.hpp>
+#include <hetmesh/rdma_info.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -50,6 +51,19 @@ nlohmann::json to_json(const PluginRegistry& registry) {
   out["refused"] = nlohmann::json::array();
   for (const auto& r : registry.refused())
     out["refused"].push_back({{"path", r.path}, {"reason", r.reason}});
+  out["rdma"] = nlohmann::json::array();
+  for (const auto& d : list_rdma_devices()) {
+    // The registration path for device memory, in the verbs transport's order of preference.
+    std::string path = d.dmabuf_supported ? "dmabuf" : d.peermem_present ? "peermem" : "staging";
+    out["rdma"].push_back({{"device", d.name}, {"port", d.port}, {"state", d.port_state},
+                           {"link_layer", d.link_layer}, {"active_mtu", d.active_mtu},
+                           {"gid_index", d.gid_index}, {"gid", d.gid},
+                           {"max_qp_wr", d.max_qp_wr}, {"max_sge", d.max_sge},
+                           {"max_inline", d.max_inline}, {"max_mr_size", d.max_mr_size},
+                           {"max_msg_sz", d.max_msg_sz}, {"dmabuf", d.dmabuf_supported},
+                           {"dmabuf_detail", d.dmabuf_detail}, {"peermem", d.peermem_present},
+                           {"device_memory_path", path}, {"error", d.error}});
+  }
   return out;
 }
 
@@ -70,6 +84,26 @@ void print_text(const nlohmann::json& info) {
                  d["dlpack_device_type"].get<int>());
       fmt::print("      capabilities: {}\n", d["capabilities"].get<std::string>());
     }
+  }
+  fmt::print("\nRDMA devices ({}):\n", info["rdma"].size());
+  if (info["rdma"].empty()) fmt::print("  none (ibv_get_device_list found none): verbs is unavailable\n");
+  for (const auto& d : info["rdma"]) {
+    if (!d["error"].get<std::string>().empty()) {
+      fmt::print("  {} port {}: {}\n", d["device"].get<std::string>(), d["port"].get<int>(),
+                 d["error"].get<std::string>());
+      continue;
+    }
+    fmt::print("  {} port {} {} {} mtu {} gid[{}] {}\n", d["device"].get<std::string>(),
+               d["port"].get<int>(), d["state"].get<std::string>(),
+               d["link_layer"].get<std::string>(), d["active_mtu"].get<int>(),
+               d["gid_index"].get<int>(), d["gid"].get<std::string>());
+    fmt::print("    limits: max_qp_wr {} max_sge {} max_inline {} max_mr_size {} max_msg_sz {}\n",
+               d["max_qp_wr"].get<uint64_t>(), d["max_sge"].get<uint64_t>(),
+               d["max_inline"].get<int64_t>(), d["max_mr_size"].get<uint64_t>(),
+               d["max_msg_sz"].get<uint64_t>());
+    fmt::print("    device memory registration: {} (dma-buf: {}; nvidia_peermem: {})\n",
+               d["device_memory_path"].get<std::string>(), d["dmabuf_detail"].get<std::string>(),
+               d["peermem"].get<bool>() ? "loaded" : "absent");
   }
   fmt::print("\nrefused ({}):\n", info["refused"].size());
   for (const auto& r : info["refused"])
