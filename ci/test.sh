@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test command: installs dependencies, builds with warnings as errors, runs the unit tests,
-# the conformance kit on every plugin found, the out-of-tree template plugin against the installed
-# SDK, and the ASan/UBSan build of core + cpu + asic_stub. Fails on the first failing step.
+# The test command: installs dependencies, builds with warnings as errors, runs the unit and
+# end-to-end tests and the conformance kit, the AFD demo, the verbs tests inside a soft-RoCE VM,
+# the out-of-tree template plugin against the installed SDK, and the ASan/UBSan build of core +
+# cpu + asic_stub. Fails on the first failing step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -34,6 +35,16 @@ ctest --preset ci
 
 step "hetmesh info"
 build/ci-install/bin/hetmesh info
+
+step "the main job: hetmesh demo (1A1F cpu over ipc; 2A2F cpu -> asic_stub over ipc; 2A2F over tcp)"
+demo_dir=$(mktemp -d)
+(cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo)
+(cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-asic_stub-ipc.toml")
+(cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-tcp.toml")
+rm -rf "$demo_dir"
+
+step "verbs on real soft-RoCE: transport suite, AFD engine and demo inside the rxe VM"
+bash ci/rxe-vm.sh --timeout 1800 -- bash ci/verbs-tests.sh build/ci
 
 step "template plugin, built out of tree against the installed SDK"
 bash ci/test-template.sh "$root/build/ci-install" "$root/build/template"

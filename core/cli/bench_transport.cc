@@ -3,6 +3,7 @@
 // some transports) and the ratio. A second copy of this program is the peer.
 #include "commands.hpp"
 
+#include <hetmesh/rdma_info.hpp>
 #include <hetmesh/subprocess.hpp>
 #include <hetmesh/transport.hpp>
 
@@ -151,7 +152,8 @@ struct Row {
   uint64_t size;
   double latency_p50_us, latency_p99_us, bandwidth_gbps;
   double memcpy_p50_us, memcpy_gbps;
-  double ucx_gbps = 0;  // 0 when not measured
+  double tool_gbps = 0;  // the transport's own baseline tool (ucx_perftest, ib_write_bw); 0 = none
+  double tool_lat_us = 0;  // ib_write_lat typical one-way latency; 0 = none
 };
 
 std::string find_on_path(const char* program) {
@@ -166,6 +168,59 @@ std::string find_on_path(const char* program) {
     start = end + 1;
   }
   return {};
+}
+
+// The first active RDMA device and its IPv4-mapped GID index, as the verbs transport picks them.
+std::pair<std::string, int> rdma_device() {
+  for (const auto& d : list_rdma_devices())
+    if (d.error.empty() && d.port_state == "ACTIVE") return {d.name, std::max(d.gid_index, 0)};
+  return {"", 0};
+}
+
+// Runs a perftest server and client pair on the same RDMA device and returns the client's output.
+std::string run_perftest(const char* tool, const std::vector<std::string>& extra) {
+  std::string path = find_on_path(tool);
+  auto [device, gid] = rdma_device();
+  if (path.empty() || device.empty()) return {};
+  std::string port = std::to_string(21000 + (getpid() % 20000));
+  std::vector<std::string> args = {path, "-d", device, "-x", std::to_string(gid), "-F", "-p", port};
+  args.insert(args.end(), extra.begin(), extra.end());
+  try {
+    ChildProcess server(args);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // slow to listen under emulation
+    args.push_back("127.0.0.1");
+    ProcessResult client = run_process(args, std::chrono::seconds(300));
+    server.wait(std::chrono::seconds(30));
+    return client.exit_code == 0 ? client.out : std::string();
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+// The first line of perftest output whose first field is `size`, split into numbers.
+std::vector<double> perftest_row(const std::string& output, uint64_t size) {
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::vector<double> numbers;
+    double value;
+    while (fields >> value)
+      numbers.push_back(value);
+    if (numbers.size() >= 5 && numbers[0] == static_cast<double>(size)) return numbers;
+  }
+  return {};
+}
+
+// ib_write_bw and ib_write_lat on the same RDMA device: the ceiling for the verbs transport.
+void measure_perftest(Row& row, int iterations) {
+  std::string size = std::to_string(row.size), n = std::to_string(iterations);
+  // #bytes #iterations BW-peak[MB/sec] BW-average[MB/sec] MsgRate[Mpps]
+  auto bw = perftest_row(run_perftest("ib_write_bw", {"-s", size, "-n", n}), row.size);
+  if (!bw.empty()) row.tool_gbps = bw[3] * 1.048576e-3;  // MiB/s to GB/s
+  // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
+  auto lat = perftest_row(run_perftest("ib_write_lat", {"-s", size, "-n", n}), row.size);
+  if (!lat.empty()) row.tool_lat_us = lat[4];
 }
 
 // UCX's shared-memory put bandwidth for `size` (ucx_perftest, UCX_TLS=sm,self), the baseline a
@@ -283,7 +338,8 @@ void run_bench(const BenchOptions& o) {
                          std::chrono::duration<double, std::nano>(t1 - t0).count();
     measure_memcpy(row, o.iterations);
     if (!ucx_perftest.empty() && size >= 4096)
-      row.ucx_gbps = measure_ucx_put(ucx_perftest, size, std::max(count, 200));
+      row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(count, 200));
+    if (o.transport == "verbs") measure_perftest(row, std::max(count, 200));
     rows.push_back(row);
   }
   send_text(*connection, "exit");
@@ -293,20 +349,23 @@ void run_bench(const BenchOptions& o) {
       "hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
       "window {}\n",
       o.transport, o.memory, peer_memory, o.iterations, o.window);
-  fmt::print("{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>8} {:>9}\n", "size",
+  const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
+  fmt::print("{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>9} {:>9} {:>12}\n", "size",
              "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
-             "ucx GB/s", "ucx ratio");
+             fmt::format("{} GB/s", tool), fmt::format("{} ratio", tool),
+             o.transport == "verbs" ? "ib_lat us" : "");
   nlohmann::json out = {{"transport", o.transport},   {"memory", o.memory},
                         {"peer_memory", peer_memory}, {"iterations", o.iterations},
                         {"window", o.window},         {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
     double ratio = r.bandwidth_gbps / r.memcpy_gbps;
-    std::string ucx =
-        r.ucx_gbps > 0 ? fmt::format("{:>8.3f} {:>9.2f}", r.ucx_gbps, r.bandwidth_gbps / r.ucx_gbps)
-                       : fmt::format("{:>8} {:>9}", "-", "-");
+    std::string baseline = r.tool_gbps > 0 ? fmt::format("{:>9.3f} {:>9.2f}", r.tool_gbps,
+                                                         r.bandwidth_gbps / r.tool_gbps)
+                                           : fmt::format("{:>9} {:>9}", "-", "-");
+    if (r.tool_lat_us > 0) baseline += fmt::format(" {:>12.2f}", r.tool_lat_us);
     fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {}\n",
                human(r.size), r.latency_p50_us, r.latency_p99_us, r.bandwidth_gbps, r.memcpy_p50_us,
-               r.memcpy_gbps, ratio, ucx);
+               r.memcpy_gbps, ratio, baseline);
     out["rows"].push_back({{"size", r.size},
                            {"latency_p50_us", r.latency_p50_us},
                            {"latency_p99_us", r.latency_p99_us},
@@ -314,10 +373,12 @@ void run_bench(const BenchOptions& o) {
                            {"memcpy_p50_us", r.memcpy_p50_us},
                            {"memcpy_GBps", r.memcpy_gbps},
                            {"bandwidth_ratio_to_memcpy", ratio}});
-    if (r.ucx_gbps > 0) {
-      out["rows"].back()["ucx_put_bw_GBps"] = r.ucx_gbps;
-      out["rows"].back()["bandwidth_ratio_to_ucx"] = r.bandwidth_gbps / r.ucx_gbps;
+    if (r.tool_gbps > 0) {
+      out["rows"].back()[fmt::format("{}_bw_GBps", tool)] = r.tool_gbps;
+      out["rows"].back()[fmt::format("bandwidth_ratio_to_{}", tool)] =
+          r.bandwidth_gbps / r.tool_gbps;
     }
+    if (r.tool_lat_us > 0) out["rows"].back()["ib_write_lat_typical_us"] = r.tool_lat_us;
   }
   if (!o.json.empty()) {
     std::ofstream(o.json) << out.dump(2) << "\n";

@@ -55,14 +55,23 @@ nlohmann::json to_json(const PluginRegistry& registry) {
   for (const auto& d : list_rdma_devices()) {
     // The registration path for device memory, in the verbs transport's order of preference.
     std::string path = d.dmabuf_supported ? "dmabuf" : d.peermem_present ? "peermem" : "staging";
-    out["rdma"].push_back({{"device", d.name}, {"port", d.port}, {"state", d.port_state},
-                           {"link_layer", d.link_layer}, {"active_mtu", d.active_mtu},
-                           {"gid_index", d.gid_index}, {"gid", d.gid},
-                           {"max_qp_wr", d.max_qp_wr}, {"max_sge", d.max_sge},
-                           {"max_inline", d.max_inline}, {"max_mr_size", d.max_mr_size},
-                           {"max_msg_sz", d.max_msg_sz}, {"dmabuf", d.dmabuf_supported},
-                           {"dmabuf_detail", d.dmabuf_detail}, {"peermem", d.peermem_present},
-                           {"device_memory_path", path}, {"error", d.error}});
+    out["rdma"].push_back({{"device", d.name},
+                           {"port", d.port},
+                           {"state", d.port_state},
+                           {"link_layer", d.link_layer},
+                           {"active_mtu", d.active_mtu},
+                           {"gid_index", d.gid_index},
+                           {"gid", d.gid},
+                           {"max_qp_wr", d.max_qp_wr},
+                           {"max_sge", d.max_sge},
+                           {"max_inline", d.max_inline},
+                           {"max_mr_size", d.max_mr_size},
+                           {"max_msg_sz", d.max_msg_sz},
+                           {"dmabuf", d.dmabuf_supported},
+                           {"dmabuf_detail", d.dmabuf_detail},
+                           {"peermem", d.peermem_present},
+                           {"device_memory_path", path},
+                           {"error", d.error}});
   }
   return out;
 }
@@ -86,7 +95,8 @@ void print_text(const nlohmann::json& info) {
     }
   }
   fmt::print("\nRDMA devices ({}):\n", info["rdma"].size());
-  if (info["rdma"].empty()) fmt::print("  none (ibv_get_device_list found none): verbs is unavailable\n");
+  if (info["rdma"].empty())
+    fmt::print("  none (ibv_get_device_list found none): verbs is unavailable\n");
   for (const auto& d : info["rdma"]) {
     if (!d["error"].get<std::string>().empty()) {
       fmt::print("  {} port {}: {}\n", d["device"].get<std::string>(), d["port"].get<int>(),

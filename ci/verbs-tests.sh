@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The verbs (RDMA) tests, run inside the soft-RoCE VM by ci/test.sh:
+#   bash ci/rxe-vm.sh -- bash ci/verbs-tests.sh BUILD_DIR
+# A skipped verbs test is a failure here (HETMESH_REQUIRE_TRANSPORTS).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/ci}
+export HETMESH_REQUIRE_TRANSPORTS=verbs
+
+echo "== hetmesh info (RDMA devices, limits, registration path)"
+"$build/bin/hetmesh" info --in-process | sed -n '/RDMA devices/,/refused/p'
+
+echo "== transport suite over verbs"
+"$build/bin/transport_test" --gtest_filter='*verbs*' --gtest_brief=1
+
+echo "== AFD engine over verbs"
+"$build/bin/afd_engine_test" --gtest_filter='*verbs*' --gtest_brief=1
+
+echo "== hetmesh demo over verbs: A on cpu, F on asic_stub (staged registration)"
+(cd /tmp && "$OLDPWD/$build/bin/hetmesh" demo --config "$OLDPWD/examples/configs/2a2f-cpu-asic_stub-verbs.toml")
