@@ -44,7 +44,8 @@ demo_dir=$(mktemp -d)
 rm -rf "$demo_dir"
 
 step "verbs on real soft-RoCE: transport suite, AFD engine and demo inside the rxe VM"
-bash ci/rxe-vm.sh --timeout 1800 -- bash ci/verbs-tests.sh build/ci
+# The checkout is shared into the VM at its own path, wherever it is (the VM hides /tmp).
+bash ci/rxe-vm.sh --timeout 1800 --rw "$root" -- bash ci/verbs-tests.sh build/ci
 
 step "template plugin, built out of tree against the installed SDK"
 bash ci/test-template.sh "$root/build/ci-install" "$root/build/template"
