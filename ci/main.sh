@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install-deps.sh >/dev/null
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/hetmesh/ccache}
+# Cache hits across checkouts in different folders (CI clones anew each time).
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 cmake --preset release -DHETMESH_BUILD_TESTS=OFF >/dev/null
 cmake --build --preset release
 build/release/bin/hetmesh demo "$@"

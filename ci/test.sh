@@ -13,6 +13,8 @@ step "dependencies"
 bash ci/install-deps.sh
 
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/hetmesh/ccache}
+# Cache hits across checkouts in different folders (CI clones anew each time).
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-2G}
 export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$(nproc)}
 

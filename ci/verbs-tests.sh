@@ -10,6 +10,15 @@ export HETMESH_REQUIRE_TRANSPORTS=verbs
 echo "== hetmesh info (RDMA devices, limits, registration path)"
 "$build/bin/hetmesh" info --in-process | sed -n '/RDMA devices/,/refused/p'
 
+# A filter that matches nothing would pass silently: insist on the tests being there.
+require_tests() {
+  local n
+  n=$("$1" --gtest_list_tests --gtest_filter="$2" | grep -c '^  ')
+  ((n >= $3)) || { echo "verbs-tests: $1 has $n tests matching $2, expected at least $3" >&2; exit 1; }
+}
+require_tests "$build/bin/transport_test" '*verbs*' 28
+require_tests "$build/bin/afd_engine_test" '*verbs*' 2
+
 echo "== transport suite over verbs"
 "$build/bin/transport_test" --gtest_filter='*verbs*' --gtest_brief=1
 

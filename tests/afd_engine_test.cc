@@ -222,7 +222,8 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, AfdJobTest,
     testing::Values(Shape{1, 1, TransportKind::ipc}, Shape{2, 2, TransportKind::ipc},
                     Shape{3, 2, TransportKind::ipc}, Shape{1, 1, TransportKind::tcp},
-                    Shape{2, 2, TransportKind::tcp}, Shape{3, 2, TransportKind::tcp}),
+                    Shape{2, 2, TransportKind::tcp}, Shape{3, 2, TransportKind::tcp},
+                    Shape{1, 1, TransportKind::verbs}, Shape{2, 2, TransportKind::verbs}),
     [](const testing::TestParamInfo<Shape>& p) {
       return fmt::format("{}a{}f_{}", p.param.attention, p.param.ffn, to_string(p.param.kind));
     });

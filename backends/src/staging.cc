@@ -22,26 +22,30 @@ bool host_addressable(const Device& device, const void* ptr) {
 HostAccess::HostAccess(const Device& device, void* base, uint64_t size)
     : base_(static_cast<uint8_t*>(base)) {
   if (host_addressable(device, base)) return;
-  stream_ = device.create_stream();
-  uint64_t bounce = std::min(size, kChunk);
+  set_up(to_host_, device, std::min(size, kChunk));
+  set_up(to_device_, device, std::min(size, kChunk));
+}
+
+void HostAccess::set_up(Lane& lane, const Device& device, uint64_t bytes) {
+  lane.stream = device.create_stream();
   if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
-    bounce_ = device.allocate(bounce, MemoryKind::pinned_host);
-    bounce_data_ = static_cast<uint8_t*>(bounce_.data());
+    lane.pinned = device.allocate(bytes, MemoryKind::pinned_host);
+    lane.data = static_cast<uint8_t*>(lane.pinned.data());
   } else {
-    plain_bounce_.resize(bounce);
-    bounce_data_ = plain_bounce_.data();
+    lane.plain.resize(bytes);
+    lane.data = lane.plain.data();
   }
 }
 
 void HostAccess::read(uint64_t offset, uint64_t length,
                       const std::function<void(const uint8_t*, uint64_t)>& sink) {
   if (direct()) return sink(base_ + offset, length);
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(to_host_.mutex);
   for (uint64_t done = 0; done < length;) {
     uint64_t n = std::min(length - done, kChunk);
-    stream_.copy(bounce_data_, base_ + offset + done, n);
-    stream_.synchronize(kCopyTimeout);
-    sink(bounce_data_, n);
+    to_host_.stream.copy(to_host_.data, base_ + offset + done, n);
+    to_host_.stream.synchronize(kCopyTimeout);
+    sink(to_host_.data, n);
     done += n;
   }
 }
@@ -49,12 +53,12 @@ void HostAccess::read(uint64_t offset, uint64_t length,
 void HostAccess::write(uint64_t offset, uint64_t length,
                        const std::function<void(uint8_t*, uint64_t)>& source) {
   if (direct()) return source(base_ + offset, length);
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(to_device_.mutex);
   for (uint64_t done = 0; done < length;) {
     uint64_t n = std::min(length - done, kChunk);
-    source(bounce_data_, n);
-    stream_.copy(base_ + offset + done, bounce_data_, n);
-    stream_.synchronize(kCopyTimeout);
+    source(to_device_.data, n);
+    to_device_.stream.copy(base_ + offset + done, to_device_.data, n);
+    to_device_.stream.synchronize(kCopyTimeout);
     done += n;
   }
 }

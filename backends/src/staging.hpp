@@ -20,7 +20,7 @@ class HostAccess {
   // never on the hot path).
   HostAccess(const Device& device, void* base, uint64_t size);
 
-  bool direct() const { return !stream_; }
+  bool direct() const { return !to_host_.stream; }
 
   // Hands the bytes [offset, offset+length) to `sink` in host-readable chunks, in order.
   void read(uint64_t offset, uint64_t length,
@@ -30,12 +30,20 @@ class HostAccess {
              const std::function<void(uint8_t*, uint64_t)>& source);
 
  private:
+  // One bounce buffer and stream per direction. A read's sink and a write's source may block on a
+  // socket; with a single lock for both, two peers echoing into each other's staged regions wait
+  // on each other in a cycle.
+  struct Lane {
+    std::mutex mutex;
+    Stream stream;
+    Buffer pinned;
+    std::vector<uint8_t> plain;  // when the plugin has no pinned memory
+    uint8_t* data = nullptr;
+  };
+  void set_up(Lane& lane, const Device& device, uint64_t bytes);
+
   uint8_t* base_;
-  std::mutex mutex_;  // one bounce buffer per region
-  Stream stream_;
-  Buffer bounce_;
-  std::vector<uint8_t> plain_bounce_;  // when the plugin has no pinned memory
-  uint8_t* bounce_data_ = nullptr;
+  Lane to_host_, to_device_;
 };
 
 }  // namespace hetmesh::detail
