@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs THERE, on the GPU machine (the device `run` tool, with `carry: [".deps/gpu"]` from
+# ci/gpu/fetch-deps.sh): builds hetmesh in build/gpu against the carried dependencies, then runs
+# `hetmesh info`, the cuda plugin's unit test and the conformance kit over every plugin of the
+# build (cuda, cpu, asic_stub: each device, and every ordered pair of devices, e.g.
+# cuda:0 -> cpu:0 and cuda:0 -> asic_stub:1). Results go to $OUT (the run tool's folder):
+#   build-and-test.log  everything below
+#   environment.txt     nvidia-smi, toolchain and what /usr/include already has
+#   info.txt            hetmesh info
+#   cts.log, cts.xml    the CTS output and its JUnit XML
+#   cts-summary.txt     the CTS summary table
+# Exit status: the CTS's (0 = conformant), or 2 when the build fails.
+#
+#   run(kind="nvidia-h200", carry=[".deps/gpu"], timeout_s=540, command="bash ci/gpu/build-and-test.sh")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+OUT=${OUT:-$PWD/build/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/build-and-test.log") 2>&1
+
+# NVLink multicast can take a shared host's GPUs out of service: keep it off everywhere.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+deps=$PWD/.deps/gpu/usr
+build=$PWD/build/gpu
+jobs=$(nproc)
+section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
+
+section environment
+{
+  nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id,memory.total --format=csv 2>&1
+  nvidia-smi topo -m 2>&1 | head -20
+  cmake --version | head -1
+  ninja --version
+  g++ --version | head -1
+  /usr/local/cuda/bin/nvcc --version 2>&1 | tail -2
+  echo "in /usr/include: $(ls /usr/include | grep -E 'gtest|gmock|fmt|toml|CLI|nlohmann|infiniband' | tr '\n' ' ')"
+  echo "carried: $(tr '\n' ';' <"$deps/../PACKAGES" 2>/dev/null || echo 'nothing (.deps/gpu missing)')"
+  echo "nproc $jobs, $(uname -r)"
+} | tee "$OUT/environment.txt"
+
+section configure
+if [[ ! -d $deps ]]; then
+  echo ".deps/gpu is missing: run ci/gpu/fetch-deps.sh here first and carry .deps/gpu"
+  exit 2
+fi
+CUDA_ROOT=$( [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local/cuda)
+export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+cmake -S . -B "$build" -G Ninja \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_PREFIX_PATH="$deps" \
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  -DHETMESH_WITH_CUDA=ON \
+  ${CUDA_ROOT:+-DCUDAToolkit_ROOT=$CUDA_ROOT} \
+  -DHETMESH_BUILD_TESTS=ON || exit 2
+
+section build
+# What the CTS needs first (it must build); then the CLI, which `hetmesh info` needs.
+cts_targets=(hetmesh-cts hetmesh-plugin-probe hetmesh-device-cuda hetmesh-device-cpu
+  hetmesh-device-asic_stub cuda_plugin_test)
+for p in wrong_major short_table missing_slot init_fails init_crashes no_entry newer_minor; do
+  cts_targets+=("hetmesh-device-abi_$p")
+done
+cmake --build "$build" -j "$jobs" --target "${cts_targets[@]}" || exit 2
+cmake --build "$build" -j "$jobs" --target hetmesh-cli || echo "hetmesh-cli did not build (the CTS does not need it)"
+
+section hetmesh info
+if [[ -x $build/bin/hetmesh ]]; then
+  HETMESH_LOG=info "$build/bin/hetmesh" info 2>&1 | tee "$OUT/info.txt"
+fi
+
+section cuda_plugin_test
+timeout -k 10 120 "$build/bin/cuda_plugin_test" --gtest_brief=1 2>&1
+
+section hetmesh-cts
+# Every plugin of the build folder: no --plugin means the loader's own discovery.
+timeout -k 10 420 "$build/bin/hetmesh-cts" --junit "$OUT/cts.xml" --gtest_brief=1 >"$OUT/cts.log" 2>&1
+cts_status=$?
+cat "$OUT/cts.log"
+sed -n '/==== hetmesh-cts summary/,$p' "$OUT/cts.log" >"$OUT/cts-summary.txt"
+section done
+echo "hetmesh-cts exit status $cts_status"
+exit $cts_status

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs HERE, on a machine with a Debian package registry: downloads the development packages the
+# GPU machine lacks (it has no registry: cmake, ninja, gcc, CUDA and libibverbs are there, TOML++,
+# fmt, CLI11, nlohmann-json and a matching GoogleTest are not guaranteed) and unpacks them into
+# .deps/gpu (git-ignored), which the device `run` tool carries with `carry: [".deps/gpu"]`.
+# ci/gpu/build-and-test.sh then builds against it with CMAKE_PREFIX_PATH=.deps/gpu/usr.
+#
+# The packages are Debian 12's, the same versions CI builds with (ci/install-deps.sh); their CMake
+# package files are relocatable and the shared libraries (libfmt.so.9, libtomlplusplus.so.3) need
+# only glibc and libstdc++, which any newer distribution provides.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+dest=.deps/gpu
+packages=(
+  libtomlplusplus-dev libtomlplusplus3
+  libfmt-dev libfmt9
+  libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev
+)
+
+download=$(mktemp -d)
+trap 'rm -rf "$download"' EXIT
+chmod a+rwx "$download"  # apt's sandbox user (_apt) writes the files
+(cd "$download" && apt-get download -q "${packages[@]}")
+
+rm -rf "$dest"
+mkdir -p "$dest"
+for deb in "$download"/*.deb; do
+  dpkg -x "$deb" "$dest"
+  dpkg-deb --show --showformat='${Package} ${Version}\n' "$deb" >>"$dest/PACKAGES"
+done
+rm -rf "$dest/usr/share/doc" "$dest/usr/share/lintian" "$dest/usr/share/man"
+
+echo "fetch-deps: unpacked into $dest ($(du -sh "$dest" | cut -f1)):"
+sed 's/^/  /' "$dest/PACKAGES"
