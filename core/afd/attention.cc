@@ -103,14 +103,18 @@ struct AttentionEngine::State {
     for (Peer& f : ffn) {
       // F's slot for (this A, mb).
       uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
-      Connection& c = *f.connection;
-      c.write(*a2f_send_region, mb * slot, *f.regions.at("a2f_payload"), remote_slot * slot,
-              token_bytes, std::nullopt, 0);
-      c.write(*a2f_send_region, mb * slot + routing_offset(), *f.regions.at("a2f_payload"),
-              remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
-      c.write(*a2f_header_region, mb * sizeof(WireHeader), *f.regions.at("a2f_headers"),
-              remote_slot * sizeof(WireHeader), sizeof(WireHeader),
-              static_cast<uint32_t>(remote_slot), 0);
+      try {
+        Connection& c = *f.connection;
+        c.write(*a2f_send_region, mb * slot, *f.regions.at("a2f_payload"), remote_slot * slot,
+                token_bytes, std::nullopt, 0);
+        c.write(*a2f_send_region, mb * slot + routing_offset(), *f.regions.at("a2f_payload"),
+                remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
+        c.write(*a2f_header_region, mb * sizeof(WireHeader), *f.regions.at("a2f_headers"),
+                remote_slot * sizeof(WireHeader), sizeof(WireHeader),
+                static_cast<uint32_t>(remote_slot), 0);
+      } catch (const Error& e) {
+        rethrow_for_peer(e, Role::ffn, f.rank);
+      }
     }
     p.trip.posted = static_cast<int64_t>(h->stamps[kPosted]);
   }

@@ -129,6 +129,12 @@ void CommThread::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void rethrow_for_peer(const Error& e, Role role, int rank) {
+  if (e.status() == kStatusPeerLost)
+    throw Error(e.status(), fmt::format("{} lost: {}", peer_name(role, rank), e.what()));
+  throw Error(e.status(), fmt::format("writing to {}: {}", peer_name(role, rank), e.what()));
+}
+
 void check_slot(uint32_t slot, uint32_t limit, const std::string& from) {
   if (slot >= limit)
     throw Error(kStatusProtocolError,

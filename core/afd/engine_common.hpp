@@ -69,6 +69,9 @@ class CommThread {
   std::thread thread_;
 };
 
+// Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
+[[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);
+
 // Checks a notification's slot index against `limit`; throws a protocol error otherwise.
 void check_slot(uint32_t slot, uint32_t limit, const std::string& from);
 

@@ -166,11 +166,16 @@ struct FfnEngine::State {
       Peer& a = attention[static_cast<size_t>(part.rank)];
       // A's slot for (mb, this F).
       uint64_t remote_slot = static_cast<uint64_t>(mb * spec.ffn + spec.rank);
-      a.connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(), *a.regions.at("f2a_payload"),
-                          remote_slot * spec.f2a_slot_bytes(), h->payload_bytes, std::nullopt, 0);
-      a.connection->write(*f2a_header_region, s * sizeof(WireHeader), *a.regions.at("f2a_headers"),
-                          remote_slot * sizeof(WireHeader), sizeof(WireHeader),
-                          static_cast<uint32_t>(remote_slot), 0);
+      try {
+        a.connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
+                            *a.regions.at("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
+                            h->payload_bytes, std::nullopt, 0);
+        a.connection->write(*f2a_header_region, s * sizeof(WireHeader),
+                            *a.regions.at("f2a_headers"), remote_slot * sizeof(WireHeader),
+                            sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
+      } catch (const Error& e) {
+        rethrow_for_peer(e, Role::attention, part.rank);
+      }
     }
     std::lock_guard lock(mutex);
     for (const auto& part : task.batch.parts)
