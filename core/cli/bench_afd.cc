@@ -5,6 +5,7 @@
 #include "commands.hpp"
 
 #include <hetmesh/afd.hpp>
+#include <hetmesh/afd_job.hpp>
 #include <hetmesh/afd_metrics.hpp>
 #include <hetmesh/config.hpp>
 #include <hetmesh/rendezvous.hpp>
@@ -49,36 +50,8 @@ JobConfig stepmesh_shape() {
   return c;
 }
 
-afd::EngineSpec spec_for(const JobConfig& c, afd::Role role, int rank) {
-  afd::EngineSpec s;
-  s.role = role;
-  s.rank = rank;
-  s.attention = c.job.attention;
-  s.ffn = c.job.ffn;
-  s.micro_batches = c.job.micro_batches;
-  s.tokens = static_cast<uint32_t>(c.model.tokens);
-  s.hidden = static_cast<uint32_t>(c.model.hidden);
-  s.top_k = static_cast<uint32_t>(c.model.top_k);
-  s.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
-  s.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
-  s.gather = c.job.gather == GatherMode::eager ? afd::Gather::eager : afd::Gather::all;
-  s.timeout = c.job.timeout;
-  s.transport.kind = c.transport.kind == TransportChoice::tcp     ? TransportKind::tcp
-                     : c.transport.kind == TransportChoice::verbs ? TransportKind::verbs
-                                                                  : TransportKind::ipc;
-  s.transport.listen_host = c.transport.listen_host;
-  s.transport.rdma_device = c.transport.rdma_device;
-  s.transport.gid_index = c.transport.gid_index;
-  s.transport.poller_cpu = c.affinity.poller_cpu;
-  s.comm_cpus = c.affinity.comm_cpus;
-  return s;
-}
-
 Device device_for(const JobConfig& c, const std::string& selector) {
-  PluginLoadOptions options;
-  options.explicit_paths = c.plugins.paths;
-  options.plugin_options = c.plugins.options;
-  return PluginRegistry::load(options).device(selector);
+  return afd::load_plugins(c).device(selector);
 }
 
 uint64_t total(const std::vector<std::pair<std::string, uint64_t>>& regions) {
@@ -91,7 +64,7 @@ uint64_t total(const std::vector<std::pair<std::string, uint64_t>>& regions) {
 int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = device_for(c, c.devices.attention.at(static_cast<size_t>(o.rank)));
   auto store = connect_tcp_store(o.store, c.job.timeout);
-  afd::AttentionEngine engine(spec_for(c, afd::Role::attention, o.rank), device, *store);
+  afd::AttentionEngine engine(afd::engine_spec(c, afd::Role::attention, o.rank), device, *store);
   const int M = c.job.micro_batches;
   std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
   afd::AttentionTrace trace{o.rank, {}};
@@ -121,7 +94,7 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
 int run_ffn(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = device_for(c, c.devices.ffn.at(static_cast<size_t>(o.rank)));
   auto store = connect_tcp_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(spec_for(c, afd::Role::ffn, o.rank), device, *store);
+  afd::FfnEngine engine(afd::engine_spec(c, afd::Role::ffn, o.rank), device, *store);
   std::ofstream(fs::path(o.out) / fmt::format("ffn{}.info.json", o.rank))
       << nlohmann::json{{"registered", total(engine.registered())}}.dump();
   while (auto batch = engine.get_batch(c.job.timeout))
@@ -196,8 +169,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
       "F2A {} ({} KiB per A per F), {} micro-batches, transport {}, A on {}, F on {}\n",
       c.job.attention, c.job.ffn, c.model.tokens, c.model.hidden, to_string(c.model.a2f_dtype),
       (a2f + routing) / 1024, to_string(c.model.f2a_dtype), f2a / 1024, c.job.micro_batches,
-      to_string(spec_for(c, afd::Role::attention, 0).transport.kind), c.devices.attention[0],
-      c.devices.ffn[0]);
+      to_string(afd::single_host_transport(c)), c.devices.attention[0], c.devices.ffn[0]);
   fmt::print("{:<24} {:>10} {:>10}\n", "(us)", "p50", "p99");
   for (auto [label, name] : {std::pair{"A2F", "A2F network*"}, std::pair{"F2A", "F2A network*"},
                              std::pair{"round trip", "round trip"},

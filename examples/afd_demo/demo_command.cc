@@ -10,6 +10,7 @@
 #include "model.hpp"
 
 #include <hetmesh/afd.hpp>
+#include <hetmesh/afd_job.hpp>
 #include <hetmesh/afd_metrics.hpp>
 #include <hetmesh/config.hpp>
 #include <hetmesh/log.hpp>
@@ -53,54 +54,10 @@ ModelShape model_shape(const JobConfig& c) {
   return s;
 }
 
-TransportKind transport_for(const JobConfig& c) {
-  switch (c.transport.kind) {
-    case TransportChoice::ipc:
-      return TransportKind::ipc;
-    case TransportChoice::tcp:
-      return TransportKind::tcp;
-    case TransportChoice::verbs:
-      return TransportKind::verbs;
-    case TransportChoice::automatic:
-      return TransportKind::ipc;  // the demo runs on one host
-  }
-  return TransportKind::tcp;
-}
-
-afd::EngineSpec engine_spec(const JobConfig& c, afd::Role role, int rank) {
-  afd::EngineSpec spec;
-  spec.role = role;
-  spec.rank = rank;
-  spec.attention = c.job.attention;
-  spec.ffn = c.job.ffn;
-  spec.micro_batches = c.job.micro_batches;
-  spec.tokens = static_cast<uint32_t>(c.model.tokens);
-  spec.hidden = static_cast<uint32_t>(c.model.hidden);
-  spec.top_k = static_cast<uint32_t>(c.model.top_k);
-  spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
-  spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
-  spec.gather = c.job.gather == GatherMode::eager ? afd::Gather::eager : afd::Gather::all;
-  spec.timeout = c.job.timeout;
-  spec.transport.kind = transport_for(c);
-  spec.transport.listen_host = c.transport.listen_host;
-  spec.transport.rdma_device = c.transport.rdma_device;
-  spec.transport.gid_index = c.transport.gid_index;
-  spec.transport.poller_cpu = c.affinity.poller_cpu;
-  spec.comm_cpus = c.affinity.comm_cpus;
-  return spec;
-}
-
-PluginRegistry load_plugins(const JobConfig& c) {
-  PluginLoadOptions options;
-  options.explicit_paths = c.plugins.paths;
-  options.plugin_options = c.plugins.options;
-  return PluginRegistry::load(options);
-}
-
 // ---- the attention process ----
 
 int run_attention(const JobConfig& c, const DemoOptions& o) {
-  Device device = load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
+  Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
   if (!device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY))
     throw Error(HM_ERR_NOT_SUPPORTED,
                 fmt::format("the demo's attention layers run on the host; {} memory is not "
@@ -110,7 +67,7 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   const ModelShape& shape = model.shape();
   const int M = c.job.micro_batches, F = c.job.ffn;
   auto store = connect_tcp_store(o.store, c.job.timeout);
-  afd::AttentionEngine engine(engine_spec(c, afd::Role::attention, o.rank), device, *store);
+  afd::AttentionEngine engine(afd::engine_spec(c, afd::Role::attention, o.rank), device, *store);
 
   const size_t n = size_t{shape.tokens} * shape.hidden;
   std::vector<std::vector<float>> x(static_cast<size_t>(M)),
@@ -158,11 +115,11 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
 // ---- the FFN process ----
 
 int run_ffn(const JobConfig& c, const DemoOptions& o) {
-  Device device = load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
+  Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
   TinyMoe model(model_shape(c));
   auto runner = ExpertRunner::create(device, model, o.rank, c.job.ffn);
   auto store = connect_tcp_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(engine_spec(c, afd::Role::ffn, o.rank), device, *store);
+  afd::FfnEngine engine(afd::engine_spec(c, afd::Role::ffn, o.rank), device, *store);
   Stream stream = device.create_stream();
   std::vector<Event> done;  // one per micro-batch slot: a slot is answered before it is reused
   for (int mb = 0; mb < c.job.micro_batches; ++mb)
@@ -201,7 +158,7 @@ int run_job(const JobConfig& c) {
       "hetmesh demo: {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
       "hidden {}, A on {}, F on {}, transport {}\n",
       c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
-      c.devices.attention[0], c.devices.ffn[0], to_string(transport_for(c)));
+      c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
   std::vector<std::unique_ptr<ChildProcess>> children;
   auto spawn = [&](const char* role, int rank) {
     children.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{

@@ -1,0 +1,19 @@
+// From a job config to what the engine needs: the engine spec of one instance and the plugins.
+// Shared by `hetmesh demo` and `hetmesh bench afd`.
+#pragma once
+
+#include <hetmesh/afd.hpp>
+#include <hetmesh/config.hpp>
+
+namespace hetmesh::afd {
+
+// The transport a single-host job uses: `auto` resolves to ipc, since every instance shares the
+// host. Multi-host jobs name their transport.
+TransportKind single_host_transport(const JobConfig& config);
+
+EngineSpec engine_spec(const JobConfig& config, Role role, int rank);
+
+// Loads the plugins the config names (explicit paths, per-plugin options) plus the usual search.
+PluginRegistry load_plugins(const JobConfig& config);
+
+}  // namespace hetmesh::afd
