@@ -1,0 +1,643 @@
+// One ipc connection: the writes and control messages it issues, in order.
+//
+// A write reaches the peer's memory by one of three routes:
+//  - host copy:   the peer's region was exported with its plugin's IPC handle, this process has
+//                 that plugin, and both sides are host-addressable (cpu device memory, pinned host
+//                 memory): a plain memcpy into the mapping does it, in write() itself up to
+//                 kInlineCopyBytes when nothing is pending, else on the completion thread;
+//  - device copy: the source belongs to the mapping's plugin, whose copy engine does it with
+//                 memcpy_async on the connection's stream for that plugin (a "lane"); an event
+//                 recorded behind it tells the completion thread when the bytes have landed;
+//  - the ring:    everything else (different plugins on the two sides, memory without IPC) goes
+//                 through the staging ring the writer owns: the completion thread copies the source
+//                 into a free slot (through a bounce buffer for device memory the host cannot
+//                 address) and sends a chunk frame; the peer copies the slot into the region and
+//                 hands the slot back on the ring's credit channel.
+// Either way the notification frame and write_done follow the bytes.
+//
+// Order, as on tcp or an RDMA queue pair: writes retire in the order they were issued, whichever
+// way each goes (one completion thread per connection, or write() itself when nothing is queued
+// ahead), so notifications arrive in issue order; a control message sent while writes are pending
+// queues behind them. Bytes land in issue order too: a write that goes straight into the peer's
+// memory after ring traffic waits until the peer has handed back every ring slot, i.e. landed
+// every earlier chunk (see write()). Every wait is bounded; a dead or misbehaving peer becomes
+// one peer_lost event and fails the writes still queued.
+#include "ipc_connection.hpp"
+
+#include "descriptor.hpp"
+
+#include <hetmesh/log.hpp>
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace hetmesh::detail {
+namespace {
+
+// Writes queued on one connection before write() waits for the oldest to retire.
+constexpr size_t kMaxInFlight = 256;
+// Host copies up to this size are made by write() itself when no earlier write's bytes are still
+// on their way (as a shared-memory transport that copies in the caller would): handing them to the
+// completion thread costs a thread wake-up per write, a fifth of the time of a 1 MiB copy. Larger
+// writes stay fully asynchronous.
+constexpr uint64_t kInlineCopyBytes = 4 << 20;
+
+hm_ipc_handle from_hex(const std::string& text) {
+  hm_ipc_handle handle{};
+  auto nibble = [&](char c) -> uint8_t {
+    if (c >= '0' && c <= '9') return static_cast<uint8_t>(c - '0');
+    if (c >= 'a' && c <= 'f') return static_cast<uint8_t>(c - 'a' + 10);
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("region descriptor has a malformed 'handle' (character '{}')", c));
+  };
+  if (text.size() != 2 * sizeof handle.bytes)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("region descriptor's 'handle' has {} hex digits, not {}", text.size(),
+                            2 * sizeof handle.bytes));
+  for (size_t i = 0; i < sizeof handle.bytes; ++i)
+    handle.bytes[i] = static_cast<uint8_t>(nibble(text[2 * i]) << 4 | nibble(text[2 * i + 1]));
+  return handle;
+}
+
+// The copy engine of one plugin on one connection. Zero-copy writes into that plugin's peer
+// memory are enqueued on `stream`; events[i] marks the end of the write in queue slot i, so an
+// event is never re-recorded before its write retired.
+struct Lane {
+  Device device;
+  Stream stream;
+  std::vector<Event> events;
+
+  explicit Lane(const Device& d) : device(d), stream(d.create_stream()) {
+    events.reserve(kMaxInFlight);
+    for (size_t i = 0; i < kMaxInFlight; ++i)
+      events.push_back(d.create_event(HM_EVENT_DISABLE_TIMING));
+  }
+};
+
+class IpcRemoteRegion : public RemoteRegion, public std::enable_shared_from_this<IpcRemoteRegion> {
+ public:
+  IpcRemoteRegion(const void* connection, uint32_t region_id, uint64_t size)
+      : RemoteRegion(size), owner(connection), id(region_id) {}
+  const void* owner;  // the connection it was imported on
+  uint32_t id;
+  // Set when writes can go zero-copy: the lane whose device mapped the peer's allocation, where
+  // byte 0 of the region lies in this process, and whether host code may write it there.
+  Lane* lane = nullptr;
+  std::optional<IpcMapping> mapping;
+  uint8_t* mapped = nullptr;
+  bool host_addressable = false;
+};
+
+// How a write reaches the peer's memory, or that the queued operation is a control message.
+enum class Route : uint8_t {
+  host_copy,    // memcpy into the mapped peer memory, by write() or the completion thread
+  device_copy,  // memcpy_async on a lane's stream into the mapped peer memory
+  ring,         // through the shared ring, landed by the peer
+  control       // a control message queued behind pending writes
+};
+
+// A write between write() and its write_done event, or a control message waiting for the writes
+// before it.
+struct PendingOp {
+  Route route = Route::ring;
+  Lane* lane = nullptr;  // device_copy
+  // Kept alive until the write retires: the copy engine or the ring copy may still read the
+  // source, and the peer's mapping must stay while a copy writes into it.
+  std::shared_ptr<const IpcRegion> src;
+  std::shared_ptr<const IpcRemoteRegion> dst;
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t length = 0;
+  std::optional<uint32_t> notify;
+  uint64_t cookie = 0;
+  bool landed = false;    // host_copy: write() already copied the bytes
+  bool deferred = false;  // device_copy: the completion thread starts the copy, after the ring
+  std::vector<uint8_t> payload;  // control; its capacity is kept for the slot's next message
+};
+
+class IpcConnection : public Connection {
+ public:
+  IpcConnection(std::shared_ptr<IpcShared> shared, std::shared_ptr<IpcLink> link)
+      : Connection(link->id()),
+        shared_(std::move(shared)),
+        link_(std::move(link)),
+        peer_id_(link_->peer_id()),
+        rings_(link_->rings()),
+        credits_(rings_.outgoing.slots()),
+        queue_(kMaxInFlight) {
+    progress_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "hm-ipc-progress");
+      link_->run_progress();
+    });
+    completer_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "hm-ipc-complete");
+      complete_in_order();
+    });
+    shared_->add_link(link_);
+  }
+
+  ~IpcConnection() override {
+    {
+      std::lock_guard lock(queue_mutex_);
+      link_->close();
+    }
+    queued_.notify_all();
+    // The completion thread drains what is queued (failing it), waiting for copies still in
+    // flight, so nothing below is destroyed under a running copy.
+    completer_.join();
+    progress_.join();
+    // No poller reads the link once it is off the list and the one that may hold it lets go.
+    shared_->remove_link(link_.get());
+    link_->quiesce();
+  }
+
+  bool alive() const override { return link_->alive(); }
+
+  std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) override {
+    auto d = parse_descriptor(descriptor, "ipc", "region descriptor");
+    auto owner = field<std::string>(d, "endpoint", "region descriptor");
+    if (owner != peer_id_)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("region descriptor belongs to endpoint {}, this connection's peer "
+                              "is {}",
+                              owner, peer_id_));
+    auto remote =
+        std::make_shared<IpcRemoteRegion>(this, field<uint32_t>(d, "region", "region descriptor"),
+                                          field<uint64_t>(d, "size", "region descriptor"));
+    if (d.contains("handle")) map_peer_memory(*remote, d);
+    log(LogLevel::debug, "ipc: region {} of peer {} ({} bytes): {}", remote->id, peer_id_,
+        remote->size(),
+        remote->lane ? fmt::format("mapped through {} for zero-copy writes{}",
+                                   remote->lane->device.selector(),
+                                   remote->host_addressable ? " (host-addressable)" : "")
+                     : std::string("reached through the shared ring"));
+    return remote;
+  }
+
+  void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) override {
+    auto* source = dynamic_cast<const IpcRegion*>(&src);
+    auto* target = dynamic_cast<const IpcRemoteRegion*>(&dst);
+    if (source == nullptr || target == nullptr)
+      throw Error(HM_ERR_INVALID_ARGUMENT, "write: regions were not made by this ipc transport");
+    if (target->owner != this)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("write: destination region {} was imported on another connection",
+                              target->id));
+    check_range("source", src_offset, length, src.size());
+    check_range("destination", dst_offset, length, dst.size());
+    if (!link_->alive())
+      throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
+
+    Lane* lane = nullptr;
+    Route route = route_for(*source, *target, &lane);
+    uint8_t* to = target->mapped + dst_offset;
+    const uint8_t* from = static_cast<const uint8_t*>(source->base()) + src_offset;
+    std::unique_lock lock(queue_mutex_);
+    size_t slot = claim_slot(lock, "write");
+    if (route == Route::host_copy && head_ == tail_ && ring_drained_ && length <= kInlineCopyBytes)
+      return write_now(to, from, length, notify, cookie, target->id);
+    // Bytes land in issue order. Ring bytes land when the peer's reader gets to them, so a write
+    // that goes straight into the peer's memory while ring bytes may still be on their way is
+    // left to the completion thread, which first waits for every ring slot to come back. (Host
+    // and device copies never meet: a mapping is host-addressable or it is not.)
+    bool ring_busy = ring_writes_queued_ > 0 || !ring_drained_;
+    bool landed = false, deferred = false;
+    switch (route) {
+      case Route::device_copy:
+        deferred = ring_busy || deferred_copies_ > 0;  // a later copy must not overtake it
+        if (!deferred) start_copy(*lane, slot, to, from, length);  // in the stream, in order
+        deferred_copies_ += deferred;
+        break;
+      case Route::host_copy:
+        landed = length <= kInlineCopyBytes && !ring_busy && host_copies_queued_ == 0;
+        if (landed) std::memcpy(to, from, length);
+        host_copies_queued_ += !landed;
+        break;
+      case Route::ring:
+        ++ring_writes_queued_;
+        break;
+      case Route::control:
+        break;
+    }
+    PendingOp& op = queue_[slot];
+    op.route = route;
+    op.lane = lane;
+    op.src = source->shared_from_this();
+    op.dst = target->shared_from_this();
+    op.src_offset = src_offset;
+    op.dst_offset = dst_offset;
+    op.length = length;
+    op.notify = notify;
+    op.cookie = cookie;
+    op.landed = landed;
+    op.deferred = deferred;
+    publish(lock);
+  }
+
+  void send_control(std::span<const uint8_t> message) override {
+    if (message.size() > kMaxControlBytes)
+      throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("control message of {} bytes exceeds {}",
+                                                       message.size(), kMaxControlBytes));
+    if (!link_->alive())
+      throw Error(kStatusPeerLost, fmt::format("send_control: peer {} is lost", peer_id_));
+    std::unique_lock lock(queue_mutex_);
+    if (head_ == tail_) {
+      // Nothing pending, and no write can start while we hold the lock: it may go right away.
+      try {
+        send_control_frame(message.data(), message.size());
+      } catch (const Error& e) {
+        lock.unlock();
+        link_->lose(e.what());
+        throw;
+      }
+      return;
+    }
+    size_t slot = claim_slot(lock, "send_control");
+    PendingOp& op = queue_[slot];
+    op.route = Route::control;
+    op.landed = false;  // the slot's previous write must not count in the landing order
+    op.deferred = false;
+    op.payload.assign(message.begin(), message.end());
+    publish(lock);
+  }
+
+ private:
+  static void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
+    if (offset > size || length > size - offset)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("write: {} range [{}, +{}) is outside its region of {} bytes", side,
+                              offset, length, size));
+  }
+
+  // A host copy with nothing pending ahead of it, the common case: the bytes, the notification
+  // and write_done all go now, in the caller's thread, with no thread hop, no system call and no
+  // allocation (a peer that polls reads the notification straight from shared memory).
+  void write_now(uint8_t* to, const uint8_t* from, uint64_t length, std::optional<uint32_t> notify,
+                 uint64_t cookie, uint32_t region) {
+    std::memcpy(to, from, length);
+    TransportEvent done{TransportEvent::Type::write_done, id()};
+    done.cookie = cookie;
+    try {
+      check_open();
+      if (notify) link_->send_notification(*notify);
+    } catch (const Error& e) {
+      done.status = e.status();
+      done.message =
+          fmt::format("write {} to region {} of peer {}: {}", cookie, region, peer_id_, e.what());
+      link_->lose(e.what());
+    }
+    shared_->events.push(std::move(done));
+  }
+
+  // ---- setup ----
+
+  // The lane for `plugin`, created on first use: on the device of a region this process
+  // registered with that plugin, else on the plugin's device 0. nullptr if this process has no
+  // such plugin (the ring then carries the writes).
+  Lane* lane_for(const std::string& plugin) {
+    std::lock_guard lock(lanes_mutex_);
+    if (auto it = lanes_.find(plugin); it != lanes_.end()) return it->second.get();
+    std::optional<Device> device = shared_->registered_device_of(plugin);
+    if (!device) {
+      auto loaded = PluginRegistry::load().find(plugin);
+      if (!loaded || loaded->device_count() == 0) return nullptr;
+      device.emplace(loaded, 0);
+    }
+    return lanes_.emplace(plugin, std::make_unique<Lane>(*device)).first->second.get();
+  }
+
+  // Opens the peer's allocation for zero-copy writes. A handle this process cannot open (no such
+  // plugin here, or a plugin that refuses it, as CUDA does within one process) leaves the region
+  // on the ring; a descriptor that claims more than the allocation holds is refused.
+  void map_peer_memory(IpcRemoteRegion& remote, const nlohmann::json& d) {
+    auto plugin = field<std::string>(d, "plugin", "region descriptor");
+    hm_ipc_handle handle = from_hex(field<std::string>(d, "handle", "region descriptor"));
+    auto offset = field<uint64_t>(d, "offset", "region descriptor");
+    Lane* lane = nullptr;
+    std::optional<IpcMapping> mapping;
+    PointerInfo info;
+    try {
+      lane = lane_for(plugin);
+      if (lane == nullptr) {
+        log(LogLevel::info,
+            "ipc: no {} device in this process; region {} of peer {} goes through the ring", plugin,
+            remote.id, peer_id_);
+        return;
+      }
+      mapping.emplace(lane->device, handle);
+      info = lane->device.query(mapping->data());
+    } catch (const Error& e) {
+      log(LogLevel::info, "ipc: cannot map region {} of peer {} ({}); it goes through the ring",
+          remote.id, peer_id_, e.what());
+      return;
+    }
+    // Without the mapping's extent the descriptor's offset and size cannot be checked.
+    if (info.kind != HM_MEM_IPC_MAPPED || info.base != mapping->data()) {
+      log(LogLevel::warn,
+          "ipc: {}: pointer_query does not describe the IPC mapping {} of region {} of peer {}; "
+          "the region goes through the ring",
+          lane->device.selector(), mapping->data(), remote.id, peer_id_);
+      return;
+    }
+    if (offset > info.size || remote.size() > info.size - offset)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("region descriptor of region {}: [{}, +{}) overruns the exported "
+                              "allocation of {} bytes",
+                              remote.id, offset, remote.size(), info.size));
+    remote.mapped = static_cast<uint8_t*>(mapping->data()) + offset;
+    remote.host_addressable = host_addressable(lane->device, mapping->data());
+    remote.mapping.emplace(std::move(*mapping));
+    remote.lane = lane;
+  }
+
+  // ---- issuing writes ----
+
+  // Zero-copy needs the peer's memory mapped here, and either host code able to reach both sides
+  // or a copy engine that reaches both (the mapping's plugin, on the source's device or with peer
+  // copy). Anything else is staged through the ring.
+  static Route route_for(const IpcRegion& src, const IpcRemoteRegion& dst, Lane** lane) {
+    if (dst.lane == nullptr) return Route::ring;
+    if (dst.host_addressable && src.access().direct()) return Route::host_copy;
+    const Device& engine = dst.lane->device;
+    if (src.device().plugin_ptr() != engine.plugin_ptr()) return Route::ring;
+    if (src.device().index() != engine.index() && !engine.has(HM_CAP_PEER_COPY)) return Route::ring;
+    *lane = dst.lane;
+    return Route::device_copy;
+  }
+
+  // Waits (bounded) for room in the queue; returns the slot the next operation goes to.
+  size_t claim_slot(std::unique_lock<std::mutex>& lock, const char* what) {
+    if (!space_.wait_for(lock, kProgressTimeout, [&] { return tail_ - head_ < kMaxInFlight; }))
+      throw Error(HM_ERR_TIMEOUT,
+                  fmt::format("{}: {} operations to peer {} still pending after {} s", what,
+                              kMaxInFlight, peer_id_, kProgressTimeout.count()));
+    return tail_ % kMaxInFlight;
+  }
+
+  // Hands the operation in the claimed slot to the completion thread.
+  void publish(std::unique_lock<std::mutex>& lock) {
+    ++tail_;
+    lock.unlock();
+    queued_.notify_one();
+  }
+
+  void start_copy(const Lane& lane, size_t slot, uint8_t* dst, const uint8_t* src,
+                  uint64_t length) {
+    lane.stream.copy(dst, src, length);
+    try {
+      lane.events[slot].record(lane.stream);
+    } catch (const Error&) {
+      // The copy is under way with nothing to track it: let it finish before the caller may
+      // reuse the source.
+      try {
+        lane.stream.synchronize(kProgressTimeout);
+      } catch (const Error&) {
+      }
+      throw;
+    }
+  }
+
+  // ---- retiring writes (the completion thread) ----
+
+  void complete_in_order() {
+    for (;;) {
+      PendingOp* op;
+      size_t slot;
+      {
+        std::unique_lock lock(queue_mutex_);
+        queued_.wait(lock, [&] { return head_ != tail_ || link_->closing(); });
+        if (head_ == tail_) return;  // closing, and nothing left
+        slot = head_ % kMaxInFlight;
+        op = &queue_[slot];  // callers touch only slots past head_ until head_ moves
+      }
+      if (op->route == Route::control)
+        send_queued_control(*op);
+      else
+        retire_now(*op, slot);
+      {
+        std::lock_guard lock(queue_mutex_);
+        host_copies_queued_ -= op->route == Route::host_copy && !op->landed;
+        ring_writes_queued_ -= op->route == Route::ring;
+        deferred_copies_ -= op->deferred;
+        ++head_;
+      }
+      space_.notify_one();
+    }
+  }
+
+  // Finishes a write and reports it; its region references go before the report, so a caller who
+  // drops a region after write_done really frees it.
+  void retire_now(PendingOp& op, size_t slot) {
+    TransportEvent done = retire(op, slot);
+    op.src.reset();
+    op.dst.reset();
+    shared_->events.push(std::move(done));
+  }
+
+  // send_control has returned already: a failure is reported as the peer's loss.
+  void send_queued_control(const PendingOp& op) {
+    try {
+      check_open();
+      send_control_frame(op.payload.data(), op.payload.size());
+    } catch (const Error& e) {
+      link_->lose(e.what());
+    }
+  }
+
+  TransportEvent retire(const PendingOp& w, size_t slot) {
+    TransportEvent done{TransportEvent::Type::write_done, id()};
+    done.cookie = w.cookie;
+    try {
+      switch (w.route) {
+        case Route::host_copy:
+          copy_by_host(w);
+          break;
+        case Route::device_copy:
+          finish_device_copy(w, slot);
+          break;
+        case Route::ring:
+          send_through_ring(w);
+          break;
+        case Route::control:
+          break;  // never retired here
+      }
+    } catch (const Error& e) {
+      // Whatever failed (the peer, a copy engine, a ring slot taken but never announced), the
+      // ordered stream of writes is broken, so the connection ends here.
+      done.status = e.status();
+      done.message = fmt::format("write {} to region {} of peer {}: {}", w.cookie, w.dst->id,
+                                 peer_id_, e.what());
+      link_->lose(e.what());
+    }
+    return done;
+  }
+
+  void copy_by_host(const PendingOp& w) {
+    check_open();
+    if (!w.landed) {
+      drain_ring();
+      std::memcpy(w.dst->mapped + w.dst_offset,
+                  static_cast<const uint8_t*>(w.src->base()) + w.src_offset, w.length);
+    }
+    if (w.notify) send_notification(*w.notify);
+  }
+
+  void finish_device_copy(const PendingOp& w, size_t slot) {
+    if (w.deferred) {
+      drain_ring();
+      start_copy(*w.lane, slot, w.dst->mapped + w.dst_offset,
+                 static_cast<const uint8_t*>(w.src->base()) + w.src_offset, w.length);
+    }
+    try {
+      w.lane->events[slot].synchronize(kProgressTimeout);
+    } catch (const Error& e) {
+      throw Error(e.status(), fmt::format("the {} copy into the peer's memory did not finish: {}",
+                                          w.lane->device.selector(), e.what()));
+    }
+    // The bytes are in the peer's memory, but a peer that is gone will never see them.
+    check_open();
+    if (w.notify) send_notification(*w.notify);
+  }
+
+  void send_control_frame(const uint8_t* data, size_t size) {
+    Frame f = make_frame(kControl);
+    f.length = size;
+    link_->send(f, data, size);
+  }
+
+  void send_notification(uint32_t value) { link_->send_notification(value); }
+
+  // Throws for writes still pending when the connection closes or the peer is lost.
+  void check_open() const {
+    if (link_->closing())
+      throw Error(kStatusPeerLost, "the connection was closed before the write ended");
+    if (!link_->alive()) throw Error(kStatusPeerLost, "the peer was lost before the write ended");
+  }
+
+  // Copies the source slot by slot into the outgoing ring, each slot announced by a chunk frame.
+  // A slot is taken before the source is touched: the source's bounce buffer is then held only
+  // for the copy, never while waiting on the peer, whose progress may need our reader thread to
+  // land a chunk through that same buffer.
+  void send_through_ring(const PendingOp& w) {
+    if (w.length == 0) {
+      check_open();
+      if (w.notify) send_notification(*w.notify);
+      return;
+    }
+    ring_drained_ = false;  // before the first chunk: write() must never see it too early
+    for (uint64_t sent = 0; sent < w.length;) {
+      uint64_t n = std::min(w.length - sent, rings_.outgoing.slot_bytes());
+      uint16_t slot = take_slot();
+      uint8_t* to = rings_.outgoing.slot(slot);
+      w.src->access().read(w.src_offset + sent, n, [&](const uint8_t* data, uint64_t part) {
+        std::memcpy(to, data, part);
+        to += part;
+      });
+      Frame f = make_frame(kChunk);
+      f.slot = slot;
+      f.region = w.dst->id;
+      f.offset = w.dst_offset + sent;
+      f.length = n;
+      sent += n;
+      if (sent == w.length) {
+        f.flags = kLastChunk | (w.notify ? kWithNotify : 0);
+        f.value = w.notify.value_or(0);
+      }
+      link_->send(f);
+    }
+  }
+
+  // A free slot of the outgoing ring, waiting for the peer to return one if none is. The peer
+  // handles chunks in order, so slots come back in the order they went out and the next free
+  // slot is always the oldest. Only the completion thread calls this.
+  uint16_t take_slot() {
+    while (credits_ == 0)
+      await_credit();
+    --credits_;
+    auto slot = static_cast<uint16_t>(next_slot_);
+    next_slot_ = (next_slot_ + 1) % rings_.outgoing.slots();
+    return slot;
+  }
+
+  // Waits until the peer has handed back every slot, i.e. landed every chunk sent so far.
+  void drain_ring() {
+    if (ring_drained_) return;
+    while (credits_ < rings_.outgoing.slots())
+      await_credit();
+    ring_drained_ = true;
+  }
+
+  void await_credit() {
+    int fd = rings_.credits_in.get();
+    pollfd readable{fd, POLLIN, 0};
+    int ready;
+    do {
+      ready = ::poll(&readable, 1, static_cast<int>(kProgressTimeout.count() * 1000));
+    } while (ready < 0 && errno == EINTR);
+    check_open();  // woken by close() or lose()
+    if (ready == 0)
+      throw Error(HM_ERR_TIMEOUT, fmt::format("peer {} returned no ring slot within {} s", peer_id_,
+                                              kProgressTimeout.count()));
+    uint32_t slot = 0;
+    ssize_t n = recv(fd, &slot, sizeof slot, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+      throw Error(kStatusPeerLost, "the peer closed its ring credit channel");
+    if (n < 0) return;  // spurious wake-up
+    if (n != sizeof slot || slot != returned_slot_)
+      throw Error(kStatusProtocolError, fmt::format("peer returned ring slot {}, expected slot {}",
+                                                    slot, returned_slot_));
+    returned_slot_ = (returned_slot_ + 1) % rings_.outgoing.slots();
+    ++credits_;
+  }
+
+  std::shared_ptr<IpcShared> shared_;
+  std::shared_ptr<IpcLink> link_;
+  std::string peer_id_;
+  RingLink& rings_;  // the link's
+  // Outgoing ring bookkeeping, touched by the completion thread only.
+  uint32_t credits_;
+  uint32_t next_slot_ = 0;
+  uint32_t returned_slot_ = 0;
+
+  std::mutex lanes_mutex_;
+  std::map<std::string, std::unique_ptr<Lane>> lanes_;
+
+  // Operations in issue order: [head_, tail_) are pending, queue_[i % kMaxInFlight] holds the
+  // i-th.
+  std::mutex queue_mutex_;
+  std::condition_variable queued_;
+  std::condition_variable space_;
+  std::vector<PendingOp> queue_;
+  uint64_t head_ = 0;
+  uint64_t tail_ = 0;
+  // Landing order (see write()): queued host copies the completion thread has yet to make, ring
+  // writes not yet sent, and device copies it has yet to start.
+  uint64_t host_copies_queued_ = 0;
+  uint64_t ring_writes_queued_ = 0;
+  uint64_t deferred_copies_ = 0;
+  // Every ring chunk sent so far has been landed by the peer. Written by the completion thread.
+  std::atomic<bool> ring_drained_{true};
+
+  std::thread progress_;
+  std::thread completer_;
+};
+
+}  // namespace
+
+std::shared_ptr<Connection> make_ipc_connection(std::shared_ptr<IpcShared> shared,
+                                                std::shared_ptr<IpcLink> link) {
+  return std::make_shared<IpcConnection>(std::move(shared), std::move(link));
+}
+
+}  // namespace hetmesh::detail
