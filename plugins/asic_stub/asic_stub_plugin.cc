@@ -12,7 +12,7 @@
 //   "hm.asic_stub.launch" extension (hetmesh/asic_stub.h) standing in for kernels.
 #include <hetmesh/asic_stub.h>
 #include <hetmesh/device_plugin.h>
-#include <hetmesh/plugin_kit/host_memory.hpp>
+#include <hetmesh/plugin_kit/host_memory_slots.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>
 #include <hetmesh/plugin_kit/options.hpp>
 
@@ -50,6 +50,10 @@ std::unique_ptr<Stub> g_stub;
 Stub& stub() {
   if (!g_stub) fail(HM_ERR_UNINITIALIZED, "initialize() has not succeeded");
   return *g_stub;
+}
+
+hm::kit::HostMemory& host_memory() {
+  return stub().memory;
 }
 
 // Holds the engine until `start + cost` has passed: the simulated transfer time.
@@ -126,21 +130,6 @@ hm_status device_properties(int32_t device, hm_device_properties* props) {
   });
 }
 
-hm_status mem_alloc(int32_t device, uint64_t size, int32_t kind, void** ptr) {
-  return guarded("mem_alloc", [&] {
-    if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "ptr is NULL");
-    *ptr = stub().memory.alloc(device, size, kind);
-  });
-}
-
-hm_status mem_free(void* ptr) {
-  return guarded("mem_free", [&] { stub().memory.free(ptr); });
-}
-
-hm_status pointer_query(const void* ptr, hm_pointer_info* info) {
-  return guarded("pointer_query", [&] { stub().memory.query(ptr, info); });
-}
-
 hm_status memcpy_async(hm_stream stream, void* dst, const void* src, uint64_t size) {
   return guarded("memcpy_async", [&] {
     auto* s = hm::kit::host_stream(stream);
@@ -165,43 +154,6 @@ hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size
       std::memset(to, value, size);
       occupy_engine(start, size);
     });
-  });
-}
-
-hm_status ipc_export(void* ptr, hm_ipc_handle* handle) {
-  return guarded("ipc_export", [&] {
-    if (handle == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "handle is NULL");
-    *handle = stub().memory.ipc_export(ptr);
-  });
-}
-
-hm_status ipc_open(int32_t device, const hm_ipc_handle* handle, void** ptr) {
-  return guarded("ipc_open", [&] {
-    if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "ptr is NULL");
-    *ptr = stub().memory.ipc_open(device, handle);
-  });
-}
-
-hm_status ipc_close(void* ptr) {
-  return guarded("ipc_close", [&] { stub().memory.ipc_close(ptr); });
-}
-
-hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
-  return guarded("dmabuf_export", [&] {
-    hm::kit::require_struct(out, HM_DMABUF_SIZE_V1, "out");
-    if (!hm::kit::udmabuf_available())
-      fail(HM_ERR_NOT_SUPPORTED, "/dev/udmabuf is not available on this kernel");
-    hm_dmabuf result = stub().memory.dmabuf_export(ptr, size);
-    out->fd = result.fd;
-    out->offset = result.offset;
-    out->length = result.length;
-  });
-}
-
-hm_status dmabuf_release(const hm_dmabuf* dmabuf) {
-  return guarded("dmabuf_release", [&] {
-    hm::kit::require_struct(dmabuf, HM_DMABUF_SIZE_V1, "dmabuf");
-    if (close(dmabuf->fd) != 0) fail(HM_ERR_INVALID_ARGUMENT, "fd %d is not open", dmabuf->fd);
   });
 }
 
@@ -263,20 +215,13 @@ hm_device_plugin_api make_table() {
   t.last_error = hm::kit::last_error;
   t.device_count = device_count;
   t.device_properties = device_properties;
-  t.mem_alloc = mem_alloc;
-  t.mem_free = mem_free;
-  t.pointer_query = pointer_query;
   t.memcpy_async = memcpy_async;
   t.memset_async = memset_async;
   t.shutdown = shutdown;
-  t.ipc_export = ipc_export;
-  t.ipc_open = ipc_open;
-  t.ipc_close = ipc_close;
-  t.dmabuf_export = dmabuf_export;
-  t.dmabuf_release = dmabuf_release;
   t.get_extension = get_extension;
   // host_register stays NULL: the stub's engine can read any host memory, so there is nothing to
   // register, and HM_CAP_HOST_REGISTER is clear.
+  hm::kit::install_host_memory(&t, host_memory, /*host_register=*/false);
   hm::kit::install_host_streams(&t, {hook_device_count, hook_host_view});
   return t;
 }

@@ -1,7 +1,7 @@
 // The cpu device plugin: host memory as a device. Device memory is host-addressable memfd pages,
 // so IPC works between processes through procfs; streams run on host threads.
 #include <hetmesh/device_plugin.h>
-#include <hetmesh/plugin_kit/host_memory.hpp>
+#include <hetmesh/plugin_kit/host_memory_slots.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>
 #include <hetmesh/plugin_kit/options.hpp>
 
@@ -70,21 +70,6 @@ hm_status device_properties(int32_t device, hm_device_properties* props) {
   });
 }
 
-hm_status mem_alloc(int32_t device, uint64_t size, int32_t kind, void** ptr) {
-  return guarded("mem_alloc", [&] {
-    if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "ptr is NULL");
-    *ptr = memory().alloc(device, size, kind);
-  });
-}
-
-hm_status mem_free(void* ptr) {
-  return guarded("mem_free", [&] { memory().free(ptr); });
-}
-
-hm_status pointer_query(const void* ptr, hm_pointer_info* info) {
-  return guarded("pointer_query", [&] { memory().query(ptr, info); });
-}
-
 // Checks that a range that starts in our memory stays inside its allocation.
 void check_range(const void* ptr, uint64_t size, const char* what) {
   if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "%s is NULL", what);
@@ -107,51 +92,6 @@ hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size
     if (size == 0) return;
     check_range(dst, size, "dst");
     s->worker.submit([=] { std::memset(dst, value, size); });
-  });
-}
-
-hm_status host_register(void* ptr, uint64_t size) {
-  return guarded("host_register", [&] { memory().register_host(ptr, size); });
-}
-
-hm_status host_unregister(void* ptr) {
-  return guarded("host_unregister", [&] { memory().unregister_host(ptr); });
-}
-
-hm_status ipc_export(void* ptr, hm_ipc_handle* handle) {
-  return guarded("ipc_export", [&] {
-    if (handle == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "handle is NULL");
-    *handle = memory().ipc_export(ptr);
-  });
-}
-
-hm_status ipc_open(int32_t device, const hm_ipc_handle* handle, void** ptr) {
-  return guarded("ipc_open", [&] {
-    if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "ptr is NULL");
-    *ptr = memory().ipc_open(device, handle);
-  });
-}
-
-hm_status ipc_close(void* ptr) {
-  return guarded("ipc_close", [&] { memory().ipc_close(ptr); });
-}
-
-hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
-  return guarded("dmabuf_export", [&] {
-    hm::kit::require_struct(out, HM_DMABUF_SIZE_V1, "out");
-    if (!hm::kit::udmabuf_available())
-      fail(HM_ERR_NOT_SUPPORTED, "/dev/udmabuf is not available on this kernel");
-    hm_dmabuf result = memory().dmabuf_export(ptr, size);
-    out->fd = result.fd;
-    out->offset = result.offset;
-    out->length = result.length;
-  });
-}
-
-hm_status dmabuf_release(const hm_dmabuf* dmabuf) {
-  return guarded("dmabuf_release", [&] {
-    hm::kit::require_struct(dmabuf, HM_DMABUF_SIZE_V1, "dmabuf");
-    if (close(dmabuf->fd) != 0) fail(HM_ERR_INVALID_ARGUMENT, "fd %d is not open", dmabuf->fd);
   });
 }
 
@@ -179,20 +119,11 @@ hm_device_plugin_api make_table() {
   t.last_error = hm::kit::last_error;
   t.device_count = device_count;
   t.device_properties = device_properties;
-  t.mem_alloc = mem_alloc;
-  t.mem_free = mem_free;
-  t.pointer_query = pointer_query;
   t.memcpy_async = memcpy_async;
   t.memset_async = memset_async;
   t.shutdown = shutdown;
-  t.host_register = host_register;
-  t.host_unregister = host_unregister;
-  t.ipc_export = ipc_export;
-  t.ipc_open = ipc_open;
-  t.ipc_close = ipc_close;
-  t.dmabuf_export = dmabuf_export;
-  t.dmabuf_release = dmabuf_release;
   t.get_extension = get_extension;
+  hm::kit::install_host_memory(&t, memory, /*host_register=*/true);
   hm::kit::install_host_streams(&t, {hook_device_count, hook_host_view});
   return t;
 }
