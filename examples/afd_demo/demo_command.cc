@@ -6,6 +6,7 @@
 //   hetmesh demo --config FILE.toml   any M x N job from examples/configs/
 #include "demo_command.hpp"
 
+#include "attention_staging.hpp"
 #include "expert_runner.hpp"
 #include "model.hpp"
 
@@ -58,16 +59,15 @@ ModelShape model_shape(const JobConfig& c) {
 
 int run_attention(const JobConfig& c, const DemoOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
-  if (!device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY))
-    throw Error(HM_ERR_NOT_SUPPORTED,
-                fmt::format("the demo's attention layers run on the host; {} memory is not "
-                            "host-addressable",
-                            device.selector()));
   TinyMoe model(model_shape(c));
   const ModelShape& shape = model.shape();
   const int M = c.job.micro_batches, F = c.job.ffn;
   auto store = connect_tcp_store(o.store, c.job.timeout);
   afd::AttentionEngine engine(afd::engine_spec(c, afd::Role::attention, o.rank), device, *store);
+  // Attention runs on the host. On a device whose memory the host cannot touch (a GPU), its
+  // outputs go up through pinned staging and a stream copy, push_pull starts when the copy's event
+  // completes, and F's partials come back down the same way.
+  AttentionStaging staging(device, engine, shape, M, F);
 
   const size_t n = size_t{shape.tokens} * shape.hidden;
   std::vector<std::vector<float>> x(static_cast<size_t>(M)),
@@ -79,18 +79,17 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
 
   auto finish = [&](int mb) {  // wait for mb's results and add them to its residual
     trace.trips.push_back(engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout));
-    std::vector<const void*> partials;
-    for (int f = 0; f < F; ++f)
-      partials.push_back(engine.result(mb, f));
-    model.combine(h[static_cast<size_t>(mb)].data(), partials, x[static_cast<size_t>(mb)].data());
+    model.combine(h[static_cast<size_t>(mb)].data(), staging.results(mb, c.job.timeout),
+                  x[static_cast<size_t>(mb)].data());
   };
   for (int layer = 0; layer < shape.layers; ++layer) {
     for (int mb = 0; mb < M; ++mb) {  // micro-batches pipelined: mb+1 computes while mb flies
       if (layer > 0) finish(mb);
       int64_t start = afd::now_ns();
       model.attention(layer, x[static_cast<size_t>(mb)].data(), h[static_cast<size_t>(mb)].data(),
-                      engine.tokens(mb), static_cast<Route*>(engine.routing(mb)));
-      handles[static_cast<size_t>(mb)] = engine.push_pull(mb, shape.tokens, {}, start);
+                      staging.tokens(mb), staging.routing(mb));
+      handles[static_cast<size_t>(mb)] =
+          engine.push_pull(mb, shape.tokens, staging.upload(mb), start);
     }
     if (o.rank == 0) std::printf("progress %d %d\n", layer + 1, shape.layers), std::fflush(stdout);
   }

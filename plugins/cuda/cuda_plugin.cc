@@ -23,6 +23,7 @@
 //   "<slot>: <cuCall> failed: CUDA_ERROR_<NAME>: <cuGetErrorString text>".
 #include "cuda_driver.hpp"
 
+#include <hetmesh/cuda.h>
 #include <hetmesh/device_plugin.h>
 #include <hetmesh/plugin_kit/allocation_table.hpp>
 #include <hetmesh/plugin_kit/memfd.hpp>
@@ -1092,6 +1093,33 @@ hm_status dmabuf_release(const hm_dmabuf* dmabuf) {
   });
 }
 
+// ---- extensions ----
+
+hm_status stream_native(hm_stream stream, void** cu_stream, int32_t* cuda_ordinal) {
+  return guarded("hm.cuda.native.stream_native", [&] {
+    if (cu_stream == nullptr || cuda_ordinal == nullptr)
+      fail(HM_ERR_INVALID_ARGUMENT, "cu_stream or cuda_ordinal is NULL");
+    Stream& s = stream_of(stream);
+    *cu_stream = s.stream;
+    *cuda_ordinal = static_cast<int32_t>(device_state(s.device).handle);
+  });
+}
+
+const hm_cuda_native_ext kNativeExtension = {{sizeof(hm_cuda_native_ext), HM_CUDA_NATIVE_VERSION},
+                                             stream_native};
+
+hm_status get_extension(const char* name, uint32_t min_version, const void** table) {
+  return guarded("get_extension", [&] {
+    if (name == nullptr || table == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "name or table is NULL");
+    if (std::strcmp(name, HM_CUDA_NATIVE_EXTENSION) != 0)
+      fail(HM_ERR_NOT_SUPPORTED, "no extension named '%s'", name);
+    if (min_version > HM_CUDA_NATIVE_VERSION)
+      fail(HM_ERR_NOT_SUPPORTED, "'%s' version %u requested, this plugin has %u", name, min_version,
+           HM_CUDA_NATIVE_VERSION);
+    *table = &kNativeExtension;
+  });
+}
+
 // ---- the table ----
 
 hm_device_plugin_api make_table() {
@@ -1135,7 +1163,7 @@ hm_device_plugin_api make_table() {
   t.ipc_close = ipc_close;
   t.dmabuf_export = dmabuf_export;
   t.dmabuf_release = dmabuf_release;
-  // get_extension stays NULL: the cuda plugin has no vendor extensions yet.
+  t.get_extension = get_extension;
   return t;
 }
 

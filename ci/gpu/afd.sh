@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs THERE, on the two-GPU machine, after ci/gpu/build-and-test.sh has built build/gpu:
+#   1. `hetmesh demo` with A on cuda:0 and F on cuda:1 over ipc, and with A on cuda:0 and F on
+#      asic_stub (both verify the final hidden states against the single-process reference);
+#   2. `hetmesh bench afd` with StepMesh's per-A traffic between cuda:0 and cuda:1, and in the
+#      same run the baselines of hetmesh-cuda-baselines: the raw cudaMemcpyPeerAsync pair and
+#      NCCL ncclSend/ncclRecv on the same sizes and GPUs;
+#   3. compute interference: a compute-bound kernel on cuda:1 alone, while NCCL moves the AFD
+#      traffic, and while hetmesh does.
+# Results go to $OUT: afd.log, demo-*.log, bench-afd.json, baselines-*.json, summary.txt.
+#
+#   run(kind="nvidia-h200-x2", carry=[".deps/gpu"], timeout_s=600,
+#       command="bash ci/gpu/build-and-test.sh; bash ci/gpu/afd.sh")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+OUT=${OUT:-$PWD/build/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/afd.log") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH=$PWD/.deps/gpu/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+build=$PWD/build/gpu
+hetmesh=$build/bin/hetmesh
+baselines=$build/libexec/hetmesh/hetmesh-cuda-baselines
+section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
+status=0
+
+cmake --build "$build" -j "$(nproc)" --target hetmesh-cli hetmesh-demo-cuda hetmesh-cuda-baselines \
+  || { echo "build failed"; exit 2; }
+
+work=$(mktemp -d)
+for config in 1a1f-cuda-ipc 2a2f-cuda-asic_stub-ipc; do
+  section "hetmesh demo --config examples/configs/$config.toml"
+  (cd "$work" && timeout -k 5 120 "$hetmesh" demo --config "$root/examples/configs/$config.toml") \
+    2>&1 | tee "$OUT/demo-$config.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+done
+
+section "hetmesh bench afd: A cuda:0, F cuda:1, StepMesh per-A traffic, 1 micro-batch"
+bench_config=$root/examples/configs/stepmesh-1a1f-cuda.toml
+(cd "$work" && timeout -k 5 180 "$hetmesh" bench afd --config "$bench_config" --iterations 2000 \
+  --warmup 200 --json "$OUT/bench-afd.json") || status=1
+
+section "baselines, same run: cudaMemcpyPeerAsync pair and NCCL send/recv, same sizes and GPUs"
+timeout -k 5 120 "$baselines" roundtrip --a 0 --f 1 --iterations 2000 | tee "$OUT/baselines-roundtrip.json" \
+  || status=1
+
+section "interference: compute kernel on cuda:1 alone and while NCCL moves the traffic (one process)"
+timeout -k 5 180 "$baselines" interference --a 0 --f 1 --kernels 300 | tee "$OUT/baselines-interference-nccl.json" \
+  || status=1
+
+section "interference: the same kernel (its own process) alone, then while hetmesh moves the traffic"
+timeout -k 5 60 "$baselines" compute --f 1 --seconds 3 | tee "$OUT/compute-alone.json" || status=1
+(cd "$work" && timeout -k 5 240 "$hetmesh" bench afd --config "$bench_config" --iterations 150000 \
+  --warmup 2000 --json "$OUT/bench-afd-during-compute.json" >"$OUT/bench-afd-during-compute.log" 2>&1) &
+bench_pid=$!
+sleep 6  # past process start and warm-up
+timeout -k 5 60 "$baselines" compute --f 1 --seconds 3 | tee "$OUT/compute-with-hetmesh.json" || status=1
+if ! kill -0 $bench_pid 2>/dev/null; then
+  echo "WARNING: hetmesh bench afd had ended before the compute kernel finished: interference under-measured"
+fi
+wait $bench_pid || status=1
+tail -25 "$OUT/bench-afd-during-compute.log"
+
+section summary
+python3 "$root/ci/gpu/afd_summary.py" "$OUT" | tee "$OUT/summary.txt" || status=1
+rm -rf "$work"
+exit $status
