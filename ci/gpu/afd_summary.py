@@ -35,8 +35,16 @@ if nccl_interference:
     print(f"compute kernel on cuda:{nccl_interference['f']} (p50 ms): alone {a:.3f}, with NCCL "
           f"traffic in-process {n:.3f} -> slowdown {(n / a - 1) * 100:.2f}% "
           f"({nccl_interference['nccl_round_trips_during']} NCCL round trips during)")
+    during = nccl_interference["nccl_round_trip_during_compute"]
+    print(f"  NCCL's own round trip meanwhile: p50 {during['p50_us']:.1f} us, "
+          f"p99 {during['p99_us']:.1f} us (its kernels wait for SMs)")
 if alone and with_hetmesh:
     a = alone["compute"]["p50_ms"]
     h = with_hetmesh["compute"]["p50_ms"]
     print(f"compute kernel on cuda:{alone['f']} (p50 ms, own process): alone {a:.3f}, while hetmesh "
           f"moves the traffic {h:.3f} -> slowdown {(h / a - 1) * 100:.2f}% (target < 1%)")
+    loaded = load("bench-afd-during-compute.json")
+    if loaded:
+        trip = loaded["metrics"]["round trip"]
+        print(f"  hetmesh's own round trip meanwhile: p50 {trip['p50_us']:.1f} us, "
+              f"p99 {trip['p99_us']:.1f} us (copy engines, no SMs)")

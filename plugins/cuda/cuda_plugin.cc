@@ -236,13 +236,16 @@ Event& event_of(hm_event handle) {
 }
 
 // Polls `query` (a CUresult-returning callable) until it stops answering CUDA_ERROR_NOT_READY or
-// `timeout_ns` passes: yields first, then sleeps in doubling steps up to 100 us.
+// `timeout_ns` passes. Copies and kernels a comm thread waits for take microseconds, and a sleep
+// costs at least the timer slack (50 us by default), so it spins (yielding) for kSpin first and
+// only then sleeps, in doubling steps up to 100 us.
 template <typename Query>
 void poll_until_done(Query query, uint64_t timeout_ns, const char* call, const char* what) {
   using Clock = std::chrono::steady_clock;
+  constexpr uint64_t kSpinNs = 200'000;
   const Clock::time_point start = Clock::now();
   uint64_t sleep_ns = 1000;
-  for (unsigned polls = 0;; ++polls) {
+  for (;;) {
     CUresult result = query();
     if (result == CUDA_SUCCESS) return;
     if (result != CUDA_ERROR_NOT_READY) check(result, call);
@@ -251,7 +254,7 @@ void poll_until_done(Query query, uint64_t timeout_ns, const char* call, const c
     if (elapsed >= timeout_ns)
       fail(HM_ERR_TIMEOUT, "%s still pending after %llu ns", what,
            static_cast<unsigned long long>(timeout_ns));
-    if (polls < 64) {
+    if (elapsed < kSpinNs) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(

@@ -237,11 +237,12 @@ int main(int argc, char** argv) {
     Percentiles alone = percentiles(compute.run(o.kernels));
     Pair pair(o);
     std::atomic<bool> stop{false};
-    std::atomic<long> trips{0};
+    std::vector<double> trips;  // NCCL's own round trips while the kernel runs
     std::thread traffic([&] {
       while (!stop.load()) {
+        double start = now_us();
         pair.nccl_round_trip();
-        trips.fetch_add(1);
+        trips.push_back(now_us() - start);
       }
     });
     Percentiles loaded = percentiles(compute.run(o.kernels));
@@ -249,7 +250,8 @@ int main(int argc, char** argv) {
     traffic.join();
     print_percentiles("compute_alone", alone, "ms");
     print_percentiles("compute_with_nccl", loaded, "ms");
-    std::printf("  \"nccl_round_trips_during\": %ld,\n", trips.load());
+    std::printf("  \"nccl_round_trips_during\": %zu,\n", trips.size());
+    print_percentiles("nccl_round_trip_during_compute", percentiles(trips), "us");
     std::printf("  \"nccl_slowdown_percent\": %.2f\n", (loaded.p50 / alone.p50 - 1) * 100);
   } else {
     Compute compute(o.f);
