@@ -20,6 +20,7 @@ echo "== tcp transport (baseline: memcpy)"
 "$bin" bench transport --transport tcp --sizes 8 4K 64K 1M 2M --json "$out/transport-tcp.json"
 echo "== AFD round trip, StepMesh's 2A2F shape, cpu plugin over ipc (baseline: memcpy)"
 (cd "$out" && "$bin" bench afd --json afd-2a2f-ipc.json)
+# ib_write_bw runs with our window as its queue depth (-t), right after our figure for each size.
 echo "== verbs transport on soft-RoCE inside the VM (baselines: ib_write_bw, ib_write_lat)"
 bash ci/rxe-vm.sh --timeout 1800 --rw "$PWD" -- "$bin" bench transport --transport verbs \
   --sizes 8 64K 1M 1835008 --iterations 50 --json "$PWD/$out/transport-verbs.json"

@@ -1,14 +1,18 @@
 // One suite for every transport (ipc, tcp, verbs), run with real processes: this binary re-runs
 // itself as the peer (--peer), which echoes every write it is notified of back into our region.
 // Memory kinds: cpu memory (host-addressable) and asic_stub device memory (not host-addressable,
-// which forces the staging paths), in every combination across the two processes.
+// which forces the staging paths), in every combination across the two processes. The verbs
+// registration fallback order has its own cases (VerbsRegistrationFallbackTest).
+#include <hetmesh/rdma_info.hpp>
 #include <hetmesh/subprocess.hpp>
 #include <hetmesh/transport.hpp>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -115,9 +119,15 @@ int run_peer(const std::string& kind, const std::string& memory) {
 struct Param {
   TransportKind kind;
   std::string local, remote;  // memory kinds: "cpu" or "asic_stub"
+  // Registration fallback steps only: the step's name and the knobs that force it, set in both
+  // processes.
+  std::string step;
+  std::vector<std::string> knobs;
 };
 
 std::string param_name(const testing::TestParamInfo<Param>& info) {
+  if (!info.param.step.empty())
+    return fmt::format("{}_{}_{}", to_string(info.param.kind), info.param.local, info.param.step);
   return fmt::format("{}_{}_to_{}", to_string(info.param.kind), info.param.local,
                      info.param.remote);
 }
@@ -140,11 +150,11 @@ class TransportTest : public testing::TestWithParam<Param> {
     peer_ = std::make_unique<ChildProcess>(std::vector<std::string>{
         self_executable(), "--peer", to_string(GetParam().kind), GetParam().remote});
     auto endpoint = unhex(after(peer_->read_line(kWait), "ENDPOINT"));
-    auto region = unhex(after(peer_->read_line(kWait), "REGION"));
+    peer_region_ = unhex(after(peer_->read_line(kWait), "REGION"));
     peer_->write("ENDPOINT " + hex(local_->transport->endpoint()) + "\nREGION " +
                  hex(local_->region->describe()) + "\n");
     connection_ = local_->transport->connect(endpoint, kWait);
-    remote_ = connection_->import_region(region);
+    remote_ = connection_->import_region(peer_region_);
     fill_sources();
   }
 
@@ -217,6 +227,7 @@ class TransportTest : public testing::TestWithParam<Param> {
   std::unique_ptr<ChildProcess> peer_;
   std::shared_ptr<Connection> connection_;
   std::shared_ptr<RemoteRegion> remote_;
+  RegionDescriptor peer_region_;
   std::vector<uint8_t> expected_;
   std::vector<TransportEvent> events_;
   std::vector<uint32_t> notified_;
@@ -344,6 +355,108 @@ TEST_P(TransportTest, RegistrationPathFollowsTheMemory) {
       break;
   }
 }
+
+// The verbs registration fallback order, a step at a time: host memory takes plain ibv_reg_mr;
+// memory the host cannot address (asic_stub's) tries dma-buf when the provider supports it, then
+// peermem when nvidia_peermem is loaded, then pinned host staging. Each step is forced by knobs
+// that switch the steps before it off (or, for peermem, pretend it is loaded), in both processes;
+// the test checks the path recorded for our region and the peer's, why, and that data still
+// arrives intact both ways. On rxe (no dma-buf MRs: its fd -1 probe does not answer EBADF; no
+// nvidia_peermem) device memory always ends in staging, by each of the routes.
+class VerbsRegistrationFallbackTest : public TransportTest {
+ protected:
+  void SetUp() override {
+    for (const std::string& knob : GetParam().knobs)
+      setenv(knob.c_str(), "1", 1);
+    TransportTest::SetUp();
+  }
+  void TearDown() override {
+    TransportTest::TearDown();
+    for (const std::string& knob : GetParam().knobs)
+      unsetenv(knob.c_str());
+  }
+  bool knob(const char* name) const {
+    const auto& knobs = GetParam().knobs;
+    return std::find(knobs.begin(), knobs.end(), name) != knobs.end();
+  }
+};
+
+// What the RDMA device the verbs transport opens (the first with an active port) offers.
+RdmaDeviceInfo verbs_device() {
+  for (const RdmaDeviceInfo& d : list_rdma_devices())
+    if (d.error.empty() && d.port_state == "ACTIVE") return d;
+  return {};
+}
+
+TEST_P(VerbsRegistrationFallbackTest, PathAndDataAtEachStep) {
+  const Param& p = GetParam();
+  RdmaDeviceInfo rdma = verbs_device();
+  const Region& region = *local_->region;
+  const std::string& why = region.path_reason();
+  auto position = [&](const std::string& text) {
+    size_t at = why.find(text);
+    EXPECT_NE(at, std::string::npos) << "'" << text << "' is not in the reason: " << why;
+    return at;
+  };
+  RegistrationPath expected;
+  if (p.local == "cpu") {
+    expected = RegistrationPath::host;
+    position("ibv_reg_mr");
+  } else {
+    bool dmabuf = !knob("HETMESH_VERBS_DISABLE_DMABUF") && rdma.dmabuf_supported &&
+                  local_->device.has(HM_CAP_DMABUF_EXPORT);
+    bool peermem = !knob("HETMESH_VERBS_DISABLE_PEERMEM") &&
+                   (rdma.peermem_present || knob("HETMESH_VERBS_ASSUME_PEERMEM"));
+    expected = dmabuf ? RegistrationPath::dmabuf : RegistrationPath::staging;
+    if (!dmabuf) {
+      // Each step passed over says why, in the order tried.
+      size_t dmabuf_at =
+          knob("HETMESH_VERBS_DISABLE_DMABUF")
+              ? position("disabled by HETMESH_VERBS_DISABLE_DMABUF")
+              : position(rdma.dmabuf_supported ? "cannot export" : "dma-buf unsupported");
+      size_t peermem_at = position("peermem: ");
+      if (knob("HETMESH_VERBS_DISABLE_PEERMEM"))
+        position("disabled by HETMESH_VERBS_DISABLE_PEERMEM");
+      // asic_stub memory is PROT_NONE host pages that no peer-memory client claims: ibv_reg_mr
+      // refuses it, with or without nvidia_peermem, and staging follows.
+      if (peermem) position("peermem: ibv_reg_mr failed");
+      size_t staging_at = position("staging through");
+      EXPECT_LT(dmabuf_at, peermem_at) << why;
+      EXPECT_LT(peermem_at, staging_at) << why;
+    }
+  }
+  EXPECT_EQ(region.path(), expected) << to_string(region.path()) << ": " << why;
+  // The peer took the same steps with the same knobs.
+  std::string peer(peer_region_.begin(), peer_region_.end());
+  EXPECT_NE(peer.find(fmt::format("\"path\":\"{}\"", to_string(expected))), std::string::npos)
+      << "peer region: " << peer;
+  // Data arrives intact both ways: small, unaligned, and larger than a page at odd offsets.
+  for (uint32_t value = 0; value < 5; ++value) {
+    write(value);
+    await_notification(value);
+    expect_echo(value);
+  }
+}
+
+std::vector<Param> fallback_steps() {
+  const TransportKind v = TransportKind::verbs;
+  return {{v, "cpu", "cpu", "host_memory", {}},
+          {v, "asic_stub", "asic_stub", "natural_order", {}},
+          {v, "asic_stub", "asic_stub", "dmabuf_off", {"HETMESH_VERBS_DISABLE_DMABUF"}},
+          {v,
+           "asic_stub",
+           "asic_stub",
+           "dmabuf_off_peermem_tried",
+           {"HETMESH_VERBS_DISABLE_DMABUF", "HETMESH_VERBS_ASSUME_PEERMEM"}},
+          {v,
+           "asic_stub",
+           "asic_stub",
+           "dmabuf_and_peermem_off",
+           {"HETMESH_VERBS_DISABLE_DMABUF", "HETMESH_VERBS_DISABLE_PEERMEM"}}};
+}
+
+INSTANTIATE_TEST_SUITE_P(RegistrationFallback, VerbsRegistrationFallbackTest,
+                         testing::ValuesIn(fallback_steps()), param_name);
 
 std::vector<Param> all_params() {
   std::vector<Param> params;

@@ -22,13 +22,13 @@
 #include "staging.hpp"
 
 #include <hetmesh/log.hpp>
+#include <hetmesh/transport_selection.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -44,15 +44,6 @@ constexpr std::chrono::milliseconds kActiveWindow{2};
 constexpr int kHitsToSpin = 768;
 // What a sleep and a wake-up add to a wait, roughly, on a small virtual machine.
 constexpr std::chrono::microseconds kWakeSlack{50};
-
-// "<hostname>/<boot id>": equal only for processes of one running kernel on one machine.
-std::string host_identity() {
-  std::string boot_id;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return fmt::format("{}/{}", name, boot_id.empty() ? "unknown-boot" : boot_id);
-}
 
 std::string to_hex(const hm_ipc_handle& handle) {
   std::string text;
@@ -237,7 +228,7 @@ class IpcTransport : public Transport {
   static std::shared_ptr<IpcShared> make_shared_state() {
     auto shared = std::make_shared<IpcShared>();
     shared->id = new_endpoint_id();
-    shared->host = host_identity();
+    shared->host = node_identity();
     return shared;
   }
 

@@ -315,13 +315,28 @@ std::shared_ptr<VerbsContext> VerbsContext::open(const TransportOptions& options
                             self->name_, l.send_depth, l.recv_depth, std::strerror(errno)));
   l.max_inline = static_cast<uint32_t>(inline_size);
   self->dmabuf_supported_ = probe_dmabuf(self->pd_, &self->dmabuf_detail_);
-  if (const char* off = std::getenv("HETMESH_VERBS_DISABLE_DMABUF"); off && *off && *off != '0') {
+  self->peermem_ = peermem_present();
+  self->peermem_detail_ =
+      self->peermem_ ? "/sys/module/nvidia_peermem exists" : "/sys/module/nvidia_peermem absent";
+  // Knobs that walk the registration fallback order on any machine (the fallback tests): switch
+  // the dma-buf or peermem step off, or pretend nvidia_peermem is loaded so that ibv_reg_mr on
+  // device memory is tried (and fails where no peer-memory client backs it).
+  auto knob = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0' && *value != '0';
+  };
+  if (knob("HETMESH_VERBS_DISABLE_DMABUF")) {
     self->dmabuf_supported_ = false;
     self->dmabuf_detail_ += "; disabled by HETMESH_VERBS_DISABLE_DMABUF";
   }
-  self->peermem_ = peermem_present();
-  if (const char* off = std::getenv("HETMESH_VERBS_DISABLE_PEERMEM"); off && *off && *off != '0')
+  if (knob("HETMESH_VERBS_ASSUME_PEERMEM")) {
+    self->peermem_ = true;
+    self->peermem_detail_ += "; assumed loaded by HETMESH_VERBS_ASSUME_PEERMEM";
+  }
+  if (knob("HETMESH_VERBS_DISABLE_PEERMEM")) {
     self->peermem_ = false;
+    self->peermem_detail_ += "; disabled by HETMESH_VERBS_DISABLE_PEERMEM";
+  }
   log(LogLevel::info, "verbs: {}", self->summary());
   return self;
 }
@@ -336,13 +351,13 @@ std::string VerbsContext::summary() const {
   const VerbsLimits& l = limits_;
   return fmt::format(
       "{} port {} ({}, {} {}, MTU {}); max_qp_wr {}, max_sge {}, max_inline {}, max_mr_size {:#x}, "
-      "max_msg_sz {}, queue depths {}/{}; dma-buf: {} ({}); peermem: {}",
+      "max_msg_sz {}, queue depths {}/{}; dma-buf: {} ({}); peermem: {} ({})",
       name_, port_, ethernet_ ? "Ethernet/RoCE" : "InfiniBand",
       ethernet_ ? "GID" : fmt::format("LID {}, GID", lid_),
       fmt::format("{} {}", gid_index_, gid_text(gid_)), mtu_bytes(l.active_mtu), l.max_qp_wr,
       l.max_sge, l.max_inline, l.max_mr_size, l.max_msg_sz, l.send_depth, l.recv_depth,
       dmabuf_supported_ ? "supported" : "unsupported", dmabuf_detail_,
-      peermem_ ? "nvidia_peermem loaded" : "absent");
+      peermem_ ? "usable" : "unusable", peermem_detail_);
 }
 
 }  // namespace hetmesh::detail

@@ -71,6 +71,7 @@ class VerbsContext {
   bool dmabuf_supported() const { return dmabuf_supported_; }
   const std::string& dmabuf_detail() const { return dmabuf_detail_; }
   bool peermem() const { return peermem_; }
+  const std::string& peermem_detail() const { return peermem_detail_; }
   // One line for logs: device, port, link layer, GID, limits, registration paths.
   std::string summary() const;
 
@@ -88,6 +89,7 @@ class VerbsContext {
   bool dmabuf_supported_ = false;
   std::string dmabuf_detail_;
   bool peermem_ = false;
+  std::string peermem_detail_;
 };
 
 }  // namespace hetmesh::detail

@@ -131,7 +131,7 @@ std::shared_ptr<Registration> RegistrationCache::make(const Device& device, void
   }
   // (2) peermem.
   if (!context_->peermem()) {
-    tried.push_back("peermem: /sys/module/nvidia_peermem absent");
+    tried.push_back(fmt::format("peermem: unusable ({})", context_->peermem_detail()));
   } else {
     r->mr_ = ibv_reg_mr(pd, ptr, size, kAccess);
     if (r->mr_ != nullptr) {

@@ -2,17 +2,27 @@
 
 namespace hetmesh::afd {
 
-TransportKind single_host_transport(const JobConfig& c) {
+TransportSelection single_host_transport_choice(const JobConfig& c) {
+  std::optional<TransportKind> forced;
   switch (c.transport.kind) {
-    case TransportChoice::tcp:
-      return TransportKind::tcp;
-    case TransportChoice::verbs:
-      return TransportKind::verbs;
-    case TransportChoice::ipc:
     case TransportChoice::automatic:
-      return TransportKind::ipc;
+      break;
+    case TransportChoice::ipc:
+      forced = TransportKind::ipc;
+      break;
+    case TransportChoice::tcp:
+      forced = TransportKind::tcp;
+      break;
+    case TransportChoice::verbs:
+      forced = TransportKind::verbs;
+      break;
   }
-  return TransportKind::tcp;
+  // Every instance of a single-host job is a process of this host, so its peers share the node.
+  return choose_transport(forced, /*same_node=*/true, c.transport.rdma_device);
+}
+
+TransportKind single_host_transport(const JobConfig& c) {
+  return single_host_transport_choice(c).kind;
 }
 
 EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {

@@ -35,6 +35,7 @@ struct BenchOptions {
   int iterations = 300;
   int window = 8;
   std::string json;
+  bool busy_poll = false;  // verbs: the completion poller never sleeps
   bool peer = false;
 };
 
@@ -85,10 +86,11 @@ struct End {
   Buffer memory;
   std::unique_ptr<Transport> transport;
   std::shared_ptr<Region> region;
-  End(const std::string& kind, const std::string& selector, uint64_t size)
+  End(const BenchOptions& o, const std::string& selector, uint64_t size)
       : device(PluginRegistry::load().device(selector)), memory(device.allocate(size)) {
     TransportOptions options;
-    options.kind = parse_transport_kind(kind);
+    options.kind = parse_transport_kind(o.transport);
+    options.busy_poll = o.busy_poll;
     transport = Transport::create(options);
     region = transport->register_memory(device, memory.data(), size);
   }
@@ -117,7 +119,7 @@ void pump(Transport& transport, std::vector<TransportEvent>& events, Done done) 
 }
 
 int run_peer(const BenchOptions& o, uint64_t region_size) {
-  End end(o.transport, o.memory + ":0", region_size);
+  End end(o, o.memory + ":0", region_size);
   std::cout << "ENDPOINT " << hex(end.transport->endpoint()) << "\nREGION "
             << hex(end.region->describe()) << std::endl;
   std::string endpoint, region;
@@ -125,25 +127,41 @@ int run_peer(const BenchOptions& o, uint64_t region_size) {
   auto connection = end.transport->connect(unhex(endpoint.substr(9)), kWait);
   auto target = connection->import_region(unhex(region.substr(7)));
   uint64_t counted = 0;
+  // "count N": answer once N bandwidth writes were notified (or after kWait with what arrived).
+  // Control messages and notifications may travel on different channels (verbs: a socket and the
+  // queue pair), so the request can overtake the last notifications.
+  uint64_t awaited = 0;  // 0: no count asked for
+  Clock::time_point awaited_since;
   std::vector<TransportEvent> events;
   for (;;) {
     events.clear();
-    end.transport->poll(events, std::chrono::seconds(1));
+    end.transport->poll(events, std::chrono::milliseconds(awaited > 0 ? 10 : 1000));
     for (const auto& e : events) {
       if (e.type == TransportEvent::Type::peer_lost) return 0;
       if (e.type == TransportEvent::Type::notification && (e.value & kLatencyTag)) {
         uint64_t size = e.value & ~kLatencyTag;
         connection->write(*end.region, 0, *target, 0, size, e.value, 0);
       } else if (e.type == TransportEvent::Type::notification && (e.value & kBandwidthTag)) {
+        if ((e.value & ~kBandwidthTag) != counted)
+          fmt::print(stderr, "bench peer: bandwidth write {} notified as number {}\n",
+                     e.value & ~kBandwidthTag, counted);
         ++counted;
       } else if (e.type == TransportEvent::Type::control) {
         std::string text(e.payload.begin(), e.payload.end());
         if (text == "exit") return 0;
-        if (text == "count") {
-          send_text(*connection, fmt::format("{}", counted));
-          counted = 0;
+        if (text.rfind("count ", 0) == 0) {
+          awaited = std::max<uint64_t>(std::stoull(text.substr(6)), 1);
+          awaited_since = Clock::now();
         }
       }
+    }
+    if (awaited > 0 && (counted >= awaited || Clock::now() - awaited_since > kWait)) {
+      if (counted < awaited)
+        fmt::print(stderr, "bench peer: {} of {} bandwidth writes notified after {} s\n", counted,
+                   awaited, kWait.count());
+      send_text(*connection, fmt::format("{}", counted));
+      counted = 0;
+      awaited = 0;
     }
   }
 }
@@ -154,6 +172,7 @@ struct Row {
   double memcpy_p50_us, memcpy_gbps;
   double tool_gbps = 0;  // the transport's own baseline tool (ucx_perftest, ib_write_bw); 0 = none
   double tool_lat_us = 0;  // ib_write_lat typical one-way latency; 0 = none
+  int count = 0;           // writes in the bandwidth stream
 };
 
 std::string find_on_path(const char* program) {
@@ -177,20 +196,52 @@ std::pair<std::string, int> rdma_device() {
   return {"", 0};
 }
 
+// Whether something listens on TCP `port` (any address), from /proc/net/tcp and tcp6.
+bool tcp_listening(uint16_t port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      size_t colon = local.rfind(':');
+      if (state == "0A" && colon != std::string::npos &&
+          std::stoul(local.substr(colon + 1), nullptr, 16) == port)
+        return true;
+    }
+  }
+  return false;
+}
+
 // Runs a perftest server and client pair on the same RDMA device and returns the client's output.
+// The client starts once the server listens (program starts are slow under emulation), and is
+// retried once if it still fails while the server waits.
 std::string run_perftest(const char* tool, const std::vector<std::string>& extra) {
   std::string path = find_on_path(tool);
   auto [device, gid] = rdma_device();
   if (path.empty() || device.empty()) return {};
-  std::string port = std::to_string(21000 + (getpid() % 20000));
-  std::vector<std::string> args = {path, "-d", device, "-x", std::to_string(gid), "-F", "-p", port};
+  auto port = static_cast<uint16_t>(21000 + (getpid() % 20000));
+  std::vector<std::string> args = {
+      path, "-d", device, "-x", std::to_string(gid), "-F", "-p", std::to_string(port)};
   args.insert(args.end(), extra.begin(), extra.end());
   try {
     ChildProcess server(args);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // slow to listen under emulation
+    auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (!tcp_listening(port) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     args.push_back("127.0.0.1");
-    ProcessResult client = run_process(args, std::chrono::seconds(300));
+    ProcessResult client;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      client = run_process(args, std::chrono::seconds(300));
+      if (client.exit_code == 0 || !tcp_listening(port)) break;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     server.wait(std::chrono::seconds(30));
+    if (client.exit_code != 0)
+      fmt::print(stderr, "hetmesh bench: {} failed ({}): {}\n", tool, client.describe(),
+                 client.err);
     return client.exit_code == 0 ? client.out : std::string();
   } catch (const Error&) {
     return {};
@@ -213,10 +264,12 @@ std::vector<double> perftest_row(const std::string& output, uint64_t size) {
 }
 
 // ib_write_bw and ib_write_lat on the same RDMA device: the ceiling for the verbs transport.
-void measure_perftest(Row& row, int iterations) {
+// ib_write_bw keeps `window` writes in flight (-t), as the transport's stream does.
+void measure_perftest(Row& row, int iterations, int window) {
   std::string size = std::to_string(row.size), n = std::to_string(iterations);
   // #bytes #iterations BW-peak[MB/sec] BW-average[MB/sec] MsgRate[Mpps]
-  auto bw = perftest_row(run_perftest("ib_write_bw", {"-s", size, "-n", n}), row.size);
+  auto bw = perftest_row(
+      run_perftest("ib_write_bw", {"-s", size, "-n", n, "-t", std::to_string(window)}), row.size);
   if (!bw.empty()) row.tool_gbps = bw[3] * 1.048576e-3;  // MiB/s to GB/s
   // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
   auto lat = perftest_row(run_perftest("ib_write_lat", {"-s", size, "-n", n}), row.size);
@@ -277,14 +330,17 @@ void run_bench(const BenchOptions& o) {
   if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
   std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
 
-  End end(o.transport, o.memory + ":0", max_size);
-  ChildProcess peer({self_executable(), "bench", "transport", "--peer", "--transport", o.transport,
-                     "--memory", peer_memory, "--sizes", human(max_size)});
+  auto end = std::make_unique<End>(o, o.memory + ":0", max_size);
+  std::vector<std::string> peer_args = {self_executable(), "bench",        "transport", "--peer",
+                                        "--transport",     o.transport,    "--memory",  peer_memory,
+                                        "--sizes",         human(max_size)};
+  if (o.busy_poll) peer_args.push_back("--busy-poll");
+  ChildProcess peer(peer_args);
   auto peer_endpoint = unhex(peer.read_line(kWait).substr(9));
   auto peer_region = unhex(peer.read_line(kWait).substr(7));
-  peer.write("ENDPOINT " + hex(end.transport->endpoint()) + "\nREGION " +
-             hex(end.region->describe()) + "\n");
-  auto connection = end.transport->connect(peer_endpoint, kWait);
+  peer.write("ENDPOINT " + hex(end->transport->endpoint()) + "\nREGION " +
+             hex(end->region->describe()) + "\n");
+  auto connection = end->transport->connect(peer_endpoint, kWait);
   auto target = connection->import_region(peer_region);
 
   // Same-node transports are also compared with UCX over shared memory, when it is installed.
@@ -298,8 +354,8 @@ void run_bench(const BenchOptions& o) {
     uint32_t tag = kLatencyTag | static_cast<uint32_t>(size);
     for (int i = 0; i < o.iterations + 10; ++i) {
       auto t0 = Clock::now();
-      connection->write(*end.region, 0, *target, 0, size, tag, 0);
-      pump(*end.transport, events, [&](const TransportEvent& e) {
+      connection->write(*end->region, 0, *target, 0, size, tag, 0);
+      pump(*end->transport, events, [&](const TransportEvent& e) {
         return e.type == TransportEvent::Type::notification && e.value == tag;
       });
       auto t1 = Clock::now();
@@ -315,16 +371,17 @@ void run_bench(const BenchOptions& o) {
     auto t0 = Clock::now();
     for (int i = 0; i < count; ++i) {
       while (in_flight >= o.window)
-        pump(*end.transport, events, [&](const TransportEvent& e) {
+        pump(*end->transport, events, [&](const TransportEvent& e) {
           if (e.type == TransportEvent::Type::write_done) --in_flight;
           return in_flight < o.window;
         });
-      connection->write(*end.region, 0, *target, 0, size, kBandwidthTag, 0);
+      connection->write(*end->region, 0, *target, 0, size, kBandwidthTag | static_cast<uint32_t>(i),
+                        0);
       ++in_flight;
     }
-    send_text(*connection, "count");
+    send_text(*connection, fmt::format("count {}", count));
     std::string counted;
-    pump(*end.transport, events, [&](const TransportEvent& e) {
+    pump(*end->transport, events, [&](const TransportEvent& e) {
       if (e.type == TransportEvent::Type::control)
         counted.assign(e.payload.begin(), e.payload.end());
       return !counted.empty();
@@ -339,24 +396,41 @@ void run_bench(const BenchOptions& o) {
     measure_memcpy(row, o.iterations);
     if (!ucx_perftest.empty() && size >= 4096)
       row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(count, 200));
-    if (o.transport == "verbs") measure_perftest(row, std::max(count, 200));
+    row.count = count;
+    // perftest right after our stream of the same size, so that load on a shared host drifts as
+    // little as possible between the two; our completion pollers sleep meanwhile.
+    if (o.transport == "verbs" && !o.busy_poll)
+      measure_perftest(row, std::max(count, 200), o.window);
     rows.push_back(row);
   }
   send_text(*connection, "exit");
   peer.wait(std::chrono::seconds(10));
+  // Spinning pollers would take the CPUs perftest needs: with --busy-poll, perftest runs once our
+  // transport and its threads are gone.
+  if (o.transport == "verbs" && o.busy_poll) {
+    target.reset();
+    connection.reset();
+    end.reset();
+    for (Row& row : rows)
+      measure_perftest(row, std::max(row.count, 200), o.window);
+  }
 
   fmt::print(
       "hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
-      "window {}\n",
-      o.transport, o.memory, peer_memory, o.iterations, o.window);
+      "window {}{}\n",
+      o.transport, o.memory, peer_memory, o.iterations, o.window,
+      o.transport != "verbs" ? ""
+      : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
+                             : " (ib_write_bw -t too), adaptive poller");
   const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
   fmt::print("{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>9} {:>9} {:>12}\n", "size",
              "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
              fmt::format("{} GB/s", tool), fmt::format("{} ratio", tool),
              o.transport == "verbs" ? "ib_lat us" : "");
-  nlohmann::json out = {{"transport", o.transport},   {"memory", o.memory},
-                        {"peer_memory", peer_memory}, {"iterations", o.iterations},
-                        {"window", o.window},         {"rows", nlohmann::json::array()}};
+  nlohmann::json out = {
+      {"transport", o.transport},       {"memory", o.memory}, {"peer_memory", peer_memory},
+      {"iterations", o.iterations},     {"window", o.window}, {"busy_poll", o.busy_poll},
+      {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
     double ratio = r.bandwidth_gbps / r.memcpy_gbps;
     std::string baseline = r.tool_gbps > 0 ? fmt::format("{:>9.3f} {:>9.2f}", r.tool_gbps,
@@ -403,6 +477,8 @@ void add_bench_transport_command(CLI::App& bench) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--json", o->json, "also write the results here");
+  cmd->add_flag("--busy-poll", o->busy_poll,
+                "verbs: the completion pollers of both ends spin instead of sleeping");
   cmd->add_flag("--peer", o->peer, "internal: run as the benchmark's peer")->group("");
   cmd->callback([o] {
     if (o->peer) {

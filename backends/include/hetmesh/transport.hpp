@@ -70,18 +70,27 @@ class Region {
   void* base() const { return base_; }
   uint64_t size() const { return size_; }
   RegistrationPath path() const { return path_; }
+  // Why this path, in words: for verbs, each path tried before it and why it was passed over
+  // ("dma-buf unsupported (...); peermem: ... absent; staging through ..."). May be empty.
+  const std::string& path_reason() const { return path_reason_; }
   // What a peer passes to Connection::import_region.
   virtual RegionDescriptor describe() const = 0;
 
  protected:
-  Region(Device device, void* base, uint64_t size, RegistrationPath path)
-      : device_(std::move(device)), base_(base), size_(size), path_(path) {}
+  Region(Device device, void* base, uint64_t size, RegistrationPath path,
+         std::string path_reason = {})
+      : device_(std::move(device)),
+        base_(base),
+        size_(size),
+        path_(path),
+        path_reason_(std::move(path_reason)) {}
 
  private:
   Device device_;
   void* base_;
   uint64_t size_;
   RegistrationPath path_;
+  std::string path_reason_;
 };
 
 // A peer's region, imported on one connection.

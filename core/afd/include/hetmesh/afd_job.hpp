@@ -4,11 +4,14 @@
 
 #include <hetmesh/afd.hpp>
 #include <hetmesh/config.hpp>
+#include <hetmesh/transport_selection.hpp>
 
 namespace hetmesh::afd {
 
-// The transport a single-host job uses: `auto` resolves to ipc, since every instance shares the
-// host. Multi-host jobs name their transport.
+// The transport a single-host job uses, chosen by choose_transport (transport_selection.hpp),
+// which logs why: `auto` resolves to ipc, since every instance shares the node; a config that
+// names a transport gets it.
+TransportSelection single_host_transport_choice(const JobConfig& config);
 TransportKind single_host_transport(const JobConfig& config);
 
 EngineSpec engine_spec(const JobConfig& config, Role role, int rank);

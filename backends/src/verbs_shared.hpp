@@ -1,0 +1,151 @@
+// State of one verbs transport shared by its regions, its connections (links) and its threads:
+// the device context, the event queue, the registered regions (which staged writes land in), the
+// links the completion poller serves and the queue of the delivery thread.
+#pragma once
+
+#include "descriptor.hpp"
+#include "event_queue.hpp"
+#include "socket_link.hpp"
+#include "verbs_device.hpp"
+#include "verbs_memory.hpp"
+
+#include <hetmesh/log.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace hetmesh::detail {
+
+class VerbsLink;
+class VerbsRegion;
+
+// A receive-side event that must keep its order: a notification, or a staged copy (and maybe a
+// notification after it).
+struct VerbsDelivery {
+  std::shared_ptr<VerbsLink> link;
+  std::shared_ptr<VerbsRegion> region;  // staged copy when set
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool notify = false;
+  uint32_t value = 0;
+};
+
+struct VerbsShared {
+  VerbsShared(std::shared_ptr<VerbsContext> verbs, const TransportOptions& transport_options)
+      : id(new_endpoint_id()), context(verbs), options(transport_options), cache(verbs) {}
+  ~VerbsShared() {
+    if (channel != nullptr && ibv_destroy_comp_channel(channel) != 0)
+      log(LogLevel::warn, "verbs: ibv_destroy_comp_channel failed: {}", std::strerror(errno));
+  }
+  VerbsShared(const VerbsShared&) = delete;
+  VerbsShared& operator=(const VerbsShared&) = delete;
+
+  void wake_poller() const {
+    uint64_t one = 1;
+    // Fails only when the counter is saturated, and then the poller is awake anyway.
+    [[maybe_unused]] ssize_t n = write(wake.get(), &one, sizeof one);
+  }
+  void add_link(std::shared_ptr<VerbsLink> link) {
+    {
+      std::lock_guard lock(links_mutex);
+      links.push_back(std::move(link));
+      ++links_version;
+    }
+    wake_poller();
+  }
+  void remove_link(const VerbsLink* link) {
+    {
+      std::lock_guard lock(links_mutex);
+      std::erase_if(links, [&](const auto& l) { return l.get() == link; });
+      ++links_version;
+    }
+    wake_poller();
+  }
+  // Raises a notification at once when nothing is queued ahead of it, else queues it (and any
+  // staged copy) for the delivery thread (verbs_progress.cc).
+  void deliver(VerbsDelivery delivery);
+
+  std::string id;
+  std::shared_ptr<VerbsContext> context;
+  TransportOptions options;
+  EventQueue events;
+  RegistrationCache cache;
+  ibv_comp_channel* channel = nullptr;
+  Fd wake;  // eventfd that wakes a blocked poller
+
+  std::mutex regions_mutex;
+  std::map<uint32_t, std::weak_ptr<VerbsRegion>> regions;
+  uint32_t next_region = 1;
+
+  std::mutex links_mutex;
+  std::vector<std::shared_ptr<VerbsLink>> links;  // what the poller serves
+  std::atomic<uint64_t> links_version{0};
+
+  std::mutex delivery_mutex;
+  std::condition_variable delivery_ready;
+  std::deque<VerbsDelivery> deliveries;
+  size_t delivery_pending = 0;  // queued plus the one being executed
+  bool delivery_stopping = false;
+};
+
+class VerbsRegion : public Region {
+ public:
+  VerbsRegion(std::shared_ptr<VerbsShared> shared, uint32_t id, const Device& device, void* base,
+              uint64_t size, std::shared_ptr<Registration> registration)
+      : Region(device, base, size, registration->path(), registration->reason()),
+        shared_(std::move(shared)),
+        id_(id),
+        registration_(std::move(registration)) {}
+  ~VerbsRegion() override {
+    std::lock_guard lock(shared_->regions_mutex);
+    shared_->regions.erase(id_);
+  }
+  RegionDescriptor describe() const override {
+    return to_bytes({{"transport", "verbs"},
+                     {"endpoint", shared_->id},
+                     {"region", id_},
+                     {"size", size()},
+                     {"addr", registration_->remote_address()},
+                     {"rkey", registration_->rkey()},
+                     {"path", to_string(path())},
+                     {"staged", registration_->staged()}});
+  }
+  uint32_t id() const { return id_; }
+  const VerbsShared* owner() const { return shared_.get(); }
+  Registration& registration() const { return *registration_; }
+
+ private:
+  std::shared_ptr<VerbsShared> shared_;
+  uint32_t id_;
+  std::shared_ptr<Registration> registration_;
+};
+
+// A peer's region, as its descriptor said: where to write and with which key.
+class VerbsRemoteRegion : public RemoteRegion {
+ public:
+  VerbsRemoteRegion(std::string owner, uint32_t region_id, uint64_t size, uint64_t address,
+                    uint32_t remote_key, bool is_staged)
+      : RemoteRegion(size),
+        endpoint(std::move(owner)),
+        id(region_id),
+        addr(address),
+        rkey(remote_key),
+        staged(is_staged) {}
+  std::string endpoint;
+  uint32_t id;
+  uint64_t addr;
+  uint32_t rkey;
+  bool staged;
+};
+
+}  // namespace hetmesh::detail
