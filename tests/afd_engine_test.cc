@@ -3,6 +3,7 @@
 #include "engine_common.hpp"
 
 #include <hetmesh/afd.hpp>
+#include <hetmesh/afd_launch.hpp>
 #include <hetmesh/rendezvous.hpp>
 #include <hetmesh/subprocess.hpp>
 
@@ -285,6 +286,32 @@ INSTANTIATE_TEST_SUITE_P(
                     std::pair{"magic", "refused header: magic 12345678"},
                     std::pair{"slot", "notified slot 999, but only 2 slots exist"}),
     [](const auto& p) { return p.param.first; });
+
+TEST(AfdLaunchTest, InstancesSayWhichRanksStartHere) {
+  JobConfig c;
+  c.job.attention = 3;
+  c.job.ffn = 4;
+  LocalInstances all = parse_instances({}, c);
+  EXPECT_EQ(all.attention, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(all.ffn, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(all.everything(c));
+  LocalInstances some = parse_instances({"ffn:3,0-1", "attention:2"}, c);
+  EXPECT_EQ(some.attention, (std::vector<int>{2}));
+  EXPECT_EQ(some.ffn, (std::vector<int>{0, 1, 3}));
+  EXPECT_FALSE(some.everything(c));
+  LocalInstances role = parse_instances({"attention"}, c);
+  EXPECT_EQ(role.attention.size(), 3u);
+  EXPECT_TRUE(role.ffn.empty());
+  for (const char* bad : {"ffn:4", "attention:1-0", "ffn:x", "ffn:-1", "gpu", "ffn:1,,2"}) {
+    try {
+      parse_instances({bad}, c);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT) << bad;
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
 
 }  // namespace
 }  // namespace hetmesh::afd

@@ -10,13 +10,18 @@ namespace {
 // One micro-batch slot's round trip in progress.
 struct Pending {
   bool busy = false;  // pushed and not yet waited for (the slot's credit is taken)
-  bool posted = false;
+  int posted = 0;     // F instances whose writes have started
   uint64_t sequence = 0;
   uint32_t tokens = 0;
   AttentionEngine::Ready ready;
   int arrived = 0;
   RoundTrip trip;
   std::vector<bool> from;  // which F answered
+};
+
+// A micro-batch for one F's sender.
+struct PostJob {
+  int mb = 0;
 };
 
 }  // namespace
@@ -26,7 +31,7 @@ struct AttentionEngine::State {
   Device device;
   std::unique_ptr<Transport> transport;
   Buffer a2f_send;                         // [mb] tokens then routing
-  HostSlots a2f_headers;                   // [mb]
+  HostSlots a2f_headers;                   // [mb][f]: each F's sender stamps its own copy
   Buffer f2a_receive;                      // [mb][f]
   HostSlots f2a_headers;                   // [mb][f]
   std::optional<HostSlots> arrival_flags;  // [mb] words, when the device has stream memops
@@ -38,21 +43,23 @@ struct AttentionEngine::State {
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<Pending> pending;  // [mb]
-  std::deque<int> to_post;       // micro-batches waiting for readiness
   std::string failure;           // the first fatal error; every wait reports it
   std::vector<TransportEvent> events;
   std::unique_ptr<CommThread> comm;
+  std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
 
   State(const EngineSpec& s, const Device& d)
       : spec(s),
         device(d),
         a2f_send(d.allocate(s.a2f_slot_bytes() * s.micro_batches)),
-        a2f_headers(d, sizeof(WireHeader) * s.micro_batches),
+        a2f_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
         f2a_receive(d.allocate(s.f2a_slot_bytes() * s.micro_batches * s.ffn)),
         f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
         pending(static_cast<size_t>(s.micro_batches)) {}
 
-  WireHeader* send_header(int mb) { return reinterpret_cast<WireHeader*>(a2f_headers.data()) + mb; }
+  WireHeader* send_header(int mb, int f) {
+    return reinterpret_cast<WireHeader*>(a2f_headers.data()) + mb * spec.ffn + f;
+  }
   const WireHeader* receive_header(int mb, int f) {
     return reinterpret_cast<const WireHeader*>(f2a_headers.data()) + mb * spec.ffn + f;
   }
@@ -61,62 +68,68 @@ struct AttentionEngine::State {
   void fail(const std::string& reason) {
     {
       std::lock_guard lock(mutex);
-      if (failure.empty()) failure = reason;
+      if (!failure.empty()) return;
+      failure = reason;
     }
     log(LogLevel::error, "attention {}: {}", spec.rank, reason);
     changed.notify_all();
   }
 
-  bool is_ready(const Pending& p) {
-    if (p.ready.event != nullptr) return p.ready.event->ready();
-    if (p.ready.flag != nullptr)
-      return static_cast<int32_t>(
-                 std::atomic_ref<const uint32_t>(*static_cast<const uint32_t*>(p.ready.flag))
-                     .load(std::memory_order_acquire) -
-                 p.ready.value) >= 0;
-    return true;
-  }
-
-  // Posts micro-batch mb to every F: tokens, routing, then the header that notifies.
-  void post(int mb) {
+  // F `f`'s sender: once micro-batch mb is ready, its tokens, routing, then the header that
+  // notifies. The fields of pending[mb] read here were set by push_pull before the job was queued
+  // and stay put until every F has answered, which needs this post first.
+  void post(int f, const PostJob& job, const std::atomic<bool>& stopping) {
+    const int mb = job.mb;
     Pending& p = pending[static_cast<size_t>(mb)];
-    p.trip.ready = now_ns();
-    WireHeader* h = send_header(mb);
-    *h = WireHeader{};
-    h->magic = kWireMagic;
-    h->version = kWireVersion;
-    h->kind = static_cast<uint16_t>(MessageKind::a2f);
-    h->source = static_cast<uint32_t>(spec.rank);
-    h->micro_batch = static_cast<uint32_t>(mb);
-    h->sequence = p.sequence;
-    h->tokens = p.tokens;
-    h->hidden = spec.hidden;
-    h->top_k = spec.top_k;
-    h->payload_bytes = uint64_t{p.tokens} *
-                       (uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token());
-    h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
-    h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
-    h->stamps[kPosted] = static_cast<uint64_t>(now_ns());
-    uint64_t slot = spec.a2f_slot_bytes();
-    uint64_t token_bytes = uint64_t{p.tokens} * spec.hidden * spec.a2f_bytes;
-    uint64_t routing_bytes = uint64_t{p.tokens} * spec.routing_bytes_per_token();
-    for (Peer& f : ffn) {
+    Peer& peer = ffn[static_cast<size_t>(f)];
+    try {
+      if (!wait_ready(p.ready, stopping)) return;
+      int64_t ready_at = now_ns();
+      WireHeader* h = send_header(mb, f);
+      *h = WireHeader{};
+      h->magic = kWireMagic;
+      h->version = kWireVersion;
+      h->kind = static_cast<uint16_t>(MessageKind::a2f);
+      h->source = static_cast<uint32_t>(spec.rank);
+      h->micro_batch = static_cast<uint32_t>(mb);
+      h->sequence = p.sequence;
+      h->tokens = p.tokens;
+      h->hidden = spec.hidden;
+      h->top_k = spec.top_k;
+      h->payload_bytes = uint64_t{p.tokens} *
+                         (uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token());
+      h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
+      h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
+      int64_t posted = now_ns();
+      h->stamps[kPosted] = static_cast<uint64_t>(posted);
+      {
+        std::lock_guard lock(mutex);
+        if (!failure.empty()) return;
+        if (p.trip.ready == 0) p.trip.ready = ready_at;
+        if (p.trip.posted == 0) p.trip.posted = posted;  // the first F's
+        p.trip.ffn[static_cast<size_t>(f)].posted_at_a = posted;
+        ++p.posted;
+      }
+      uint64_t slot = spec.a2f_slot_bytes();
+      uint64_t token_bytes = uint64_t{p.tokens} * spec.hidden * spec.a2f_bytes;
+      uint64_t routing_bytes = uint64_t{p.tokens} * spec.routing_bytes_per_token();
       // F's slot for (this A, mb).
       uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
       try {
-        Connection& c = *f.connection;
-        c.write(*a2f_send_region, mb * slot, *f.regions.at("a2f_payload"), remote_slot * slot,
+        Connection& c = *peer.connection;
+        c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
                 token_bytes, std::nullopt, 0);
-        c.write(*a2f_send_region, mb * slot + routing_offset(), *f.regions.at("a2f_payload"),
+        c.write(*a2f_send_region, mb * slot + routing_offset(), *peer.regions.at("a2f_payload"),
                 remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
-        c.write(*a2f_header_region, mb * sizeof(WireHeader), *f.regions.at("a2f_headers"),
-                remote_slot * sizeof(WireHeader), sizeof(WireHeader),
-                static_cast<uint32_t>(remote_slot), 0);
+        c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),
+                *peer.regions.at("a2f_headers"), remote_slot * sizeof(WireHeader),
+                sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
       } catch (const Error& e) {
-        rethrow_for_peer(e, Role::ffn, f.rank);
+        rethrow_for_peer(e, Role::ffn, f);
       }
+    } catch (const std::exception& e) {
+      fail(e.what());
     }
-    p.trip.posted = static_cast<int64_t>(h->stamps[kPosted]);
   }
 
   void on_result(const TransportEvent& e) {
@@ -138,58 +151,43 @@ struct AttentionEngine::State {
                       spec.f2a_slot_bytes(),
                       uint64_t{spec.hidden} * spec.f2a_bytes};
     validate(h, limits, static_cast<uint32_t>(f), static_cast<uint32_t>(mb), from.c_str());
-    std::lock_guard lock(mutex);
-    Pending& p = pending[static_cast<size_t>(mb)];
-    if (!p.busy || h.sequence != p.sequence || p.from[static_cast<size_t>(f)] ||
-        h.tokens != p.tokens)
-      throw Error(kStatusProtocolError,
-                  fmt::format("{} answered micro-batch {} sequence {} ({} tokens), but A expects "
-                              "sequence {} ({} tokens{})",
-                              from, mb, h.sequence, h.tokens, p.sequence, p.tokens,
-                              p.from[static_cast<size_t>(f)] ? ", already answered" : ""));
-    p.from[static_cast<size_t>(f)] = true;
-    auto& per = p.trip.ffn[static_cast<size_t>(f)];
-    per.received_at_a = now_ns();
-    per.f_received = static_cast<int64_t>(h.stamps[kReceived]);
-    per.f_batch_ready = static_cast<int64_t>(h.stamps[kBatchReady]);
-    per.f_compute_start = static_cast<int64_t>(h.stamps[kComputeStart]);
-    per.f_compute_end = static_cast<int64_t>(h.stamps[kComputeEnd]);
-    per.f_posted = static_cast<int64_t>(h.stamps[kPosted]);
-    if (++p.arrived == spec.ffn) {
-      p.trip.completed = now_ns();
-      if (arrival_flags)
-        std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
-            .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
-      changed.notify_all();
+    int64_t now = now_ns();
+    bool complete;
+    {
+      std::lock_guard lock(mutex);
+      Pending& p = pending[static_cast<size_t>(mb)];
+      if (!p.busy || h.sequence != p.sequence || p.from[static_cast<size_t>(f)] ||
+          h.tokens != p.tokens)
+        throw Error(kStatusProtocolError,
+                    fmt::format("{} answered micro-batch {} sequence {} ({} tokens), but A expects "
+                                "sequence {} ({} tokens{})",
+                                from, mb, h.sequence, h.tokens, p.sequence, p.tokens,
+                                p.from[static_cast<size_t>(f)] ? ", already answered" : ""));
+      p.from[static_cast<size_t>(f)] = true;
+      auto& per = p.trip.ffn[static_cast<size_t>(f)];
+      per.received_at_a = now;
+      per.f_received = static_cast<int64_t>(h.stamps[kReceived]);
+      per.f_batch_ready = static_cast<int64_t>(h.stamps[kBatchReady]);
+      per.f_compute_start = static_cast<int64_t>(h.stamps[kComputeStart]);
+      per.f_compute_end = static_cast<int64_t>(h.stamps[kComputeEnd]);
+      per.f_posted = static_cast<int64_t>(h.stamps[kPosted]);
+      complete = ++p.arrived == spec.ffn;
+      if (complete) {
+        p.trip.completed = now;
+        if (arrival_flags)
+          std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
+              .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
+      }
     }
+    if (complete) changed.notify_all();
   }
 
-  // One turn of the comm thread: post what is ready, then handle transport events.
+  // One turn of the comm thread: handle what the transport reports. Posting is the senders' job,
+  // so this thread only ever waits on the transport.
   void step() {
     try {
-      {
-        std::unique_lock lock(mutex);
-        for (auto it = to_post.begin(); it != to_post.end();) {
-          if (is_ready(pending[static_cast<size_t>(*it)])) {
-            int mb = *it;
-            it = to_post.erase(it);
-            lock.unlock();
-            post(mb);
-            lock.lock();
-            pending[static_cast<size_t>(mb)].posted = true;
-          } else {
-            ++it;
-          }
-        }
-      }
       events.clear();
-      bool waiting = false;
-      {
-        std::lock_guard lock(mutex);
-        waiting = !to_post.empty();
-      }
-      transport->poll(events,
-                      waiting ? std::chrono::microseconds(0) : std::chrono::microseconds(200));
+      transport->poll(events, std::chrono::milliseconds(2));
       for (const auto& e : events) {
         switch (e.type) {
           case TransportEvent::Type::notification:
@@ -231,15 +229,27 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   s.ffn = join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn);
   for (const Peer& f : s.ffn)
     s.ffn_of_connection[f.connection->id()] = f.rank;
-  for (Pending& p : s.pending)
+  for (Pending& p : s.pending) {
     p.from.assign(static_cast<size_t>(spec.ffn), false);
+    p.trip.ffn.resize(static_cast<size_t>(spec.ffn));
+  }
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
+  for (int f = 0; f < spec.ffn; ++f)
+    s.senders.push_back(std::make_unique<PeerSender<PostJob>>(
+        static_cast<size_t>(spec.micro_batches),
+        fmt::format("attention {} to ffn {}", spec.rank, f),
+        sender_cpu(spec.comm_cpus, static_cast<size_t>(f)),
+        [&s, f](const PostJob& job, const std::atomic<bool>& stopping) {
+          s.post(f, job, stopping);
+        }));
   log(LogLevel::info, "attention {}: connected to {} ffn instance(s) over {}", spec.rank, spec.ffn,
       to_string(s.transport->kind()));
 }
 
 AttentionEngine::~AttentionEngine() {
   State& s = *state_;
+  for (auto& sender : s.senders)
+    sender->stop();
   s.comm->stop();
   static const char kLeave[] = "leave";
   for (Peer& f : s.ffn) {
@@ -282,26 +292,35 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Read
   if (tokens == 0 || tokens > s.spec.tokens)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("{} tokens do not fit the slot (1..{})", tokens, s.spec.tokens));
-  std::lock_guard lock(s.mutex);
-  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
-  Pending& p = s.pending[static_cast<size_t>(mb)];
-  if (p.busy)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("micro-batch {} is still in flight (sequence {}): wait for it first",
-                            mb, p.sequence));
-  uint64_t sequence = p.sequence + 1;
-  p = Pending{};
-  p.busy = true;
-  p.sequence = sequence;
-  p.tokens = tokens;
-  p.ready = ready;
-  p.from.assign(static_cast<size_t>(s.spec.ffn), false);
-  p.trip.micro_batch = mb;
-  p.trip.sequence = sequence;
-  p.trip.attention_start = attention_start_ns;
-  p.trip.push_start = now_ns();
-  p.trip.ffn.resize(static_cast<size_t>(s.spec.ffn));
-  s.to_post.push_back(mb);
+  uint64_t sequence;
+  {
+    std::lock_guard lock(s.mutex);
+    if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+    Pending& p = s.pending[static_cast<size_t>(mb)];
+    if (p.busy)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("micro-batch {} is still in flight (sequence {}): wait for it first",
+                              mb, p.sequence));
+    // Reset in place: the vectors keep their size, so nothing is allocated.
+    sequence = p.sequence + 1;
+    p.busy = true;
+    p.posted = 0;
+    p.sequence = sequence;
+    p.tokens = tokens;
+    p.ready = ready;
+    p.arrived = 0;
+    std::fill(p.from.begin(), p.from.end(), false);
+    std::fill(p.trip.ffn.begin(), p.trip.ffn.end(), RoundTrip::PerFfn{});
+    p.trip.micro_batch = mb;
+    p.trip.sequence = sequence;
+    p.trip.attention_start = attention_start_ns;
+    p.trip.push_start = now_ns();
+    p.trip.ready = p.trip.posted = p.trip.completed = p.trip.wait_returned = 0;
+  }
+  // Every F's sender waits for readiness itself and posts on its own: the writes to different F
+  // instances run side by side.
+  for (auto& sender : s.senders)
+    sender->push(PostJob{mb});
   return (sequence << 8) | static_cast<uint64_t>(mb);
 }
 
@@ -324,11 +343,12 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
     for (int f = 0; f < s.spec.ffn; ++f)
       if (!p.from[static_cast<size_t>(f)])
         missing += (missing.empty() ? "" : ", ") + peer_name(Role::ffn, f);
-    throw Error(HM_ERR_TIMEOUT,
-                fmt::format("attention {}: micro-batch {} (sequence {}): no answer from {} within "
-                            "{} ms{}",
-                            s.spec.rank, mb, sequence, missing, timeout.count(),
-                            p.posted ? "" : " (never posted: its readiness signal did not come)"));
+    throw Error(
+        HM_ERR_TIMEOUT,
+        fmt::format("attention {}: micro-batch {} (sequence {}): no answer from {} within "
+                    "{} ms{}",
+                    s.spec.rank, mb, sequence, missing, timeout.count(),
+                    p.posted > 0 ? "" : " (never posted: its readiness signal did not come)"));
   }
   p.busy = false;
   p.trip.wait_returned = now_ns();

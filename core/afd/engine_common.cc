@@ -6,6 +6,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+
 namespace hetmesh::afd {
 namespace {
 
@@ -105,19 +107,20 @@ std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const Publi
   return peers;
 }
 
+void pin_thread(std::thread& thread, int cpu, const char* what) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (int rc = pthread_setaffinity_np(thread.native_handle(), sizeof set, &set); rc != 0)
+    log(LogLevel::warn, "cannot pin {} to CPU {}: {}", what, cpu, std::strerror(rc));
+}
+
 CommThread::CommThread(const std::vector<int>& cpus, std::function<void()> step)
     : thread_([this, step = std::move(step)] {
         while (!stopping_.load(std::memory_order_acquire))
           step();
       }) {
-  if (!cpus.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus.front(), &set);
-    if (int rc = pthread_setaffinity_np(thread_.native_handle(), sizeof set, &set); rc != 0)
-      log(LogLevel::warn, "cannot pin the comm thread to CPU {}: {}", cpus.front(),
-          std::strerror(rc));
-  }
+  if (!cpus.empty()) pin_thread(thread_, cpus.front(), "the comm thread");
 }
 
 CommThread::~CommThread() {
@@ -127,6 +130,48 @@ CommThread::~CommThread() {
 void CommThread::stop() {
   stopping_.store(true, std::memory_order_release);
   if (thread_.joinable()) thread_.join();
+}
+
+bool wait_ready(const ReadySignal& ready, const std::atomic<bool>& stopping) {
+  // Slices short enough that a stopping engine is not held up for long.
+  constexpr auto kSlice = std::chrono::milliseconds(10);
+  if (ready.event != nullptr) {
+    while (!ready.event->ready()) {
+      if (stopping.load(std::memory_order_acquire)) return false;
+      try {
+        ready.event->synchronize(kSlice);
+      } catch (const Error& e) {
+        if (e.status() != HM_ERR_TIMEOUT) throw;
+      }
+    }
+    return true;
+  }
+  if (ready.flag != nullptr) {
+    auto reached = [&] {
+      return static_cast<int32_t>(
+                 std::atomic_ref<const uint32_t>(*static_cast<const uint32_t*>(ready.flag))
+                     .load(std::memory_order_acquire) -
+                 ready.value) >= 0;
+    };
+    // A stream writes the flag: spin briefly, then poll it with growing sleeps (up to 50 us).
+    auto spin_until = Clock::now() + std::chrono::microseconds(20);
+    auto pause = std::chrono::microseconds(1);
+    while (!reached()) {
+      if (stopping.load(std::memory_order_acquire)) return false;
+      if (Clock::now() < spin_until) {
+        cpu_relax();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(50));
+      }
+    }
+  }
+  return true;
+}
+
+int sender_cpu(const std::vector<int>& comm_cpus, size_t index) {
+  if (comm_cpus.empty()) return -1;
+  return comm_cpus[(1 + index) % comm_cpus.size()];
 }
 
 void rethrow_for_peer(const Error& e, Role role, int rank) {

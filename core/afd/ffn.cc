@@ -12,16 +12,20 @@ struct Arrival {
   uint64_t sequence = 0;    // last sequence seen in this slot
   bool waiting = false;     // arrived, not yet handed out by get_batch
   bool responding = false;  // handed out, not yet answered (the slot's credit is taken)
+  bool queued = false;      // respond() was called for it; its sender has yet to post
   uint32_t tokens = 0;
   int64_t received = 0;
   int64_t batch_ready = 0;
 };
 
-struct RespondTask {
-  Batch batch;
-  const Event* ready;
-  int64_t compute_start;
-  int64_t compute_end;
+// One A's part of a micro-batch, for that A's sender.
+struct RespondJob {
+  int mb = 0;
+  uint64_t sequence = 0;
+  uint32_t tokens = 0;
+  const Event* ready = nullptr;
+  int64_t compute_start = 0;
+  int64_t compute_end = 0;
 };
 
 }  // namespace
@@ -43,11 +47,11 @@ struct FfnEngine::State {
   std::condition_variable changed;
   std::vector<Arrival> arrivals;  // [a][mb]
   std::deque<Batch> ready_batches;
-  std::deque<RespondTask> to_respond;
   int left = 0;
   std::string failure;
   std::vector<TransportEvent> events;
   std::unique_ptr<CommThread> comm;
+  std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
 
   State(const EngineSpec& s, const Device& d)
       : spec(s),
@@ -71,7 +75,8 @@ struct FfnEngine::State {
   void fail(const std::string& reason) {
     {
       std::lock_guard lock(mutex);
-      if (failure.empty()) failure = reason;
+      if (!failure.empty()) return;
+      failure = reason;
     }
     log(LogLevel::error, "ffn {}: {}", spec.rank, reason);
     changed.notify_all();
@@ -141,61 +146,68 @@ struct FfnEngine::State {
     changed.notify_all();
   }
 
-  void respond_now(const RespondTask& task) {
-    int mb = task.batch.micro_batch;
-    for (const auto& part : task.batch.parts) {
-      size_t s = slot(part.rank, mb);
+  // A `a`'s sender: once the outputs are ready, the part's outputs, then the header that
+  // notifies. Each part goes out as soon as its own A's sender gets to it.
+  void respond_to(int a, const RespondJob& job, const std::atomic<bool>& stopping) {
+    const int mb = job.mb;
+    const size_t s = slot(a, mb);
+    try {
+      if (!wait_ready(ReadySignal{job.ready, nullptr, 0}, stopping)) return;
       WireHeader* h = reinterpret_cast<WireHeader*>(f2a_headers.data()) + s;
-      const Arrival& arrival = arrivals[s];
+      int64_t received, batch_ready;
+      {
+        std::lock_guard lock(mutex);
+        if (!failure.empty()) return;
+        received = arrivals[s].received;
+        batch_ready = arrivals[s].batch_ready;
+      }
       *h = WireHeader{};
       h->magic = kWireMagic;
       h->version = kWireVersion;
       h->kind = static_cast<uint16_t>(MessageKind::f2a);
       h->source = static_cast<uint32_t>(spec.rank);
       h->micro_batch = static_cast<uint32_t>(mb);
-      h->sequence = part.sequence;
-      h->tokens = part.tokens;
+      h->sequence = job.sequence;
+      h->tokens = job.tokens;
       h->hidden = spec.hidden;
       h->top_k = spec.top_k;
-      h->payload_bytes = uint64_t{part.tokens} * spec.hidden * spec.f2a_bytes;
-      h->stamps[kReceived] = static_cast<uint64_t>(arrival.received);
-      h->stamps[kBatchReady] = static_cast<uint64_t>(arrival.batch_ready);
-      h->stamps[kComputeStart] = static_cast<uint64_t>(task.compute_start);
-      h->stamps[kComputeEnd] = static_cast<uint64_t>(task.compute_end);
+      h->payload_bytes = uint64_t{job.tokens} * spec.hidden * spec.f2a_bytes;
+      h->stamps[kReceived] = static_cast<uint64_t>(received);
+      h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
+      h->stamps[kComputeStart] = static_cast<uint64_t>(job.compute_start);
+      h->stamps[kComputeEnd] = static_cast<uint64_t>(job.compute_end);
       h->stamps[kPosted] = static_cast<uint64_t>(now_ns());
-      Peer& a = attention[static_cast<size_t>(part.rank)];
+      Peer& peer = attention[static_cast<size_t>(a)];
       // A's slot for (mb, this F).
       uint64_t remote_slot = static_cast<uint64_t>(mb * spec.ffn + spec.rank);
       try {
-        a.connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
-                            *a.regions.at("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
-                            h->payload_bytes, std::nullopt, 0);
-        a.connection->write(*f2a_header_region, s * sizeof(WireHeader),
-                            *a.regions.at("f2a_headers"), remote_slot * sizeof(WireHeader),
-                            sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
+        peer.connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
+                               *peer.regions.at("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
+                               h->payload_bytes, std::nullopt, 0);
+        {
+          // The credit goes back before the notifying write: once A sees it, A may send this
+          // slot's next sequence at once, and the comm thread must find the slot free.
+          std::lock_guard lock(mutex);
+          arrivals[s].responding = false;
+          arrivals[s].queued = false;
+        }
+        peer.connection->write(*f2a_header_region, s * sizeof(WireHeader),
+                               *peer.regions.at("f2a_headers"), remote_slot * sizeof(WireHeader),
+                               sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
       } catch (const Error& e) {
-        rethrow_for_peer(e, Role::attention, part.rank);
+        rethrow_for_peer(e, Role::attention, a);
       }
+    } catch (const std::exception& e) {
+      fail(e.what());
     }
-    std::lock_guard lock(mutex);
-    for (const auto& part : task.batch.parts)
-      arrivals[slot(part.rank, mb)].responding = false;
   }
 
+  // One turn of the comm thread: handle what the transport reports (responses are the senders'
+  // job).
   void step() {
     try {
-      for (;;) {
-        std::unique_lock lock(mutex);
-        if (to_respond.empty() ||
-            (to_respond.front().ready != nullptr && !to_respond.front().ready->ready()))
-          break;
-        RespondTask task = std::move(to_respond.front());
-        to_respond.pop_front();
-        lock.unlock();
-        respond_now(task);
-      }
       events.clear();
-      transport->poll(events, std::chrono::microseconds(200));
+      transport->poll(events, std::chrono::milliseconds(2));
       for (const auto& e : events) {
         switch (e.type) {
           case TransportEvent::Type::notification:
@@ -252,11 +264,21 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
   for (const Peer& a : s.attention)
     s.attention_of_connection[a.connection->id()] = a.rank;
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
+  for (int a = 0; a < spec.attention; ++a)
+    s.senders.push_back(std::make_unique<PeerSender<RespondJob>>(
+        static_cast<size_t>(spec.micro_batches),
+        fmt::format("ffn {} to attention {}", spec.rank, a),
+        sender_cpu(spec.comm_cpus, static_cast<size_t>(a)),
+        [&s, a](const RespondJob& job, const std::atomic<bool>& stopping) {
+          s.respond_to(a, job, stopping);
+        }));
   log(LogLevel::info, "ffn {}: connected to {} attention instance(s) over {}", spec.rank,
       spec.attention, to_string(s.transport->kind()));
 }
 
 FfnEngine::~FfnEngine() {
+  for (auto& sender : state_->senders)
+    sender->stop();
   state_->comm->stop();
 }
 
@@ -293,9 +315,31 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
 
 void FfnEngine::respond(const Batch& batch, const Event* ready, int64_t compute_start_ns) {
   State& s = *state_;
-  std::lock_guard lock(s.mutex);
-  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
-  s.to_respond.push_back(RespondTask{batch, ready, compute_start_ns, now_ns()});
+  int64_t compute_end = now_ns();
+  {
+    std::lock_guard lock(s.mutex);
+    if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+    if (batch.micro_batch < 0 || batch.micro_batch >= s.spec.micro_batches)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("respond: micro-batch {} does not exist", batch.micro_batch));
+    for (const auto& part : batch.parts) {
+      if (part.rank < 0 || part.rank >= s.spec.attention)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("respond: attention {} does not exist", part.rank));
+      const Arrival& arrival = s.arrivals[s.slot(part.rank, batch.micro_batch)];
+      if (!arrival.responding || arrival.queued || arrival.sequence != part.sequence)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("respond: attention {} micro-batch {} sequence {} is not awaiting "
+                                "an answer{}",
+                                part.rank, batch.micro_batch, part.sequence,
+                                arrival.queued ? " (already answered)" : ""));
+    }
+    for (const auto& part : batch.parts)
+      s.arrivals[s.slot(part.rank, batch.micro_batch)].queued = true;
+  }
+  for (const auto& part : batch.parts)
+    s.senders[static_cast<size_t>(part.rank)]->push(RespondJob{
+        batch.micro_batch, part.sequence, part.tokens, ready, compute_start_ns, compute_end});
 }
 
 std::vector<std::pair<std::string, uint64_t>> FfnEngine::registered() const {

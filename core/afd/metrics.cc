@@ -65,13 +65,15 @@ Metrics compute_metrics(const std::vector<AttentionTrace>& traces, bool same_hos
         add(samples, "F gather wait", f.f_batch_ready, f.f_received);
         add(samples, "F compute", f.f_compute_end, f.f_compute_start);
         add(samples, "F respond delay", f.f_posted, f.f_compute_end);
+        // When A's writes to this F started (traces without it: when the first F's did).
+        int64_t posted = f.posted_at_a != 0 ? f.posted_at_a : t.posted;
         if (same_host_clock) {
-          add(samples, "A2F network*", f.f_received, t.posted);
+          add(samples, "A2F network*", f.f_received, posted);
           add(samples, "F2A network*", f.received_at_a, f.f_posted);
         }
-        if (f.received_at_a && t.posted && f.f_posted && f.f_received)
+        if (f.received_at_a && posted && f.f_posted && f.f_received)
           samples["net cost (skew-free)"].push_back(
-              us((f.received_at_a - t.posted) - (f.f_posted - f.f_received)));
+              us((f.received_at_a - posted) - (f.f_posted - f.f_received)));
         straggle[static_cast<int>(i)].push_back(us(f.received_at_a - first));
       }
     }
@@ -123,7 +125,7 @@ std::string trace_to_json(const AttentionTrace& trace) {
     nlohmann::json ffn = nlohmann::json::array();
     for (const auto& f : t.ffn)
       ffn.push_back({f.received_at_a, f.f_received, f.f_batch_ready, f.f_compute_start,
-                     f.f_compute_end, f.f_posted});
+                     f.f_compute_end, f.f_posted, f.posted_at_a});
     trips.push_back(
         {{"mb", t.micro_batch},
          {"seq", t.sequence},
@@ -150,7 +152,8 @@ AttentionTrace trace_from_json(const std::string& text) {
       r.completed = a.at(4);
       r.wait_returned = a.at(5);
       for (const auto& f : t.at("f"))
-        r.ffn.push_back({f.at(0), f.at(1), f.at(2), f.at(3), f.at(4), f.at(5)});
+        r.ffn.push_back({f.at(0), f.at(1), f.at(2), f.at(3), f.at(4), f.at(5),
+                         f.size() > 6 ? f.at(6).get<int64_t>() : 0});
       trace.trips.push_back(std::move(r));
     }
     return trace;
@@ -159,12 +162,23 @@ AttentionTrace trace_from_json(const std::string& text) {
   }
 }
 
+const std::vector<std::string>& trace_slice_names() {
+  static const std::vector<std::string> names = {
+      "attention compute", "A send-queue delay", "A2F network", "F gather wait", "F compute",
+      "F respond delay",   "F2A network",        "A notify",    "round trip"};
+  return names;
+}
+
 void write_chrome_trace(const std::string& path, const std::vector<AttentionTrace>& traces) {
-  nlohmann::json events = nlohmann::json::array();
+  // Every phase of every round trip is a complete event ("X") named after its metric, on a track
+  // per (A, micro-batch) in A's process and per (A, micro-batch) in each F's process. The events
+  // are written in time order; metadata events name the processes and tracks.
+  nlohmann::json slices = nlohmann::json::array();
   auto slice = [&](const std::string& name, int pid, int tid, int64_t start, int64_t end,
-                   nlohmann::json args) {
+                   const nlohmann::json& args) {
     if (start == 0 || end == 0 || end < start) return;
-    events.push_back({{"name", name},
+    slices.push_back({{"name", name},
+                      {"cat", pid < kFfnPidBase ? "attention" : "ffn"},
                       {"ph", "X"},
                       {"pid", pid},
                       {"tid", tid},
@@ -172,44 +186,68 @@ void write_chrome_trace(const std::string& path, const std::vector<AttentionTrac
                       {"dur", static_cast<double>(end - start) / 1e3},
                       {"args", args}});
   };
+  nlohmann::json metadata = nlohmann::json::array();
+  auto name_process = [&](int pid, const std::string& name) {
+    metadata.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", name}}}});
+    metadata.push_back({{"name", "process_sort_index"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"args", {{"sort_index", pid}}}});
+  };
+  std::set<std::pair<int, int>> tracks;  // (pid, tid) already named
+  auto name_track = [&](int pid, int tid, const std::string& name) {
+    if (!tracks.insert({pid, tid}).second) return;
+    metadata.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"tid", tid},
+                        {"args", {{"name", name}}}});
+  };
   std::set<int> ffn_ranks;
   for (const AttentionTrace& trace : traces) {
     int pid = trace.rank;
-    events.push_back({{"name", "process_name"},
-                      {"ph", "M"},
-                      {"pid", pid},
-                      {"args", {{"name", fmt::format("attention {}", trace.rank)}}}});
+    name_process(pid, fmt::format("attention {}", trace.rank));
     for (const RoundTrip& t : trace.trips) {
       nlohmann::json args = {{"micro_batch", t.micro_batch}, {"sequence", t.sequence}};
       int tid = t.micro_batch;
-      slice("attention", pid, tid, t.attention_start, t.push_start, args);
-      slice("queue", pid, tid, t.push_start, t.posted, args);
+      name_track(pid, tid, fmt::format("micro-batch {}", t.micro_batch));
+      slice("attention compute", pid, tid, t.attention_start, t.push_start, args);
+      slice("A send-queue delay", pid, tid, t.push_start, t.posted, args);
       slice("round trip", pid, tid, t.posted, t.completed, args);
-      slice("notify", pid, tid, t.completed, t.wait_returned, args);
+      slice("A notify", pid, tid, t.completed, t.wait_returned, args);
       for (size_t f = 0; f < t.ffn.size(); ++f) {
         const auto& r = t.ffn[f];
-        int fpid = 1000 + static_cast<int>(f);
+        int fpid = kFfnPidBase + static_cast<int>(f);
         ffn_ranks.insert(static_cast<int>(f));
         nlohmann::json fargs = {{"from_attention", trace.rank},
                                 {"micro_batch", t.micro_batch},
                                 {"sequence", t.sequence}};
         int ftid = trace.rank * 64 + t.micro_batch;
-        slice("A2F", fpid, ftid, t.posted, r.f_received, fargs);
-        slice("gather", fpid, ftid, r.f_received, r.f_batch_ready, fargs);
-        slice("compute", fpid, ftid, r.f_compute_start, r.f_compute_end, fargs);
-        slice("respond", fpid, ftid, r.f_compute_end, r.f_posted, fargs);
-        slice("F2A", fpid, ftid, r.f_posted, r.received_at_a, fargs);
+        name_track(fpid, ftid,
+                   fmt::format("from attention {}, micro-batch {}", trace.rank, t.micro_batch));
+        slice("A2F network", fpid, ftid, r.posted_at_a != 0 ? r.posted_at_a : t.posted,
+              r.f_received, fargs);
+        slice("F gather wait", fpid, ftid, r.f_received, r.f_batch_ready, fargs);
+        slice("F compute", fpid, ftid, r.f_compute_start, r.f_compute_end, fargs);
+        slice("F respond delay", fpid, ftid, r.f_compute_end, r.f_posted, fargs);
+        slice("F2A network", fpid, ftid, r.f_posted, r.received_at_a, fargs);
       }
     }
   }
   for (int f : ffn_ranks)
-    events.push_back({{"name", "process_name"},
-                      {"ph", "M"},
-                      {"pid", 1000 + f},
-                      {"args", {{"name", fmt::format("ffn {}", f)}}}});
+    name_process(kFfnPidBase + f, fmt::format("ffn {}", f));
+  std::vector<nlohmann::json> ordered(slices.begin(), slices.end());
+  std::stable_sort(ordered.begin(), ordered.end(), [](const auto& x, const auto& y) {
+    return x["ts"].template get<double>() < y["ts"].template get<double>();
+  });
+  nlohmann::json events = std::move(metadata);
+  for (auto& e : ordered)
+    events.push_back(std::move(e));
   std::ofstream out(path);
   if (!out) throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("cannot write trace file {}", path));
   out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump() << "\n";
+  if (!out) throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("cannot write trace file {}", path));
 }
 
 }  // namespace hetmesh::afd

@@ -4,6 +4,9 @@
 //
 //   hetmesh demo                      1A1F on cpu:0 over ipc, 3 micro-batches
 //   hetmesh demo --config FILE.toml   any M x N job from examples/configs/
+//   hetmesh demo --config FILE.toml --instances ffn --store HOST:PORT
+//                                     this host's share of a job on several hosts
+//                                     (docs/launching.md)
 #include "demo_command.hpp"
 
 #include "attention_staging.hpp"
@@ -12,6 +15,7 @@
 
 #include <hetmesh/afd.hpp>
 #include <hetmesh/afd_job.hpp>
+#include <hetmesh/afd_launch.hpp>
 #include <hetmesh/afd_metrics.hpp>
 #include <hetmesh/config.hpp>
 #include <hetmesh/log.hpp>
@@ -19,6 +23,7 @@
 #include <hetmesh/subprocess.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstdio>
@@ -38,7 +43,8 @@ struct DemoOptions {
   std::string config;
   std::string role;  // internal: "attention" or "ffn" in a child process
   int rank = 0;
-  std::string store;
+  std::vector<std::string> instances;  // the instances started here; none = all
+  std::string store;  // the store to join; none = host it (at [rendezvous] address)
   std::string out;
 };
 
@@ -146,62 +152,82 @@ std::vector<float> read_floats(const fs::path& path, size_t count) {
   return v;
 }
 
-int run_job(const JobConfig& c) {
+int run_job(const JobConfig& c, const DemoOptions& o) {
+  const afd::LocalInstances local = afd::parse_instances(o.instances, c);
   fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", getpid());
   fs::create_directories(dir);
   fs::path config_file = dir / "job.toml";
   std::ofstream(config_file) << to_toml(c);
 
-  TcpStoreServer store(c.rendezvous.address);
+  afd::JobStore store(c, o.store);
   fmt::print(
       "hetmesh demo: {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
       "hidden {}, A on {}, F on {}, transport {}\n",
       c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
       c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
-  std::vector<std::unique_ptr<ChildProcess>> children;
-  auto spawn = [&](const char* role, int rank) {
-    children.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
-        self_executable(), "demo", "--config", config_file.string(), "--role", role, "--rank",
-        std::to_string(rank), "--store", store.address(), "--out", dir.string()}));
+  if (!local.everything(c))
+    fmt::print(
+        "here: attention {}, ffn {}; rendezvous store {} ({})\n",
+        local.attention.empty() ? "none" : fmt::format("{}", fmt::join(local.attention, ",")),
+        local.ffn.empty() ? "none" : fmt::format("{}", fmt::join(local.ffn, ",")), store.address(),
+        store.hosted() ? "hosted here" : "joined");
+  std::fflush(stdout);  // an invocation on another host needs the store's address now
+  struct Child {
+    const char* role;
+    int rank;
+    std::unique_ptr<ChildProcess> process;
   };
-  for (int f = 0; f < c.job.ffn; ++f)
+  std::vector<Child> children;
+  auto spawn = [&](const char* role, int rank) {
+    children.push_back(
+        {role, rank,
+         std::make_unique<ChildProcess>(std::vector<std::string>{
+             self_executable(), "demo", "--config", config_file.string(), "--role", role, "--rank",
+             std::to_string(rank), "--store", store.address(), "--out", dir.string()})});
+  };
+  for (int f : local.ffn)
     spawn("ffn", f);
-  for (int a = 0; a < c.job.attention; ++a)
+  for (int a : local.attention)
     spawn("attention", a);
 
-  // Progress from attention 0, until its output closes.
-  ChildProcess& first_attention = *children[static_cast<size_t>(c.job.ffn)];
+  // Progress from attention 0 if it runs here, until its output closes.
   auto limit = c.job.timeout * (c.job.layers + 2);
-  try {
-    for (;;) {
-      std::string line =
-          first_attention.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
-      int done = 0, total = 0;
-      if (std::sscanf(line.c_str(), "progress %d %d", &done, &total) == 2 && total >= 8)
-        fmt::print("  layer {}/{}\n", done, total);
+  if (!local.attention.empty() && local.attention.front() == 0) {
+    ChildProcess& first_attention = *children[local.ffn.size()].process;
+    try {
+      for (;;) {
+        std::string line =
+            first_attention.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
+        int done = 0, total = 0;
+        if (std::sscanf(line.c_str(), "progress %d %d", &done, &total) == 2 && total >= 8)
+          fmt::print("  layer {}/{}\n", done, total);
+      }
+    } catch (const Error&) {
     }
-  } catch (const Error&) {
   }
   bool failed = false;
-  for (size_t i = 0; i < children.size(); ++i) {
+  for (Child& child : children) {
     ProcessResult r =
-        children[i]->wait(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
-    bool is_ffn = i < static_cast<size_t>(c.job.ffn);
-    int rank = is_ffn ? static_cast<int>(i) : static_cast<int>(i) - c.job.ffn;
+        child.process->wait(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
     if (r.exit_code != 0) {
-      fmt::print(stderr, "hetmesh demo: {} {} failed ({})\n", is_ffn ? "ffn" : "attention", rank,
-                 r.describe());
+      fmt::print(stderr, "hetmesh demo: {} {} failed ({})\n", child.role, child.rank, r.describe());
       failed = true;
     }
   }
   if (failed) return 1;
+  if (local.attention.empty()) {
+    fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",
+               fmt::join(local.ffn, ","));
+    fs::remove_all(dir);
+    return 0;
+  }
 
   // Verify against the single-process reference.
   TinyMoe model(model_shape(c));
   const size_t n = size_t{model.shape().tokens} * model.shape().hidden;
   double worst = 0;
   std::string where;
-  for (int a = 0; a < c.job.attention; ++a) {
+  for (int a : local.attention) {
     auto got = read_floats(dir / fmt::format("attention{}.bin", a), n * c.job.micro_batches);
     for (int mb = 0; mb < c.job.micro_batches; ++mb) {
       auto want = model.reference(a, mb, c.job.ffn);
@@ -226,15 +252,16 @@ int run_job(const JobConfig& c) {
   fmt::print(
       "verified: final hidden states of {} attention x {} micro-batches match the "
       "single-process reference (max |diff| {:.3g}, tolerance {:.1g})\n",
-      c.job.attention, c.job.micro_batches, worst, kTolerance);
+      local.attention.size(), c.job.micro_batches, worst, kTolerance);
 
   std::vector<afd::AttentionTrace> traces;
-  for (int a = 0; a < c.job.attention; ++a) {
+  for (int a : local.attention) {
     std::ifstream in(dir / fmt::format("attention{}.trace.json", a));
     traces.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
   }
-  afd::Metrics metrics =
-      afd::compute_metrics(traces, /*same_host_clock=*/true, c.tracing.straggler_factor);
+  // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
+  afd::Metrics metrics = afd::compute_metrics(traces, /*same_host_clock=*/local.everything(c),
+                                              c.tracing.straggler_factor);
   auto row = [&](const char* label, const char* name) {
     const afd::Percentiles& p = metrics.values[name];
     fmt::print("  {:<12} p50 {:>9.1f} us   p99 {:>9.1f} us\n", label, p.p50, p.p99);
@@ -261,9 +288,13 @@ void add_demo_command(CLI::App& app) {
                                       "Run the AFD demo: a tiny MoE transformer with "
                                       "attention and FFN in separate processes");
   demo->add_option("--config", o->config, "job config (TOML); default: 1A1F on cpu:0 over ipc");
+  demo->add_option("--instances", o->instances,
+                   "start only these instances here: attention, ffn, attention:0,1, ffn:2-3 "
+                   "(default: all); for jobs on several hosts, see docs/launching.md");
+  demo->add_option("--store", o->store,
+                   "join the rendezvous store at HOST:PORT instead of hosting it");
   demo->add_option("--role", o->role, "internal")->group("");
   demo->add_option("--rank", o->rank, "internal")->group("");
-  demo->add_option("--store", o->store, "internal")->group("");
   demo->add_option("--out", o->out, "internal")->group("");
   demo->callback([o] {
     JobConfig config = o->config.empty() ? JobConfig{} : load_config(o->config);
@@ -273,7 +304,7 @@ void add_demo_command(CLI::App& app) {
     else if (o->role == "ffn")
       rc = run_ffn(config, *o);
     else
-      rc = run_job(config);
+      rc = run_job(config, *o);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

@@ -7,13 +7,15 @@
 //                 ncclSend/ncclRecv in one process (ncclCommInitAll).
 //   interference  a compute-bound kernel on GPU f, alone and while NCCL moves the same AFD
 //                 traffic in the same process (NCCL's kernels take SMs; copy engines do not).
-//   compute       the same kernel alone on GPU f, for `--seconds`: run it while another process
-//                 (hetmesh) moves the traffic to measure that process's interference.
+//   compute       the same kernel alone on GPU f, for `--seconds`, or for as long as process
+//                 `--while-pid` lives: run it while another process (hetmesh) moves the traffic
+//                 to measure that process's interference.
 //
 // Prints one JSON object on stdout; figures are microseconds (p50, p99) or milliseconds per
 // kernel. Exit status 1 with a message on any CUDA or NCCL error.
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -46,6 +48,7 @@ struct Options {
   size_t a2f = 917504, f2a = 1835008;  // StepMesh: 896 KiB fp8 out, 1.75 MiB bf16 back
   int iterations = 2000, warmup = 200, kernels = 200;
   double seconds = 2.0;
+  long while_pid = 0;
 };
 
 Options parse(int argc, char** argv) {
@@ -65,6 +68,7 @@ Options parse(int argc, char** argv) {
     else if (key == "--warmup") o.warmup = std::atoi(value);
     else if (key == "--kernels") o.kernels = std::atoi(value);
     else if (key == "--seconds") o.seconds = std::atof(value);
+    else if (key == "--while-pid") o.while_pid = std::atol(value);
     else die("unknown option " + key);
   }
   if (o.mode != "roundtrip" && o.mode != "interference" && o.mode != "compute")
@@ -197,12 +201,13 @@ struct Compute {
     return ms;
   }
 
-  std::vector<double> run_for(double seconds) {
+  // For `seconds`, or while process `pid` lives (pid > 0).
+  std::vector<double> run_for(double seconds, long pid) {
     std::vector<double> ms;
     for (int i = 0; i < 10; ++i)
       one_kernel_ms();
     double end = now_us() + seconds * 1e6;
-    while (now_us() < end)
+    while (pid > 0 ? kill(static_cast<pid_t>(pid), 0) == 0 : now_us() < end)
       ms.push_back(one_kernel_ms());
     return ms;
   }
@@ -255,7 +260,7 @@ int main(int argc, char** argv) {
     std::printf("  \"nccl_slowdown_percent\": %.2f\n", (loaded.p50 / alone.p50 - 1) * 100);
   } else {
     Compute compute(o.f);
-    std::vector<double> ms = compute.run_for(o.seconds);
+    std::vector<double> ms = compute.run_for(o.seconds, o.while_pid);
     std::printf("  \"kernels\": %zu,\n", ms.size());
     print_percentiles("compute", percentiles(ms), "ms", true);
   }

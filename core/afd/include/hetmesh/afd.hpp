@@ -7,9 +7,11 @@
 // slot is reused only after its previous round trip completed (that is the credit), and every
 // header is bounds-checked against the slot table on receipt. The hot path allocates nothing.
 //
-// Threads: each engine runs one comm thread that posts writes and polls the transport. The
-// caller's thread only enqueues work and waits. Every wait has a timeout; a dead peer or a
-// timeout is an Error naming the peer, never an abort.
+// Threads: each engine runs one comm thread that polls the transport, and one sender thread per
+// peer that waits for a micro-batch's readiness and posts its writes to that peer, so the writes
+// to different peers never queue behind each other. The caller's thread only enqueues work and
+// waits. Every wait has a timeout; a dead peer or a timeout is an Error naming the peer, never an
+// abort.
 #pragma once
 
 #include <hetmesh/device.hpp>
@@ -46,7 +48,9 @@ struct EngineSpec {
   std::chrono::milliseconds timeout{10000};
   std::string job = "hetmesh";  // rendezvous namespace
   TransportOptions transport;
-  std::vector<int> comm_cpus;  // pin the comm thread to the first of these, if any
+  // Pin the comm thread to the first of these and the per-peer sender threads to the next ones
+  // (wrapping around), if any.
+  std::vector<int> comm_cpus;
 
   // Routing entries are (int32 expert, float weight) pairs: top_k per token.
   uint64_t routing_bytes_per_token() const { return uint64_t{top_k} * 8; }
@@ -63,12 +67,14 @@ using Clock = std::chrono::steady_clock;
 struct RoundTrip {
   int micro_batch = 0;
   uint64_t sequence = 0;
+  // posted: A's writes to the first F started; completed: the last F's result arrived.
   int64_t attention_start = 0, push_start = 0, ready = 0, posted = 0, completed = 0,
           wait_returned = 0;
   struct PerFfn {
     int64_t received_at_a = 0;  // A's clock: F2A header arrived
     int64_t f_received = 0, f_batch_ready = 0, f_compute_start = 0, f_compute_end = 0,
-            f_posted = 0;  // F's clock
+            f_posted = 0;     // F's clock
+    int64_t posted_at_a = 0;  // A's clock: A's writes to this F started
   };
   std::vector<PerFfn> ffn;
 };

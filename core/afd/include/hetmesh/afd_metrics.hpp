@@ -48,7 +48,12 @@ std::string format_metrics(const Metrics& metrics);
 std::string trace_to_json(const AttentionTrace& trace);
 AttentionTrace trace_from_json(const std::string& text);
 
-// Writes every round trip as Chrome trace events: one process per instance, one slice per phase.
+// Writes every round trip as Chrome trace JSON (opens in Perfetto): a process per A instance (pid
+// = its rank) and per F instance (pid = kFfnPidBase + rank), a track per (A, micro-batch) in each,
+// and one complete event ("ph": "X", ts and dur in microseconds) per phase, named as in
+// trace_slice_names(), in time order. Throws Error if the file cannot be written.
+constexpr int kFfnPidBase = 1000;
+const std::vector<std::string>& trace_slice_names();
 void write_chrome_trace(const std::string& path, const std::vector<AttentionTrace>& traces);
 
 }  // namespace hetmesh::afd

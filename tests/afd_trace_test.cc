@@ -1,0 +1,252 @@
+// The Chrome trace of a real `hetmesh demo` run (2A2F over ipc, separate processes) is a usable
+// timeline: it parses, has complete events with times, a process per A and F instance, every
+// metric of the engine by name, and tracks whose slices are in time order and never overlap.
+// The checker is also run on broken copies of that trace, to show that it fails when it should.
+#include <hetmesh/afd_metrics.hpp>
+#include <hetmesh/error.hpp>
+#include <hetmesh/subprocess.hpp>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace hetmesh {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kAttention = 2, kFfn = 2;
+
+// The phases the issue asks the trace to show, by the names the engine gives them.
+const std::vector<std::string> kRequiredSlices = {
+    "attention compute", "A send-queue delay", "A2F network", "F gather wait", "F compute",
+    "F respond delay",   "F2A network",        "A notify",    "round trip"};
+
+// Everything wrong with `trace` as a timeline of a job with `attention` A and `ffn` F instances;
+// empty if nothing is.
+std::vector<std::string> timeline_problems(const json& trace, int attention, int ffn) {
+  std::vector<std::string> problems;
+  auto problem = [&](std::string text) { problems.push_back(std::move(text)); };
+  if (!trace.is_object() || !trace.contains("traceEvents") || !trace["traceEvents"].is_array()) {
+    problem("no traceEvents array");
+    return problems;
+  }
+  std::map<int, std::string> process_names;
+  std::set<std::string> slice_names;
+  std::set<int> pids_with_slices;
+  std::map<std::pair<int, int>, std::pair<double, double>> last;  // track -> (ts, end) so far
+  size_t complete = 0;
+  for (const json& e : trace["traceEvents"]) {
+    if (!e.is_object() || !e.contains("ph") || !e["ph"].is_string()) {
+      problem(fmt::format("event without a phase: {}", e.dump()));
+      continue;
+    }
+    std::string ph = e["ph"];
+    if (ph == "M") {
+      if (e.value("name", "") == "process_name" && e.contains("pid") && e["args"].contains("name"))
+        process_names[e["pid"].get<int>()] = e["args"]["name"].get<std::string>();
+      continue;
+    }
+    if (ph != "X") continue;
+    ++complete;
+    if (!e.contains("name") || !e.contains("pid") || !e.contains("tid") || !e.contains("ts") ||
+        !e.contains("dur") || !e["ts"].is_number() || !e["dur"].is_number()) {
+      problem(fmt::format("complete event without name, pid, tid, ts or dur: {}", e.dump()));
+      continue;
+    }
+    std::string name = e["name"];
+    int pid = e["pid"], tid = e["tid"];
+    double ts = e["ts"], dur = e["dur"];
+    slice_names.insert(name);
+    pids_with_slices.insert(pid);
+    if (dur < 0)
+      problem(fmt::format("'{}' at {} on track {}/{} lasts {} us", name, ts, pid, tid, dur));
+    auto [it, first] = last.try_emplace({pid, tid}, ts, ts + dur);
+    if (!first) {
+      auto [previous_ts, previous_end] = it->second;
+      // Slices of one track are written in time order and follow each other (1 ns of slack for
+      // the rounding of nanoseconds to fractional microseconds).
+      if (ts < previous_ts)
+        problem(fmt::format("track {}/{}: '{}' starts at {} us, before the slice before it ({} us)",
+                            pid, tid, name, ts, previous_ts));
+      else if (ts < previous_end - 1e-3)
+        problem(
+            fmt::format("track {}/{}: '{}' starts at {} us, inside the slice before it (ends "
+                        "{} us)",
+                        pid, tid, name, ts, previous_end));
+      it->second = {ts, std::max(previous_end, ts + dur)};
+    }
+  }
+  if (complete == 0) problem("no complete (\"ph\": \"X\") events");
+  for (const auto& name : kRequiredSlices)
+    if (!slice_names.contains(name)) problem(fmt::format("no '{}' slice", name));
+  auto expect_process = [&](int pid, const std::string& name) {
+    auto it = process_names.find(pid);
+    if (it == process_names.end() || it->second != name)
+      problem(fmt::format("no process named '{}' (pid {})", name, pid));
+    else if (!pids_with_slices.contains(pid))
+      problem(fmt::format("process '{}' has no slices", name));
+  };
+  for (int a = 0; a < attention; ++a)
+    expect_process(a, fmt::format("attention {}", a));
+  for (int f = 0; f < ffn; ++f)
+    expect_process(afd::kFfnPidBase + f, fmt::format("ffn {}", f));
+  return problems;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines)
+    out += l + "\n";
+  return out;
+}
+
+bool mentions(const std::vector<std::string>& problems, const std::string& text) {
+  for (const auto& p : problems)
+    if (p.find(text) != std::string::npos) return true;
+  return false;
+}
+
+// Runs `hetmesh demo` once for the whole suite: 2A2F over ipc, the trace into a temporary folder.
+class DemoTraceTest : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("hetmesh-trace-test-{}", getpid());
+    fs::create_directories(dir_);
+    fs::path trace_file = dir_ / "trace.json";
+    std::ofstream(dir_ / "job.toml") << fmt::format(
+        "[job]\nattention = {}\nffn = {}\nmicro_batches = 3\nlayers = 3\n\n"
+        "[transport]\nkind = \"ipc\"\n\n[tracing]\nchrome_trace = \"{}\"\n",
+        kAttention, kFfn, trace_file.string());
+    ChildProcess demo({HETMESH_CLI, "demo", "--config", (dir_ / "job.toml").string()});
+    try {
+      for (;;)
+        output_ += demo.read_line(std::chrono::seconds(120)) + "\n";
+    } catch (const Error&) {
+    }
+    exit_code_ = demo.wait(std::chrono::seconds(60)).exit_code;
+    std::ifstream in(trace_file);
+    if (in) trace_ = json::parse(in, nullptr, false);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static fs::path dir_;
+  static std::string output_;
+  static int exit_code_;
+  static json trace_;
+};
+fs::path DemoTraceTest::dir_;
+std::string DemoTraceTest::output_;
+int DemoTraceTest::exit_code_ = -1;
+json DemoTraceTest::trace_;
+
+TEST_F(DemoTraceTest, DemoRunsAndNamesItsTrace) {
+  EXPECT_EQ(exit_code_, 0) << output_;
+  EXPECT_NE(output_.find("verified"), std::string::npos) << output_;
+  EXPECT_NE(output_.find("trace: " + (dir_ / "trace.json").string()), std::string::npos) << output_;
+}
+
+TEST_F(DemoTraceTest, TraceIsAUsableTimeline) {
+  ASSERT_FALSE(trace_.is_discarded()) << "the trace is not JSON\n" << output_;
+  ASSERT_FALSE(trace_.is_null()) << "no trace file\n" << output_;
+  auto problems = timeline_problems(trace_, kAttention, kFfn);
+  EXPECT_TRUE(problems.empty()) << joined(problems);
+  // Each phase of every round trip: 3 layers x 3 micro-batches per A, each seen by both Fs.
+  std::map<std::string, int> count;
+  for (const json& e : trace_["traceEvents"])
+    if (e["ph"] == "X") ++count[e["name"].get<std::string>()];
+  EXPECT_EQ(count["round trip"], kAttention * 3 * 3);
+  EXPECT_EQ(count["F2A network"], kAttention * 3 * 3 * kFfn);
+}
+
+// The checker itself: each kind of damage to the real trace is caught.
+TEST_F(DemoTraceTest, CheckerFailsOnAMissingMetric) {
+  ASSERT_TRUE(trace_.is_object());
+  for (const auto& name : kRequiredSlices) {
+    json broken = trace_;
+    auto& events = broken["traceEvents"];
+    events.erase(std::remove_if(events.begin(), events.end(),
+                                [&](const json& e) { return e.value("name", "") == name; }),
+                 events.end());
+    EXPECT_TRUE(mentions(timeline_problems(broken, kAttention, kFfn), "no '" + name + "' slice"))
+        << name;
+  }
+}
+
+TEST_F(DemoTraceTest, CheckerFailsOnBrokenEvents) {
+  ASSERT_TRUE(trace_.is_object());
+  auto first_slice = [](json& trace) -> json& {
+    for (json& e : trace["traceEvents"])
+      if (e["ph"] == "X") return e;
+    throw std::runtime_error("no slice");
+  };
+  json negative = trace_;
+  first_slice(negative)["dur"] = -1.0;
+  EXPECT_TRUE(mentions(timeline_problems(negative, kAttention, kFfn), "lasts -1"));
+
+  json no_time = trace_;
+  first_slice(no_time).erase("ts");
+  EXPECT_TRUE(mentions(timeline_problems(no_time, kAttention, kFfn), "without name, pid"));
+
+  json reversed = trace_;
+  auto& events = reversed["traceEvents"];
+  std::reverse(events.begin(), events.end());
+  EXPECT_TRUE(mentions(timeline_problems(reversed, kAttention, kFfn), "before the slice before"));
+
+  EXPECT_TRUE(
+      mentions(timeline_problems(trace_, kAttention + 1, kFfn), "no process named 'attention 2'"));
+  EXPECT_TRUE(mentions(timeline_problems(json::object(), kAttention, kFfn), "no traceEvents"));
+}
+
+// A job split over two invocations, as on two hosts (docs/launching.md): one starts the attention
+// instances and hosts the store, the other joins it with the FFN instances; the first verifies.
+TEST(DemoLaunchTest, TwoInvocationsShareOneJob) {
+  fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-launch-test-{}", getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir / "job.toml") << fmt::format(
+      "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n\n"
+      "[tracing]\nchrome_trace = \"{}\"\n",
+      (dir / "trace.json").string());
+  std::string config = (dir / "job.toml").string();
+  ChildProcess attention({HETMESH_CLI, "demo", "--config", config, "--instances", "attention"});
+  std::string store, output;
+  while (store.empty()) {
+    std::string line = attention.read_line(std::chrono::seconds(60));
+    output += line + "\n";
+    if (auto at = line.find("rendezvous store "); at != std::string::npos)
+      store = line.substr(at + 17, line.find(' ', at + 17) - at - 17);
+  }
+  ChildProcess ffn(
+      {HETMESH_CLI, "demo", "--config", config, "--instances", "ffn:0-1", "--store", store});
+  std::string ffn_output;
+  try {
+    for (;;)
+      ffn_output += ffn.read_line(std::chrono::seconds(120)) + "\n";
+  } catch (const Error&) {
+  }
+  try {
+    for (;;)
+      output += attention.read_line(std::chrono::seconds(120)) + "\n";
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(ffn.wait(std::chrono::seconds(60)).exit_code, 0) << ffn_output;
+  EXPECT_EQ(attention.wait(std::chrono::seconds(60)).exit_code, 0) << output;
+  EXPECT_NE(ffn_output.find("ffn instance(s) 0,1 done"), std::string::npos) << ffn_output;
+  EXPECT_NE(output.find("verified: final hidden states of 2 attention"), std::string::npos)
+      << output;
+  // Split over two invocations, the one-way times (two clocks) are left out.
+  EXPECT_NE(output.find("one-way times omitted"), std::string::npos) << output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace hetmesh
