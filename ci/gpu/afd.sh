@@ -51,7 +51,7 @@ timeout -k 5 180 "$baselines" interference --a 0 --f 1 --kernels 300 | tee "$OUT
 
 section "interference: the same kernel (its own process) alone, then while hetmesh moves the traffic"
 timeout -k 5 60 "$baselines" compute --f 1 --seconds 3 | tee "$OUT/compute-alone.json" || status=1
-(cd "$work" && exec timeout -k 5 240 "$hetmesh" bench afd --config "$bench_config" --iterations 20000 \
+(cd "$work" && exec timeout -k 5 240 "$hetmesh" bench afd --config "$bench_config" --iterations 100000 \
   --warmup 2000 --no-bare --json "$OUT/bench-afd-during-compute.json" \
   >"$OUT/bench-afd-during-compute.log" 2>&1) &
 bench_pid=$!

@@ -38,7 +38,9 @@ if nccl_interference:
     during = nccl_interference["nccl_round_trip_during_compute"]
     print(f"  NCCL's own round trip meanwhile: p50 {during['p50_us']:.1f} us, "
           f"p99 {during['p99_us']:.1f} us (its kernels wait for SMs)")
-if alone and with_hetmesh:
+if with_hetmesh and with_hetmesh["kernels"] == 0:
+    print("compute kernel while hetmesh moves the traffic: NOT MEASURED (the bench ended first)")
+elif alone and with_hetmesh:
     a = alone["compute"]["p50_ms"]
     h = with_hetmesh["compute"]["p50_ms"]
     print(f"compute kernel on cuda:{alone['f']} (p50 ms, own process): alone {a:.3f}, while hetmesh "

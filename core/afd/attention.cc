@@ -117,10 +117,15 @@ struct AttentionEngine::State {
       uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
       try {
         Connection& c = *peer.connection;
-        c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
-                token_bytes, std::nullopt, 0);
-        c.write(*a2f_send_region, mb * slot + routing_offset(), *peer.regions.at("a2f_payload"),
-                remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
+        if (token_bytes == routing_offset()) {  // a full micro-batch: routing follows the tokens
+          c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
+                  token_bytes + routing_bytes, std::nullopt, 0);
+        } else {
+          c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
+                  token_bytes, std::nullopt, 0);
+          c.write(*a2f_send_region, mb * slot + routing_offset(), *peer.regions.at("a2f_payload"),
+                  remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
+        }
         c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),
                 *peer.regions.at("a2f_headers"), remote_slot * sizeof(WireHeader),
                 sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
