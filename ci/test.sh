@@ -53,7 +53,7 @@ bash ci/rxe-vm.sh --timeout 1800 --rw "$root" -- bash ci/verbs-tests.sh build/ci
 step "template plugin, built out of tree against the installed SDK"
 bash ci/test-template.sh "$root/build/ci-install" "$root/build/template"
 
-step "ASan + UBSan build: core, cpu and asic_stub plugins, unit tests, conformance kit"
+step "ASan + UBSan build: core, cpu and asic_stub plugins (not the vendor plugins), unit tests, conformance kit"
 cmake --preset asan
 cmake --build --preset asan
 # LeakSanitizer's stop-the-world tracer itself sometimes crashes at exit after a test has passed
