@@ -189,6 +189,8 @@ TEST_F(LoaderTest, CrashInInitializeIsRefusedWhenIsolated) {
   EXPECT_EQ(registry.refused()[0].path, path);
   EXPECT_THAT(registry.refused()[0].reason, HasSubstr("crashed the probe process"));
   EXPECT_THAT(registry.refused()[0].reason, HasSubstr("signal 11"));
+  EXPECT_THAT(registry.refused()[0].reason,
+              HasSubstr("it said: abi_init_crashes: writing through a null pointer"));
 }
 
 TEST_F(LoaderTest, NewerMinorVersionLoadsWithTheHostMinor) {

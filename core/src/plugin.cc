@@ -130,6 +130,16 @@ std::string library_dir() {
   return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
 }
 
+// "; it said: <the first line the probe wrote on stderr>": a runtime's or a sanitizer's last words
+// say more than the signal alone. Empty if it wrote nothing.
+std::string probe_said(const std::string& err) {
+  size_t start = err.find_first_not_of(" \t\r\n");
+  if (start == std::string::npos) return {};
+  std::string line = err.substr(start, err.find('\n', start) - start);
+  if (line.size() > 240) line = line.substr(0, 240) + "...";
+  return "; it said: " + line;
+}
+
 // Runs hetmesh-plugin-probe on `path` and returns a refusal reason, or "" if it loaded.
 std::string probe_in_child(const std::string& path, const std::string& options,
                            std::chrono::milliseconds timeout) {
@@ -141,10 +151,11 @@ std::string probe_in_child(const std::string& path, const std::string& options,
     return fmt::format("could not run the isolation probe {}: {}", probe, e.what());
   }
   if (r.timed_out)
-    return fmt::format("loading or initialize() did not finish within {} ms (probe killed)",
-                       timeout.count());
+    return fmt::format("loading or initialize() did not finish within {} ms (probe killed){}",
+                       timeout.count(), probe_said(r.err));
   if (r.signal != 0)
-    return fmt::format("loading or initialize() crashed the probe process with {}", r.describe());
+    return fmt::format("loading or initialize() crashed the probe process with {}{}", r.describe(),
+                       probe_said(r.err));
   if (r.exit_code == 0) return {};
   std::string reason = r.out;
   while (!reason.empty() && reason.back() == '\n')
