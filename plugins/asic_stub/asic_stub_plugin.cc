@@ -12,6 +12,7 @@
 //   "hm.asic_stub.launch" extension (hetmesh/asic_stub.h) standing in for kernels.
 #include <hetmesh/asic_stub.h>
 #include <hetmesh/device_plugin.h>
+#include <hetmesh/plugin_kit/extension.hpp>
 #include <hetmesh/plugin_kit/host_memory_slots.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>
 #include <hetmesh/plugin_kit/options.hpp>
@@ -186,15 +187,8 @@ constexpr hm_asic_stub_launch_ext kLaunchExtension = {
     {sizeof(hm_asic_stub_launch_ext), HM_ASIC_STUB_LAUNCH_VERSION}, launch};
 
 hm_status get_extension(const char* name, uint32_t min_version, const void** table) {
-  return guarded("get_extension", [&] {
-    if (name == nullptr || table == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "name or table is NULL");
-    if (std::strcmp(name, HM_ASIC_STUB_LAUNCH_EXTENSION) != 0)
-      fail(HM_ERR_NOT_SUPPORTED, "no extension named '%s'", name);
-    if (min_version > HM_ASIC_STUB_LAUNCH_VERSION)
-      fail(HM_ERR_NOT_SUPPORTED, "'%s' version %u requested, this plugin has %u", name, min_version,
-           HM_ASIC_STUB_LAUNCH_VERSION);
-    *table = &kLaunchExtension;
-  });
+  return hm::kit::get_single_extension(name, min_version, table, HM_ASIC_STUB_LAUNCH_EXTENSION,
+                                       &kLaunchExtension);
 }
 
 int32_t hook_device_count() {

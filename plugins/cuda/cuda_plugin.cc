@@ -6,6 +6,7 @@
 
 #include <hetmesh/cuda.h>
 #include <hetmesh/device_plugin.h>
+#include <hetmesh/plugin_kit/extension.hpp>
 #include <hetmesh/plugin_kit/status.hpp>
 
 #include <cstdio>
@@ -30,15 +31,8 @@ const hm_cuda_native_ext kNativeExtension = {{sizeof(hm_cuda_native_ext), HM_CUD
                                              stream_native};
 
 hm_status get_extension(const char* name, uint32_t min_version, const void** table) {
-  return guarded("get_extension", [&] {
-    if (name == nullptr || table == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "name or table is NULL");
-    if (std::strcmp(name, HM_CUDA_NATIVE_EXTENSION) != 0)
-      fail(HM_ERR_NOT_SUPPORTED, "no extension named '%s'", name);
-    if (min_version > HM_CUDA_NATIVE_VERSION)
-      fail(HM_ERR_NOT_SUPPORTED, "'%s' version %u requested, this plugin has %u", name, min_version,
-           HM_CUDA_NATIVE_VERSION);
-    *table = &kNativeExtension;
-  });
+  return hm::kit::get_single_extension(name, min_version, table, HM_CUDA_NATIVE_EXTENSION,
+                                       &kNativeExtension);
 }
 
 // ---- the table ----
