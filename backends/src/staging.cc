@@ -13,6 +13,7 @@ bool host_addressable(const Device& device, const void* ptr) {
     case HM_MEM_UNKNOWN:
     case HM_MEM_PINNED_HOST:
     case HM_MEM_REGISTERED_HOST:
+    case HM_MEM_IPC_MAPPED_HOST:
       return true;
     default:
       return device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY);

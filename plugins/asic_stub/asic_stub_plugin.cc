@@ -91,8 +91,8 @@ hm_status initialize(const hm_host_api* host) {
     if (devices > 64) fail(HM_ERR_INVALID_ARGUMENT, "devices=%g exceeds 64", devices);
     std::vector<uint64_t> capacity(static_cast<size_t>(devices),
                                    static_cast<uint64_t>(memory_mib * 1024 * 1024));
-    g_stub.reset(new Stub{
-        model, hm::kit::HostMemory(kIpcMagic, /*hidden_device_memory=*/true, std::move(capacity))});
+    g_stub.reset(new Stub{model, hm::kit::HostMemory(kIpcMagic, /*hidden_device_memory=*/true,
+                                                     std::move(capacity), host)});
     if (host->log != nullptr) {
       char line[160];
       std::snprintf(line, sizeof line,

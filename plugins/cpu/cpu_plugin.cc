@@ -39,8 +39,8 @@ hm_status initialize(const hm_host_api* host) {
     hm::kit::require_struct(host, HM_HOST_API_SIZE_V1, "host");
     if (g_memory) fail(HM_ERR_INVALID_ARGUMENT, "initialize() called twice");
     hm::kit::reject_unknown(hm::kit::parse_options(host->options), "none");
-    g_memory = std::make_unique<hm::kit::HostMemory>(kIpcMagic, /*hidden_device_memory=*/false,
-                                                     std::vector<uint64_t>{physical_memory()});
+    g_memory = std::make_unique<hm::kit::HostMemory>(
+        kIpcMagic, /*hidden_device_memory=*/false, std::vector<uint64_t>{physical_memory()}, host);
   });
 }
 

@@ -1,38 +1,18 @@
-// The lifecycle and device slots of the cuda plugin: initialize (driver load, device discovery and
-// the capability bits that gate the optional slots in the other files), shutdown, device_count and
-// device_properties.
+// The cuda plugin's lifecycle calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_devices.hpp
+// has initialize, device_count and device_properties): loading the driver, device discovery and
+// the capability bits that gate the optional slots; and the shutdown slot.
 #include "cuda_slots.hpp"
 #include "cuda_state.hpp"
 
-#include <hetmesh/plugin_kit/options.hpp>
+#include <hetmesh/plugin_kit/gpu_devices.hpp>
 
-#include <unistd.h>
-
-#include <chrono>
-#include <cstdio>
-#include <exception>
-#include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 namespace hm::cuda {
 
-// cuMemAlloc results are aligned to at least 256 bytes; pinned memory is page-aligned.
-constexpr uint64_t kMemoryAlignment = 256;
-
-// ---- slots: lifecycle and devices ----
-
 namespace {
-
-int32_t read_numa_node(const std::string& pci_bus_id) {
-  if (pci_bus_id.empty()) return -1;
-  std::ifstream file("/sys/bus/pci/devices/" + pci_bus_id + "/numa_node");
-  int node = -1;
-  if (!(file >> node) || node < 0) return -1;
-  return node;
-}
 
 int attribute(const Driver& driver, CUdevice device, CUdevice_attribute which) {
   int value = 0;
@@ -40,7 +20,19 @@ int attribute(const Driver& driver, CUdevice device, CUdevice_attribute which) {
   return value;
 }
 
-void discover_devices(State& s) {
+}  // namespace
+
+// libcuda.so.1 is loaded, not linked (cuda_driver.cc).
+std::string Vendor::load(State& s) {
+  return hm::cuda::load_driver(&s.driver);
+}
+
+std::string Vendor::runtime_text(const State& s) {
+  return "driver CUDA " + std::to_string(s.driver_version / 1000) + "." +
+         std::to_string(s.driver_version % 1000 / 10);
+}
+
+void Vendor::discover(State& s) {
   const Driver& d = s.driver;
   CUresult result = d.cuInit(0);
   if (result != CUDA_SUCCESS) {
@@ -68,15 +60,9 @@ void discover_devices(State& s) {
     check(d.cuDeviceTotalMem(&total, device->handle), "cuDeviceTotalMem");
     device->total_memory = total;
     char bus[64] = {};
-    unsigned domain = 0, bus_number = 0, slot = 0, function = 0;
-    if (d.cuDeviceGetPCIBusId(bus, sizeof bus - 1, device->handle) == CUDA_SUCCESS &&
-        std::sscanf(bus, "%x:%x:%x.%x", &domain, &bus_number, &slot, &function) == 4) {
-      char normalized[32];  // sysfs spelling: 0000:19:00.0
-      std::snprintf(normalized, sizeof normalized, "%04x:%02x:%02x.%x", domain, bus_number, slot,
-                    function);
-      device->pci_bus_id = normalized;
-    }
-    device->numa_node = read_numa_node(device->pci_bus_id);
+    if (d.cuDeviceGetPCIBusId(bus, sizeof bus - 1, device->handle) == CUDA_SUCCESS)
+      device->pci_bus_id = hm::kit::gpu::sysfs_pci_bus_id(bus);
+    device->numa_node = hm::kit::gpu::read_numa_node(device->pci_bus_id);
 
     bool host_register = attribute(d, device->handle, CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED);
     bool wait_nor =
@@ -109,88 +95,13 @@ void discover_devices(State& s) {
     }
 }
 
-}  // namespace
-
-// libcuda.so.1 is loaded here, not linked (cuda_driver.cc), so the plugin loads anywhere and,
-// where no driver or GPU exists, initialize still succeeds and reports zero devices, with the
-// reason in last_error.
-hm_status initialize(const hm_host_api* host) {
-  return guarded("initialize", [&] {
-    hm::kit::require_struct(host, HM_HOST_API_SIZE_V1, "host");
-    if (g_state) fail(HM_ERR_INVALID_ARGUMENT, "initialize() called twice");
-    auto options = hm::kit::parse_options(host->options);
-    hm::kit::reject_unknown(options, "none");
-    auto s = std::make_unique<State>();
-    s->host = host;
-    s->nonce = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-               (static_cast<uint64_t>(getpid()) << 40) ^ reinterpret_cast<uintptr_t>(s.get());
-    try {
-      s->nonce ^= static_cast<uint64_t>(std::random_device{}()) << 16;
-    } catch (const std::exception&) {
-      // the clock and the pid already tell processes apart
-    }
-    std::string reason = hm::cuda::load_driver(&s->driver);
-    // From here on the driver's error texts are available to check() through g_state.
-    g_state = s.release();
-    if (!reason.empty()) {
-      g_state->no_device_reason = reason;
-    } else {
-      try {
-        discover_devices(*g_state);
-      } catch (const hm::kit::Failure& failure) {
-        g_state->devices.clear();
-        g_state->can_access_peer.clear();
-        g_state->no_device_reason = failure.message;
-      }
-    }
-    State& st = *g_state;
-    if (st.devices.empty()) {
-      hm::kit::last_error_storage() = st.no_device_reason;
-      log(HM_LOG_DEBUG, "no devices: " + st.no_device_reason);  // the loader logs it too
-      return;
-    }
-    std::string summary = std::to_string(st.devices.size()) + " device(s), driver CUDA " +
-                          std::to_string(st.driver_version / 1000) + "." +
-                          std::to_string(st.driver_version % 1000 / 10);
-    for (size_t i = 0; i < st.devices.size(); ++i)
-      summary +=
-          "; " + std::to_string(i) + ": " + st.devices[i]->name + " " + st.devices[i]->pci_bus_id;
-    log(HM_LOG_DEBUG, summary);
-  });
-}
-
 hm_status shutdown() {
   return guarded("shutdown", [&] {
     State& s = state();
     for (auto& device : s.devices)
       if (device->retained.load()) s.driver.cuDevicePrimaryCtxRelease(device->handle);
-    delete g_state;  // libcuda stays loaded: the driver may have threads running
-    g_state = nullptr;
-  });
-}
-
-hm_status device_count(int32_t* count) {
-  return guarded("device_count", [&] {
-    if (count == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "count is NULL");
-    State& s = state();
-    *count = static_cast<int32_t>(s.devices.size());
-    // The loader logs last_error as the reason when there are no devices.
-    if (s.devices.empty()) hm::kit::last_error_storage() = s.no_device_reason;
-  });
-}
-
-hm_status device_properties(int32_t device, hm_device_properties* props) {
-  return guarded("device_properties", [&] {
-    hm::kit::require_struct(props, HM_DEVICE_PROPERTIES_SIZE_V1, "props");
-    DeviceState& d = device_state(device);
-    std::snprintf(props->name, sizeof props->name, "%s", d.name.c_str());
-    std::snprintf(props->vendor, sizeof props->vendor, "NVIDIA");
-    props->dlpack_device_type = HM_DLPACK_CUDA;
-    std::snprintf(props->pci_bus_id, sizeof props->pci_bus_id, "%s", d.pci_bus_id.c_str());
-    props->numa_node = d.numa_node;
-    props->total_memory = d.total_memory;
-    props->capabilities = d.capabilities;
-    props->memory_alignment = kMemoryAlignment;
+    delete &s;  // libcuda stays loaded: the driver may have threads running
+    hm::kit::gpu::state_pointer<State>() = nullptr;
   });
 }
 

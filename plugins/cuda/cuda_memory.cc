@@ -1,184 +1,102 @@
-// The memory slots of the cuda plugin: mem_alloc/mem_free (device memory and memfd-backed pinned
-// memory), pointer_query, memcpy_async, memset_async and host_register/host_unregister. What they
-// allocate or register goes into State::table, which pointer_query, IPC and memops consult.
+// The cuda plugin's memory calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_memory.hpp has the
+// slots): device memory (cuMemAlloc), pinned memory (memfd pages registered with CUDA, else
+// cuMemHostAlloc), host registration, what CUDA says of a pointer the plugin does not know, copies
+// and fills.
 #include "cuda_slots.hpp"
 #include "cuda_state.hpp"
 
-#include <hetmesh/plugin_kit/memfd.hpp>
-
-#include <sys/mman.h>
-#include <unistd.h>
+#include <hetmesh/plugin_kit/gpu_pinned.hpp>
 
 #include <cstring>
 #include <memory>
 
 namespace hm::cuda {
 
-// ---- slots: memory ----
+void* Vendor::alloc_device(uint64_t size, Allocation* a) {
+  CUdeviceptr address = 0;
+  HM_CU(cuMemAlloc, &address, size);
+  a->device_address = address;
+  return reinterpret_cast<void*>(address);
+}
 
-namespace {
+void Vendor::free_device(void* ptr) {
+  HM_CU(cuMemFree, reinterpret_cast<CUdeviceptr>(ptr));
+}
 
-// Page-locked, shareable host memory: a memfd mapping registered with CUDA.
-void* alloc_memfd_pinned(int32_t device, uint64_t size, Allocation* out) {
-  uint64_t mapped = hm::kit::round_up(size, hm::kit::page_size());
-  int fd = hm::kit::create_memfd("hetmesh-cuda-pinned", size);
-  void* ptr = nullptr;
+void* Vendor::alloc_pinned(int32_t device, uint64_t size, Allocation* a) {
+  if (device_state(device).memfd_pinned)
+    return hm::kit::gpu::alloc_memfd_pinned<Vendor>(device, size, a);
+  ContextScope scope(device);
+  void* result = nullptr;
+  HM_CU(cuMemHostAlloc, &result, size, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+  a->device_address = host_device_address(result);
+  return result;
+}
+
+void Vendor::free_pinned(void* ptr, const Allocation& a) {
+  if (a.fd >= 0)
+    hm::kit::gpu::release_memfd_mapping<Vendor>(ptr, a);
+  else
+    HM_CU(cuMemFreeHost, ptr);
+}
+
+// Registers [ptr, ptr+size) with every context (PORTABLE) and maps it for the devices (DEVICEMAP).
+uint64_t Vendor::register_host(int32_t device, void* ptr, uint64_t size) {
+  ContextScope scope(device);
+  HM_CU(cuMemHostRegister, ptr, size, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   try {
-    ptr = hm::kit::map_memfd(fd, size, PROT_READ | PROT_WRITE);
-    out->device_address = register_host_range(device, ptr, mapped);
+    return host_device_address(ptr);
   } catch (...) {
-    hm::kit::unmap(ptr, size);
-    close(fd);
+    drv().cuMemHostUnregister(ptr);
     throw;
   }
-  out->fd = fd;
-  out->mapped = mapped;
-  return ptr;
 }
 
-}  // namespace
+void Vendor::unregister_host(void* ptr) {
+  HM_CU(cuMemHostUnregister, ptr);
+}
 
-hm_status mem_alloc(int32_t device, uint64_t size, int32_t kind, void** ptr) {
-  return guarded("mem_alloc", [&] {
-    if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "ptr is NULL");
-    *ptr = nullptr;
-    DeviceState& d = device_state(device);
-    if (size == 0) fail(HM_ERR_INVALID_ARGUMENT, "size is 0");
-    if (kind != HM_MEM_DEVICE && kind != HM_MEM_PINNED_HOST)
-      fail(HM_ERR_INVALID_ARGUMENT, "kind %d is not HM_MEM_DEVICE or HM_MEM_PINNED_HOST", kind);
-    Allocation a;
-    a.size = size;
-    a.kind = kind;
-    a.device = device;
-    void* result = nullptr;
-    if (kind == HM_MEM_DEVICE) {
-      ContextScope scope(device);
-      CUdeviceptr address = 0;
-      HM_CU(cuMemAlloc, &address, size);
-      a.device_address = address;
-      result = reinterpret_cast<void*>(address);
-    } else if (d.memfd_pinned) {
-      a.host = true;
-      result = alloc_memfd_pinned(device, size, &a);
-    } else {
-      ContextScope scope(device);
-      a.host = true;
-      HM_CU(cuMemHostAlloc, &result, size, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-      a.device_address = host_device_address(result);
+Memory Vendor::classify_foreign(const void* ptr) {
+  State& s = state();
+  // Ask CUDA in the context of a device we already use, or the caller's own.
+  std::unique_ptr<ContextScope> scope;
+  for (int32_t d = 0; d < static_cast<int32_t>(s.devices.size()); ++d)
+    if (s.devices[static_cast<size_t>(d)]->retained.load(std::memory_order_acquire)) {
+      scope = std::make_unique<ContextScope>(d);
+      break;
     }
-    state().table.insert(result, a);
-    *ptr = result;
-  });
+  CUpointer_attribute attributes[] = {
+      CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+      CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+      CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  constexpr unsigned kCount = sizeof attributes / sizeof attributes[0];
+  // Each value fits 8 zeroed bytes, read back in its own type (all little-endian integers).
+  uint64_t values[kCount] = {};
+  void* data[kCount];
+  for (unsigned i = 0; i < kCount; ++i)
+    data[i] = &values[i];
+  if (s.driver.cuPointerGetAttributes(kCount, attributes, data,
+                                      reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS)
+    return {};
+  unsigned type;
+  int ordinal;
+  std::memcpy(&type, &values[0], sizeof type);
+  std::memcpy(&ordinal, &values[1], sizeof ordinal);
+  bool managed = (values[4] & 0xff) != 0;
+  int32_t kind = managed                        ? HM_MEM_UNKNOWN
+                 : type == CU_MEMORYTYPE_DEVICE ? HM_MEM_DEVICE
+                 : type == CU_MEMORYTYPE_HOST   ? HM_MEM_PINNED_HOST
+                                                : HM_MEM_UNKNOWN;
+  return hm::kit::gpu::foreign_memory(kind, ordinal, s.devices.size(), values[2], values[3]);
 }
 
-hm_status mem_free(void* ptr) {
-  return guarded("mem_free", [&] {
-    if (ptr == nullptr) return;
-    State& s = state();
-    auto hit = s.table.find(ptr);
-    if (!hit || hit->base != reinterpret_cast<uintptr_t>(ptr) ||
-        (hit->allocation.kind != HM_MEM_DEVICE && hit->allocation.kind != HM_MEM_PINNED_HOST))
-      fail(HM_ERR_INVALID_ARGUMENT, "%p is not the start of an allocation from mem_alloc", ptr);
-    Allocation a = *s.table.erase(ptr);
-    ContextScope scope(a.device);
-    if (a.kind == HM_MEM_DEVICE)
-      HM_CU(cuMemFree, reinterpret_cast<CUdeviceptr>(ptr));
-    else if (a.fd >= 0)
-      release_memfd_mapping(ptr, a);
-    else
-      HM_CU(cuMemFreeHost, ptr);
-  });
+void Vendor::copy_async(void* dst, const void* src, uint64_t size, CUstream stream) {
+  HM_CU(cuMemcpyAsync, reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), size,
+        stream);
 }
 
-hm_status pointer_query(const void* ptr, hm_pointer_info* info) {
-  return guarded("pointer_query", [&] {
-    hm::kit::require_struct(info, HM_POINTER_INFO_SIZE_V1, "info");
-    Memory m = classify(ptr);
-    info->kind = m.kind;
-    info->device = m.kind == HM_MEM_UNKNOWN ? -1 : m.device;
-    info->base = m.kind == HM_MEM_UNKNOWN ? nullptr : reinterpret_cast<void*>(m.base);
-    info->size = m.kind == HM_MEM_UNKNOWN ? 0 : m.size;
-  });
-}
-
-hm_status memcpy_async(hm_stream stream, void* dst, const void* src, uint64_t size) {
-  return guarded("memcpy_async", [&] {
-    Stream& s = stream_of(stream);
-    if (size == 0) return;
-    if (dst == nullptr || src == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "dst or src is NULL");
-    ContextScope scope(s.device);
-    // Unified addressing: the driver finds each side's memory (any device, pinned, registered or
-    // pageable host memory) and picks the direction, a peer copy included.
-    HM_CU(cuMemcpyAsync, reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),
-          size, s.stream);
-  });
-}
-
-namespace {
-
-struct HostFill {
-  void* dst;
-  uint8_t value;
-  uint64_t size;
-};
-
-void CUDA_CB run_host_fill(void* user) {
-  std::unique_ptr<HostFill> fill(static_cast<HostFill*>(user));
-  std::memset(fill->dst, fill->value, fill->size);
-}
-
-}  // namespace
-
-hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size) {
-  return guarded("memset_async", [&] {
-    Stream& s = stream_of(stream);
-    if (size == 0) return;
-    if (dst == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "dst is NULL");
-    Memory m = classify(dst);
-    ContextScope scope(s.device);
-    if (m.kind != HM_MEM_UNKNOWN && !m.host) {
-      HM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(dst), static_cast<unsigned char>(value),
-            size, s.stream);
-      return;
-    }
-    // Host memory: the host fills it in stream order (no kernel touches host pages).
-    auto fill = std::make_unique<HostFill>(HostFill{dst, static_cast<uint8_t>(value), size});
-    HM_CU(cuLaunchHostFunc, s.stream, run_host_fill, fill.get());
-    fill.release();  // run_host_fill owns it now
-  });
-}
-
-hm_status host_register(void* ptr, uint64_t size) {
-  return guarded("host_register", [&] {
-    State& s = state();
-    if (s.devices.empty())
-      fail(HM_ERR_NOT_SUPPORTED, "no CUDA device: %s", s.no_device_reason.c_str());
-    require(*s.devices[0], HM_CAP_HOST_REGISTER, "host_register");
-    if (ptr == nullptr || size == 0) fail(HM_ERR_INVALID_ARGUMENT, "empty range");
-    if (s.table.find(ptr) || s.table.find(static_cast<char*>(ptr) + size - 1))
-      fail(HM_ERR_INVALID_ARGUMENT, "[%p, +%llu) overlaps memory this plugin already knows", ptr,
-           static_cast<unsigned long long>(size));
-    Allocation a;
-    a.size = size;
-    a.kind = HM_MEM_REGISTERED_HOST;
-    a.device = 0;
-    a.host = true;
-    a.device_address = register_host_range(0, ptr, size);
-    s.table.insert(ptr, a);
-  });
-}
-
-hm_status host_unregister(void* ptr) {
-  return guarded("host_unregister", [&] {
-    State& s = state();
-    auto hit = s.table.find(ptr);
-    if (ptr == nullptr || !hit || hit->base != reinterpret_cast<uintptr_t>(ptr) ||
-        hit->allocation.kind != HM_MEM_REGISTERED_HOST)
-      fail(HM_ERR_INVALID_ARGUMENT, "%p was not registered with host_register", ptr);
-    s.table.erase(ptr);
-    ContextScope scope(hit->allocation.device);
-    HM_CU(cuMemHostUnregister, ptr);
-  });
+void Vendor::fill_async(void* dst, uint8_t value, uint64_t size, CUstream stream) {
+  HM_CU(cuMemsetD8Async, reinterpret_cast<CUdeviceptr>(dst), value, size, stream);
 }
 
 }  // namespace hm::cuda

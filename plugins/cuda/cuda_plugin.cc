@@ -1,12 +1,14 @@
 // cuda: NVIDIA GPUs through the CUDA driver API, host code only (design: plugins/cuda/README.md).
 // This file holds the vendor extensions and the slot table behind the plugin's only exported
-// symbol, hm_device_plugin_v1; the slots live in the other cuda_*.cc files (cuda_slots.hpp).
+// symbol, hm_device_plugin_v1: the kit's GPU layer over the CUDA calls in the other cuda_*.cc files
+// (cuda_slots.hpp), and the slots the plugin writes itself.
 #include "cuda_slots.hpp"
 #include "cuda_state.hpp"
 
 #include <hetmesh/cuda.h>
 #include <hetmesh/device_plugin.h>
 #include <hetmesh/plugin_kit/extension.hpp>
+#include <hetmesh/plugin_kit/gpu_slots.hpp>
 #include <hetmesh/plugin_kit/status.hpp>
 
 #include <cstdio>
@@ -42,40 +44,10 @@ hm_device_plugin_api make_table() {
   std::snprintf(version, sizeof version, "%s+cuda%d.%d", HETMESH_VERSION, CUDA_VERSION / 1000,
                 CUDA_VERSION % 1000 / 10);
   hm_device_plugin_api t{};
-  t.struct_size = sizeof t;
-  t.abi_major = HM_DEVICE_PLUGIN_ABI_MAJOR;
-  t.abi_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
+  hm::kit::gpu::install_gpu_slots<Vendor>(t);
   t.name = "cuda";
   t.version = version;
-  t.initialize = initialize;
-  t.last_error = hm::kit::last_error;
-  t.device_count = device_count;
-  t.device_properties = device_properties;
-  t.mem_alloc = mem_alloc;
-  t.mem_free = mem_free;
-  t.pointer_query = pointer_query;
-  t.memcpy_async = memcpy_async;
-  t.memset_async = memset_async;
-  t.stream_create = stream_create;
-  t.stream_destroy = stream_destroy;
-  t.stream_synchronize = stream_synchronize;
-  t.stream_query = stream_query;
-  t.event_create = event_create;
-  t.event_destroy = event_destroy;
-  t.event_record = event_record;
-  t.event_query = event_query;
-  t.event_synchronize = event_synchronize;
-  t.stream_wait_event = stream_wait_event;
   t.shutdown = shutdown;
-  t.host_register = host_register;
-  t.host_unregister = host_unregister;
-  t.stream_add_callback = stream_add_callback;
-  t.event_elapsed_ms = event_elapsed_ms;
-  t.stream_write_value32 = stream_write_value32;
-  t.stream_wait_value32 = stream_wait_value32;
-  t.ipc_export = ipc_export;
-  t.ipc_open = ipc_open;
-  t.ipc_close = ipc_close;
   t.dmabuf_export = dmabuf_export;
   t.dmabuf_release = dmabuf_release;
   t.get_extension = get_extension;

@@ -1,90 +1,65 @@
-// What every slot file of the cuda plugin shares: the plugin state, the driver-call check, device
-// contexts, the stream and event handles, timed waits and address lookups. Internal to the plugin:
-// built with hidden visibility, so nothing here is exported (only hm_device_plugin_v1 is).
+// What every file of the cuda plugin shares: the plugin state, the driver-call check, device
+// contexts and the stream and event handles. Internal to the plugin: built with hidden visibility,
+// so nothing here is exported (only hm_device_plugin_v1 is).
 #pragma once
 
 #include "cuda_driver.hpp"
 
 #include <hetmesh/device_plugin.h>
-#include <hetmesh/plugin_kit/allocation_table.hpp>
+#include <hetmesh/plugin_kit/gpu_address.hpp>
+#include <hetmesh/plugin_kit/gpu_handles.hpp>
+#include <hetmesh/plugin_kit/gpu_state.hpp>
 #include <hetmesh/plugin_kit/status.hpp>
 
-#include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
-#include <vector>
 
 namespace hm::cuda {
 
 using hm::kit::fail;
 using hm::kit::guarded;
-
-constexpr uint32_t kStreamMagic = 0x4d525453;  // "STRM"
-constexpr uint32_t kEventMagic = 0x544e5645;   // "EVNT"
+using hm::kit::gpu::Memory;
 
 // ---- state ----
 
-struct DeviceState {
+struct DeviceState : hm::kit::gpu::Device {
   CUdevice handle = 0;
-  std::string name;
-  std::string pci_bus_id;
-  int32_t numa_node = -1;
-  uint64_t total_memory = 0;
-  hm_capabilities capabilities = 0;
   bool memfd_pinned = false;  // pinned memory is registered memfd pages (else cuMemHostAlloc)
   bool flush_remote_writes = false;
   std::atomic<bool> retained{false};
   CUcontext context = nullptr;  // the primary context, once retained
 };
 
-// What the plugin knows about an address range it allocated, registered or mapped.
-struct Allocation {
-  uint64_t size = 0;  // bytes as requested: what pointer_query reports
-  int32_t kind = HM_MEM_UNKNOWN;
-  int32_t device = -1;
-  bool host = false;               // host RAM (pinned, registered, or a peer's pinned memory)
-  CUdeviceptr device_address = 0;  // the device's address of the range's start
-  int fd = -1;                     // memfd behind pinned memory (the exporter's or our mapping's)
-  uint64_t mapped = 0;             // bytes mmap()ed by the plugin (memfd-backed memory), else 0
-};
-
-struct State {
-  const hm_host_api* host = nullptr;
+struct State : hm::kit::gpu::State<DeviceState> {
   Driver driver;
-  std::string no_device_reason;
   int driver_version = 0;
-  uint64_t nonce = 0;  // tells this process's IPC handles from those of a process with our pid
-  std::vector<std::unique_ptr<DeviceState>> devices;
-  std::vector<std::vector<bool>> can_access_peer;  // [from][to]
   std::mutex context_mutex;
-  hm::kit::AllocationTable<Allocation> table;
 };
-// Never destroyed at exit (only by shutdown()): driver callback threads and the host's threads may
-// still call in while static destructors run.
-extern State* g_state;
 
 // The state; fails with HM_ERR_UNINITIALIZED until initialize() has succeeded.
-State& state();
+inline State& state() {
+  return hm::kit::gpu::state<State>();
+}
 const Driver& drv();
 // Sends "cuda: <message>" to the host's log sink, if there is one.
-void log(int32_t level, const std::string& message);
+inline void log(int32_t level, const std::string& message) {
+  hm::kit::gpu::log<State>("cuda", level, message);
+}
 
 // Errors. CUresult maps to hm_status in cuda_driver.cc; last_error reads
 // "<slot>: <cuCall> failed: CUDA_ERROR_<NAME>: <cuGetErrorString text>".
 void check(CUresult result, const char* call);
+
+// For queries: true on CUDA_SUCCESS, false on CUDA_ERROR_NOT_READY, else fails as check().
+bool ready(CUresult result, const char* call);
 
 // Calls a driver entry point and fails with its name and the driver's error text.
 #define HM_CU(fn, ...) check(drv().fn(__VA_ARGS__), #fn)
 
 // The device's state; HM_ERR_INVALID_ARGUMENT for an index that is not a device.
 DeviceState& device_state(int32_t device);
-// Fails with HM_ERR_NOT_SUPPORTED unless `d` has every bit of `cap`.
-void require(const DeviceState& d, hm_capabilities cap, const char* what);
 
 // ---- contexts ----
 //
@@ -111,7 +86,8 @@ class ContextScope {
     if (previous != nullptr && previous != context) previous_ = previous;
   }
   ~ContextScope() {
-    if (previous_ != nullptr) g_state->driver.cuCtxSetCurrent(previous_);
+    if (previous_ != nullptr)
+      hm::kit::gpu::state_pointer<State>()->driver.cuCtxSetCurrent(previous_);
   }
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
@@ -122,60 +98,13 @@ class ContextScope {
 
 // ---- streams and events ----
 
-struct Stream {
-  uint32_t magic = kStreamMagic;
-  int32_t device = 0;
-  CUstream stream = nullptr;
-};
-
-struct Event {
-  uint32_t magic = kEventMagic;
-  int32_t device = 0;
-  unsigned flags = 0;  // CU_EVENT_*
-  bool timing = true;
-  std::mutex mutex;  // guards creating events[d] for d != device
-  // One CUevent per device it was recorded on (CUDA events belong to one context); events[device]
-  // exists from event_create.
-  std::vector<CUevent> events;
-  std::atomic<int32_t> recorded_on{-1};  // device of the latest record, -1 if never recorded
-};
+// A CUDA event belongs to one context: an hm_event holds one CUevent per device it was recorded on.
+using Stream = hm::kit::gpu::Stream<CUstream>;
+using Event = hm::kit::gpu::Event<CUevent>;
 
 // The handle's object; HM_ERR_INVALID_HANDLE for NULL or a handle this plugin did not make.
-Stream& stream_of(hm_stream handle);
-Event& event_of(hm_event handle);
-
-// Sync with a timeout. CUDA has no timed stream or event wait: a finite timeout polls
-// cuStreamQuery / cuEventQuery, yielding at first and then sleeping in doubling steps (up to
-// 100 us, never past the deadline); an infinite one blocks in cuStreamSynchronize /
-// cuEventSynchronize.
-//
-// Polls `query` (a CUresult-returning callable) until it stops answering CUDA_ERROR_NOT_READY or
-// `timeout_ns` passes. Copies and kernels a comm thread waits for take microseconds, and a sleep
-// costs at least the timer slack (50 us by default), so it spins (yielding) for kSpin first and
-// only then sleeps, in doubling steps up to 100 us.
-template <typename Query>
-void poll_until_done(Query query, uint64_t timeout_ns, const char* call, const char* what) {
-  using Clock = std::chrono::steady_clock;
-  constexpr uint64_t kSpinNs = 200'000;
-  const Clock::time_point start = Clock::now();
-  uint64_t sleep_ns = 1000;
-  for (;;) {
-    CUresult result = query();
-    if (result == CUDA_SUCCESS) return;
-    if (result != CUDA_ERROR_NOT_READY) check(result, call);
-    uint64_t elapsed = static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
-    if (elapsed >= timeout_ns)
-      fail(HM_ERR_TIMEOUT, "%s still pending after %llu ns", what,
-           static_cast<unsigned long long>(timeout_ns));
-    if (elapsed < kSpinNs) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(
-          std::chrono::nanoseconds(std::min(sleep_ns, timeout_ns - elapsed)));
-      sleep_ns = std::min<uint64_t>(sleep_ns * 2, 100'000);
-    }
-  }
+inline Stream& stream_of(hm_stream handle) {
+  return hm::kit::gpu::stream_of<Stream>(handle);
 }
 
 // ---- memory ----
@@ -187,26 +116,7 @@ void poll_until_done(Query query, uint64_t timeout_ns, const char* call, const c
 // with the exact requested sizes; any other pointer is asked of CUDA (cuPointerGetAttributes), so
 // memory from another CUDA user in the process is recognised too.
 
-// What an address is: the plugin's own table first, then CUDA itself (memory another CUDA user
-// of this process allocated). Managed memory and unknown pointers are HM_MEM_UNKNOWN.
-struct Memory {
-  int32_t kind = HM_MEM_UNKNOWN;
-  int32_t device = -1;
-  uintptr_t base = 0;
-  uint64_t size = 0;
-  bool host = false;
-  CUdeviceptr device_address = 0;  // device address of `base`; 0 if not known yet
-};
-
-Memory classify(const void* ptr);
-
 // Device address of a host range known to CUDA (pinned or registered).
 CUdeviceptr host_device_address(void* base);
-
-// Registers [ptr, ptr+size) with every context (PORTABLE) and maps it for the devices (DEVICEMAP).
-CUdeviceptr register_host_range(int32_t device, void* ptr, uint64_t size);
-
-// Unregisters, unmaps and closes memfd-backed host memory (pinned, or a peer's mapped pinned).
-void release_memfd_mapping(void* ptr, const Allocation& a);
 
 }  // namespace hm::cuda

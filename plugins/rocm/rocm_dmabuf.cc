@@ -1,29 +1,12 @@
 // dma-buf export of device memory: hsa_amd_portable_export_dmabuf, for page-aligned ranges.
-#include "rocm_memory.hpp"
 #include "slots.hpp"
-
-#include <hetmesh/plugin_kit/memfd.hpp>
-
-#include <unistd.h>
 
 namespace hm::rocm {
 
-using hm::kit::fail;
-using hm::kit::guarded;
-
 hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
   return guarded("dmabuf_export", [&] {
-    hm::kit::require_struct(out, HM_DMABUF_SIZE_V1, "out");
-    Memory m = classify(ptr);
-    if (m.kind != HM_MEM_DEVICE)
-      fail(HM_ERR_INVALID_ARGUMENT, "%p is not device memory of this plugin", ptr);
-    require(device_state(m.device), HM_CAP_DMABUF_EXPORT, "dma-buf export");
-    const uint64_t page = hm::kit::page_size();
+    Memory m = hm::kit::gpu::dmabuf_range<Vendor>(ptr, size, out);
     const auto start = reinterpret_cast<uintptr_t>(ptr);
-    if (size == 0 || start % page != 0 || size % page != 0)
-      fail(HM_ERR_INVALID_ARGUMENT,
-           "dma-buf ranges must be page-aligned: %p + %llu (page size %llu)", ptr,
-           static_cast<unsigned long long>(size), static_cast<unsigned long long>(page));
     if (start - m.base + size > m.size)
       fail(HM_ERR_INVALID_ARGUMENT, "%p + %llu overruns its allocation (%llu bytes at %p)", ptr,
            static_cast<unsigned long long>(size), static_cast<unsigned long long>(m.size),

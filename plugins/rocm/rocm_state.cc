@@ -5,10 +5,6 @@
 namespace hm::rocm {
 namespace {
 
-// Never destroyed at exit (only by shutdown()): runtime callback threads and the host's threads
-// may still call in while static destructors run.
-State* g_state = nullptr;
-
 void enable_peer_access(State& s, int32_t from, int32_t to) {
   if (!s.can_access_peer[static_cast<size_t>(from)][static_cast<size_t>(to)]) return;
   hipError_t error = s.hip.hipSetDevice(from);
@@ -43,41 +39,19 @@ void activate(int32_t device) {
 State::State() = default;
 State::~State() = default;
 
-State& state() {
-  if (g_state == nullptr) hm::kit::fail(HM_ERR_UNINITIALIZED, "initialize() has not succeeded");
-  return *g_state;
-}
-
-State* state_or_null() {
-  return g_state;
-}
-
-void set_state(State* s) {
-  g_state = s;
-}
-
-void log(int32_t level, const std::string& message) {
-  const hm_host_api* host = g_state != nullptr ? g_state->host : nullptr;
-  if (host != nullptr && host->log != nullptr)
-    host->log(host->log_context, level, ("rocm: " + message).c_str());
-}
-
 void check(hipError_t error, const char* call) {
   if (error != hipSuccess)
-    hm::kit::fail(status_of(error), "%s failed: %s", call, describe(hip(), error).c_str());
+    fail(status_of(error), "%s failed: %s", call, describe(hip(), error).c_str());
+}
+
+bool ready(hipError_t error, const char* call) {
+  if (error == hipErrorNotReady) return false;
+  check(error, call);
+  return true;
 }
 
 DeviceState& device_state(int32_t device) {
-  State& s = state();
-  if (device < 0 || device >= static_cast<int32_t>(s.devices.size()))
-    hm::kit::fail(HM_ERR_INVALID_ARGUMENT, "device %d does not exist (%zu devices)", device,
-                  s.devices.size());
-  return *s.devices[static_cast<size_t>(device)];
-}
-
-void require(const DeviceState& device, hm_capabilities cap, const char* what) {
-  if ((device.capabilities & cap) != cap)
-    hm::kit::fail(HM_ERR_NOT_SUPPORTED, "%s is not supported on %s", what, device.name.c_str());
+  return hm::kit::gpu::device_state(state(), device);
 }
 
 DeviceScope::DeviceScope(int32_t device) {
@@ -90,7 +64,8 @@ DeviceScope::DeviceScope(int32_t device) {
 }
 
 DeviceScope::~DeviceScope() {
-  if (previous_ >= 0 && g_state != nullptr) (void)g_state->hip.hipSetDevice(previous_);
+  State* s = hm::kit::gpu::state_pointer<State>();
+  if (previous_ >= 0 && s != nullptr) (void)s->hip.hipSetDevice(previous_);
 }
 
 }  // namespace hm::rocm

@@ -32,8 +32,8 @@ bool from_hex(const std::string& hex, hm_ipc_handle* handle) {
 
 }  // namespace
 
-void expect_ipc_round_trip(const Device& exporter, const Device& importer) {
-  Buffer buffer = exporter.allocate(kSize);
+void expect_ipc_round_trip(const Device& exporter, const Device& importer, MemoryKind kind) {
+  Buffer buffer = exporter.allocate(kSize, kind);
   Buffer staging =
       exporter.allocate(kSize, exporter.has(HM_CAP_PINNED_HOST_MEMORY) ? MemoryKind::pinned_host
                                                                        : MemoryKind::device);
@@ -86,10 +86,23 @@ int run_ipc_peer(int argc, char** argv) {
 
     IpcMapping mapping(device, handle);
     PointerInfo info = device.query(static_cast<char*>(mapping.data()) + size - 1);
-    if (info.kind != HM_MEM_IPC_MAPPED || info.base != mapping.data()) {
-      std::printf("pointer_query on the mapping gave kind %d base %p (expected IPC_MAPPED %p)\n",
-                  info.kind, info.base, mapping.data());
+    bool host_pointer = info.kind == HM_MEM_IPC_MAPPED_HOST;
+    if ((info.kind != HM_MEM_IPC_MAPPED && !host_pointer) || info.base != mapping.data()) {
+      std::printf(
+          "pointer_query on the mapping gave kind %d base %p (expected IPC_MAPPED or "
+          "IPC_MAPPED_HOST, %p)\n",
+          info.kind, info.base, mapping.data());
       return 4;
+    }
+    // A mapping that claims to be a host pointer is read and written as one.
+    if (host_pointer) {
+      if (int64_t bad = find_mismatch(mapping.data(), size, seed); bad >= 0) {
+        std::printf(
+            "IPC_MAPPED_HOST: the host reads other bytes than the exporter's at offset "
+            "%lld\n",
+            static_cast<long long>(bad));
+        return 5;
+      }
     }
     std::vector<uint8_t> host(size);
     Stream stream = device.create_stream();
@@ -99,8 +112,12 @@ int run_ipc_peer(int argc, char** argv) {
       std::printf("exporter's bytes differ at offset %lld\n", static_cast<long long>(bad));
       return 5;
     }
-    stream.fill(mapping.data(), kPeerFill, size);
-    stream.synchronize(std::chrono::seconds(60));
+    if (host_pointer) {
+      std::memset(mapping.data(), kPeerFill, size);
+    } else {
+      stream.fill(mapping.data(), kPeerFill, size);
+      stream.synchronize(std::chrono::seconds(60));
+    }
     return 0;
   } catch (const std::exception& e) {
     std::printf("%s\n", e.what());

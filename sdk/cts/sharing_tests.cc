@@ -20,6 +20,11 @@ TEST_P(DeviceTest, IpcHandleOpensInAnotherProcess) {
   expect_ipc_round_trip(device(), device());
 }
 
+TEST_P(DeviceTest, IpcHandleOfPinnedMemoryOpensInAnotherProcess) {
+  HM_REQUIRE(HM_CAP_IPC | HM_CAP_PINNED_HOST_MEMORY, "IPC of pinned host memory");
+  expect_ipc_round_trip(device(), device(), MemoryKind::pinned_host);
+}
+
 TEST_P(DeviceTest, IpcExportRejectsForeignMemory) {
   HM_REQUIRE(HM_CAP_IPC, "IPC");
   ASSERT_NE(api().ipc_export, nullptr) << "capability set but slot is NULL";

@@ -20,10 +20,10 @@ hm::kit::HostMemory& memory() {
   return *g_memory;
 }
 
-hm_status initialize(const hm_host_api*) {
+hm_status initialize(const hm_host_api* host) {
   return guarded("initialize", [&] {
-    g_memory = std::make_unique<hm::kit::HostMemory>(0x5241494c, false,
-                                                     std::vector<uint64_t>{uint64_t{1} << 30});
+    g_memory = std::make_unique<hm::kit::HostMemory>(
+        0x5241494c, false, std::vector<uint64_t>{uint64_t{1} << 30}, host);
   });
 }
 

@@ -40,7 +40,8 @@ extern "C" {
 #endif
 
 #define HM_DEVICE_PLUGIN_ABI_MAJOR 1
-#define HM_DEVICE_PLUGIN_ABI_MINOR 0
+/* Minor 1 added HM_MEM_IPC_MAPPED_HOST. */
+#define HM_DEVICE_PLUGIN_ABI_MINOR 1
 
 /* The one exported symbol of a v1 plugin; a future v2 plugin may export both. */
 #define HM_DEVICE_PLUGIN_ENTRY_V1 "hm_device_plugin_v1"
@@ -152,7 +153,11 @@ typedef enum hm_memory_kind {
   HM_MEM_DEVICE = 1,          /* device memory */
   HM_MEM_PINNED_HOST = 2,     /* page-locked host memory, host-addressable, device-accessible */
   HM_MEM_REGISTERED_HOST = 3, /* host memory registered through host_register */
-  HM_MEM_IPC_MAPPED = 4       /* a peer's device memory opened through ipc_open */
+  HM_MEM_IPC_MAPPED = 4,      /* a peer's device memory opened through ipc_open */
+  /* Since minor 1: a peer's pinned host memory opened through ipc_open, which host code may also
+   * read and write (so a transport copies small things into it with memcpy, not a copy engine).
+   * Reported only to a host of minor >= 1; older hosts get HM_MEM_IPC_MAPPED. */
+  HM_MEM_IPC_MAPPED_HOST = 5
 } hm_memory_kind;
 
 typedef struct hm_pointer_info {
@@ -311,7 +316,8 @@ typedef struct hm_device_plugin_api {
    * exporter keeps the allocation. */
   hm_status (*ipc_export)(void* ptr, hm_ipc_handle* handle);
   /* HM_CAP_IPC: map a peer process's allocation for use by `device`. Returns the mapped base of the
-   * whole exported allocation; pointer_query then reports HM_MEM_IPC_MAPPED. Opening a handle
+   * whole exported allocation; pointer_query then reports HM_MEM_IPC_MAPPED, or
+   * HM_MEM_IPC_MAPPED_HOST where the mapping is also a host pointer. Opening a handle
    * exported by the same process may fail with HM_ERR_NOT_SUPPORTED (CUDA refuses it). */
   hm_status (*ipc_open)(int32_t device, const hm_ipc_handle* handle, void** ptr);
   hm_status (*ipc_close)(void* ptr);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "allocation_table.hpp"
+#include "ipc_kind.hpp"
 #include "memfd.hpp"
 #include "status.hpp"
 
@@ -25,9 +26,12 @@ class HostMemory {
     uint8_t* view;  // host-writable view of the same bytes
   };
 
-  HostMemory(uint32_t ipc_magic, bool hidden_device_memory, std::vector<uint64_t> device_capacity)
+  // `host` (the one given to initialize) decides how opened pinned memory is reported.
+  HostMemory(uint32_t ipc_magic, bool hidden_device_memory, std::vector<uint64_t> device_capacity,
+             const hm_host_api* host)
       : magic_(ipc_magic),
         hidden_(hidden_device_memory),
+        pinned_mapping_kind_(host_pointer_mapping_kind(host)),
         capacity_(std::move(device_capacity)),
         used_(capacity_.size()) {}
 
@@ -142,7 +146,8 @@ class HostMemory {
       void* handed_out = view;
       if (hidden_ && h.kind == HM_MEM_DEVICE) handed_out = map_hidden(fd, h.size, view);
       close(fd);
-      table_.insert(handed_out, Allocation{h.size, HM_MEM_IPC_MAPPED, device, -1, view});
+      int32_t kind = h.kind == HM_MEM_PINNED_HOST ? pinned_mapping_kind_ : HM_MEM_IPC_MAPPED;
+      table_.insert(handed_out, Allocation{h.size, kind, device, -1, view});
       return handed_out;
     } catch (...) {
       close(fd);
@@ -153,7 +158,7 @@ class HostMemory {
   void ipc_close(void* ptr) {
     auto hit = table_.find(ptr);
     if (!hit || hit->base != reinterpret_cast<uintptr_t>(ptr) ||
-        hit->allocation.kind != HM_MEM_IPC_MAPPED)
+        !is_ipc_mapping(hit->allocation.kind))
       fail(HM_ERR_INVALID_ARGUMENT, "%p is not a base address returned by ipc_open", ptr);
     release(ptr, *table_.erase(ptr));
   }
@@ -204,6 +209,7 @@ class HostMemory {
 
   const uint32_t magic_;
   const bool hidden_;
+  const int32_t pinned_mapping_kind_;  // of an opened peer allocation of pinned memory
   const std::vector<uint64_t> capacity_;
   std::vector<std::atomic<uint64_t>> used_;
   AllocationTable<Allocation> table_;

@@ -80,15 +80,19 @@ inline MemfdHandle decode_handle(const hm_ipc_handle* handle, uint32_t magic) {
 }
 
 // Opens the exporter's memfd through procfs. Fails clearly if the exporter is gone.
-inline int open_peer_memfd(const MemfdHandle& h) {
+inline int open_peer_memfd(int32_t pid, int32_t peer_fd) {
   char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+  std::snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, peer_fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0)
     fail(errno == ENOENT ? HM_ERR_INVALID_ARGUMENT : HM_ERR_BACKEND,
          "cannot open %s (exporting process gone or not permitted): %s", path,
          std::strerror(errno));
   return fd;
+}
+
+inline int open_peer_memfd(const MemfdHandle& h) {
+  return open_peer_memfd(h.pid, h.fd);
 }
 
 // dma-buf through /dev/udmabuf, which wraps sealed memfd pages. Absent on many kernels.

@@ -1,0 +1,95 @@
+// The IPC slots of a GPU plugin over the vendor calls of `V` (gpu_vendor.hpp lists them): device
+// memory through the runtime's IPC handles, pinned memory through its memfd (gpu_pinned.hpp).
+#pragma once
+
+#include "gpu_ipc_handle.hpp"
+#include "gpu_pinned.hpp"
+#include "gpu_state.hpp"
+#include "ipc_kind.hpp"
+#include "status.hpp"
+
+#include <unistd.h>
+
+#include <optional>
+
+namespace hm::kit::gpu {
+
+template <typename V>
+hm_status ipc_export(void* ptr, hm_ipc_handle* handle) {
+  return guarded("ipc_export", [&] {
+    if (handle == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "handle is NULL");
+    auto& s = V::state();
+    auto hit = ptr != nullptr ? s.table.find(ptr) : std::nullopt;
+    if (!hit ||
+        (hit->allocation.kind != HM_MEM_DEVICE && hit->allocation.kind != HM_MEM_PINNED_HOST))
+      fail(HM_ERR_INVALID_ARGUMENT, "%p is not inside device or pinned memory from mem_alloc", ptr);
+    const Allocation& a = hit->allocation;
+    require(device_state(s, a.device), HM_CAP_IPC, "IPC");
+    IpcHandle<typename V::IpcNative> h{};
+    h.magic = V::kInfo.ipc_magic;
+    h.version = kIpcVersion;
+    h.kind = static_cast<uint16_t>(a.kind);
+    h.pid = static_cast<int32_t>(getpid());
+    h.fd = -1;
+    h.nonce = s.nonce;
+    h.size = a.size;
+    h.device = a.device;
+    if (a.kind == HM_MEM_DEVICE) {
+      typename V::Scope scope(a.device);
+      V::ipc_get(&h.native, reinterpret_cast<void*>(hit->base));
+    } else {
+      if (a.fd < 0) fail(HM_ERR_NOT_SUPPORTED, "this pinned memory is not shareable");
+      h.fd = a.fd;
+    }
+    *handle = encode(h);
+  });
+}
+
+template <typename V>
+hm_status ipc_open(int32_t device, const hm_ipc_handle* handle, void** ptr) {
+  return guarded("ipc_open", [&] {
+    if (handle == nullptr || ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "handle or ptr is NULL");
+    *ptr = nullptr;
+    auto& s = V::state();
+    require(device_state(s, device), HM_CAP_IPC, "IPC");
+    auto h = decode<typename V::IpcNative>(handle, V::kInfo.ipc_magic, V::kInfo.name);
+    if (h.pid == static_cast<int32_t>(getpid()) && h.nonce == s.nonce)
+      fail(HM_ERR_NOT_SUPPORTED,
+           "the handle was exported by this process; %s cannot open its own IPC handles, use "
+           "the exported pointer directly",
+           V::kInfo.runtime);
+    Allocation a;
+    a.size = h.size;
+    a.kind = HM_MEM_IPC_MAPPED;
+    a.device = device;
+    void* result = nullptr;
+    if (h.kind == HM_MEM_DEVICE) {
+      typename V::Scope scope(device);
+      result = V::ipc_open(h.native, &a);
+    } else {
+      result = open_memfd_pinned<V>(device, h.pid, h.fd, h.size, &a);
+      a.kind = host_pointer_mapping_kind(s.host);  // the memfd's pages, mapped here
+    }
+    s.table.insert(result, a);
+    *ptr = result;
+  });
+}
+
+template <typename V>
+hm_status ipc_close(void* ptr) {
+  return guarded("ipc_close", [&] {
+    auto& s = V::state();
+    auto hit = ptr != nullptr ? s.table.find(ptr) : std::nullopt;
+    if (!hit || hit->base != reinterpret_cast<uintptr_t>(ptr) ||
+        !is_ipc_mapping(hit->allocation.kind))
+      fail(HM_ERR_INVALID_ARGUMENT, "%p is not a base address returned by ipc_open", ptr);
+    Allocation a = *s.table.erase(ptr);
+    typename V::Scope scope(a.device);
+    if (a.host)
+      release_memfd_mapping<V>(ptr, a);
+    else
+      V::ipc_close(ptr);
+  });
+}
+
+}  // namespace hm::kit::gpu
