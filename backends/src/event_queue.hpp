@@ -9,6 +9,7 @@
 // the thread producing its events needs.
 #pragma once
 
+#include <hetmesh/spin.hpp>
 #include <hetmesh/transport.hpp>
 
 #include <algorithm>
@@ -18,20 +19,7 @@
 #include <mutex>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 namespace hetmesh::detail {
-
-// A pause for spin loops: lets the sibling hyperthread run and saves power.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 class EventQueue {
  public:

@@ -27,6 +27,7 @@
 #include "descriptor.hpp"
 
 #include <hetmesh/log.hpp>
+#include <hetmesh/spin.hpp>
 
 #include <poll.h>
 #include <pthread.h>
@@ -343,7 +344,8 @@ class IpcConnection : public Connection {
       return;
     }
     // Without the mapping's extent the descriptor's offset and size cannot be checked.
-    if (info.kind != HM_MEM_IPC_MAPPED || info.base != mapping->data()) {
+    bool mapped = info.kind == HM_MEM_IPC_MAPPED || info.kind == HM_MEM_IPC_MAPPED_HOST;
+    if (!mapped || info.base != mapping->data()) {
       log(LogLevel::warn,
           "ipc: {}: pointer_query does not describe the IPC mapping {} of region {} of peer {}; "
           "the region goes through the ring",
@@ -388,6 +390,7 @@ class IpcConnection : public Connection {
   // Hands the operation in the claimed slot to the completion thread.
   void publish(std::unique_lock<std::mutex>& lock) {
     ++tail_;
+    published_.store(tail_, std::memory_order_release);
     lock.unlock();
     queued_.notify_one();
   }
@@ -414,9 +417,9 @@ class IpcConnection : public Connection {
     for (;;) {
       PendingOp* op;
       size_t slot;
+      await_queued();
       {
-        std::unique_lock lock(queue_mutex_);
-        queued_.wait(lock, [&] { return head_ != tail_ || link_->closing(); });
+        std::lock_guard lock(queue_mutex_);
         if (head_ == tail_) return;  // closing, and nothing left
         slot = head_ % kMaxInFlight;
         op = &queue_[slot];  // callers touch only slots past head_ until head_ moves
@@ -434,6 +437,19 @@ class IpcConnection : public Connection {
       }
       space_.notify_one();
     }
+  }
+
+  // Waits until an operation is queued or the connection closes: spinning first while writes
+  // come back to back (see hetmesh/spin.hpp), as a thread hop per write would cost more than a
+  // copy between GPUs. head_ is this thread's own.
+  void await_queued() {
+    TimedWait wait(spin_);
+    if (wait.spin([&] {
+          return published_.load(std::memory_order_acquire) != head_ || link_->closing();
+        }))
+      return;
+    std::unique_lock lock(queue_mutex_);
+    queued_.wait(lock, [&] { return head_ != tail_ || link_->closing(); });
   }
 
   // Finishes a write and reports it; its region references go before the report, so a caller who
@@ -621,6 +637,8 @@ class IpcConnection : public Connection {
   std::vector<PendingOp> queue_;
   uint64_t head_ = 0;
   uint64_t tail_ = 0;
+  std::atomic<uint64_t> published_{0};  // tail_, for the completion thread's spin
+  SpinPolicy spin_;                     // the completion thread's
   // Landing order (see write()): queued host copies the completion thread has yet to make, ring
   // writes not yet sent, and device copies it has yet to start.
   uint64_t host_copies_queued_ = 0;

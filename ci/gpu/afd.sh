@@ -38,11 +38,11 @@ done
 
 section "hetmesh bench afd: A cuda:0, F cuda:1, StepMesh per-A traffic, 1 micro-batch"
 bench_config=$root/examples/configs/stepmesh-1a1f-cuda.toml
-(cd "$work" && timeout -k 5 180 "$hetmesh" bench afd --config "$bench_config" --iterations 2000 \
-  --warmup 200 --no-bare --json "$OUT/bench-afd.json") || status=1
+(cd "$work" && timeout -k 5 180 "$hetmesh" bench afd --config "$bench_config" --iterations 20000 \
+  --warmup 500 --no-bare --json "$OUT/bench-afd.json") || status=1
 
 section "baselines, same run: cudaMemcpyPeerAsync pair and NCCL send/recv, same sizes and GPUs"
-timeout -k 5 120 "$baselines" roundtrip --a 0 --f 1 --iterations 2000 | tee "$OUT/baselines-roundtrip.json" \
+timeout -k 5 120 "$baselines" roundtrip --a 0 --f 1 --iterations 20000 | tee "$OUT/baselines-roundtrip.json" \
   || status=1
 
 section "interference: compute kernel on cuda:1 alone and while NCCL moves the traffic (one process)"

@@ -27,6 +27,10 @@ if bench and trips:
     print(f"  {'hetmesh (ipc)':24}{hm['p50_us']:9.1f}{hm['p99_us']:9.1f}")
     print(f"  {'cudaMemcpyPeerAsync pair':24}{peer['p50_us']:9.1f}{peer['p99_us']:9.1f}")
     print(f"  {'NCCL send/recv':24}{nccl['p50_us']:9.1f}{nccl['p99_us']:9.1f}")
+    for key, name in (("peer_copy_pair_events", "pair, polled events"),
+                      ("peer_copy_pair_flags", "pair, GPU-written flags")):
+        if key in trips:
+            print(f"  {name:24}{trips[key]['p50_us']:9.1f}{trips[key]['p99_us']:9.1f}")
     print(f"  hetmesh / NCCL p50      {hm['p50_us'] / nccl['p50_us']:.2f}x   (target <= 0.7)")
     print(f"  hetmesh / peer pair p50 {hm['p50_us'] / peer['p50_us']:.2f}x   (target <= 1.5)")
 if nccl_interference:

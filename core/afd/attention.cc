@@ -15,6 +15,7 @@ struct Pending {
   uint32_t tokens = 0;
   AttentionEngine::Ready ready;
   int arrived = 0;
+  std::atomic<uint64_t> completed{0};  // the sequence whose every result arrived, for wait's spin
   RoundTrip trip;
   std::vector<bool> from;  // which F answered
 };
@@ -42,8 +43,10 @@ struct AttentionEngine::State {
 
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<Pending> pending;  // [mb]
-  std::string failure;           // the first fatal error; every wait reports it
+  std::vector<Pending> pending;     // [mb]
+  std::string failure;              // the first fatal error; every wait reports it
+  std::atomic<bool> failed{false};  // failure is set, for wait's spin
+  SpinPolicy wait_spin;             // the waiting caller's
   std::vector<TransportEvent> events;
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
@@ -70,6 +73,7 @@ struct AttentionEngine::State {
       std::lock_guard lock(mutex);
       if (!failure.empty()) return;
       failure = reason;
+      failed.store(true, std::memory_order_release);
     }
     log(LogLevel::error, "attention {}: {}", spec.rank, reason);
     changed.notify_all();
@@ -179,6 +183,7 @@ struct AttentionEngine::State {
       complete = ++p.arrived == spec.ffn;
       if (complete) {
         p.trip.completed = now;
+        p.completed.store(p.sequence, std::memory_order_release);
         if (arrival_flags)
           std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
               .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
@@ -190,30 +195,17 @@ struct AttentionEngine::State {
   // One turn of the comm thread: handle what the transport reports. Posting is the senders' job,
   // so this thread only ever waits on the transport.
   void step() {
-    try {
-      events.clear();
-      transport->poll(events, std::chrono::milliseconds(2));
-      for (const auto& e : events) {
-        switch (e.type) {
-          case TransportEvent::Type::notification:
-            on_result(e);
-            break;
-          case TransportEvent::Type::write_done:
-            if (e.status != HM_OK) throw Error(e.status, "a write failed: " + e.message);
-            break;
-          case TransportEvent::Type::peer_lost:
+    comm_turn(
+        *transport, events,
+        [this](const TransportEvent& e) {
+          if (e.type == TransportEvent::Type::notification) on_result(e);
+          if (e.type == TransportEvent::Type::peer_lost)
             throw Error(
                 kStatusPeerLost,
                 fmt::format("{} lost: {}", peer_name(Role::ffn, ffn_of_connection.at(e.connection)),
                             e.message));
-          case TransportEvent::Type::control:
-            break;
-        }
-      }
-    } catch (const std::exception& e) {
-      fail(e.what());
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+        },
+        [this](const std::string& reason) { fail(reason); });
   }
 };
 
@@ -232,21 +224,17 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   s.mine.regions["f2a_headers"] =
       s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
   s.ffn = join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn);
-  for (const Peer& f : s.ffn)
-    s.ffn_of_connection[f.connection->id()] = f.rank;
+  s.ffn_of_connection = rank_by_connection(s.ffn);
   for (Pending& p : s.pending) {
     p.from.assign(static_cast<size_t>(spec.ffn), false);
     p.trip.ffn.resize(static_cast<size_t>(spec.ffn));
   }
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
-  for (int f = 0; f < spec.ffn; ++f)
-    s.senders.push_back(std::make_unique<PeerSender<PostJob>>(
-        static_cast<size_t>(spec.micro_batches),
-        fmt::format("attention {} to ffn {}", spec.rank, f),
-        sender_cpu(spec.comm_cpus, static_cast<size_t>(f)),
-        [&s, f](const PostJob& job, const std::atomic<bool>& stopping) {
-          s.post(f, job, stopping);
-        }));
+  s.senders =
+      start_senders<PostJob>(s.spec, Role::ffn, spec.ffn,
+                             [&s](int f, const PostJob& job, const std::atomic<bool>& stopping) {
+                               s.post(f, job, stopping);
+                             });
   log(LogLevel::info, "attention {}: connected to {} ffn instance(s) over {}", spec.rank, spec.ffn,
       to_string(s.transport->kind()));
 }
@@ -334,12 +322,20 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
   int mb = static_cast<int>(handle & 0xff);
   uint64_t sequence = handle >> 8;
   if (mb >= s.spec.micro_batches) throw Error(HM_ERR_INVALID_ARGUMENT, "not a push_pull handle");
-  std::unique_lock lock(s.mutex);
   Pending& p = s.pending[static_cast<size_t>(mb)];
-  if (!p.busy || p.sequence != sequence)
-    throw Error(
-        HM_ERR_INVALID_ARGUMENT,
-        fmt::format("handle for micro-batch {} sequence {} was already waited for", mb, sequence));
+  {
+    std::lock_guard lock(s.mutex);
+    if (!p.busy || p.sequence != sequence)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("handle for micro-batch {} sequence {} was already waited for", mb,
+                              sequence));
+  }
+  TimedWait measured(s.wait_spin);
+  measured.spin([&] {
+    return p.completed.load(std::memory_order_acquire) == sequence ||
+           s.failed.load(std::memory_order_acquire);
+  });
+  std::unique_lock lock(s.mutex);
   bool done = s.changed.wait_for(lock, timeout,
                                  [&] { return p.arrived == s.spec.ffn || !s.failure.empty(); });
   if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);

@@ -107,6 +107,13 @@ std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const Publi
   return peers;
 }
 
+std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers) {
+  std::map<ConnectionId, int> ranks;
+  for (const Peer& peer : peers)
+    ranks[peer.connection->id()] = peer.rank;
+  return ranks;
+}
+
 void pin_thread(std::thread& thread, int cpu, const char* what) {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -6,6 +6,7 @@
 
 #include <hetmesh/afd.hpp>
 #include <hetmesh/rendezvous.hpp>
+#include <hetmesh/spin.hpp>
 
 #include <fmt/format.h>
 
@@ -59,17 +60,33 @@ struct Peer {
 std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
                        KeyValueStore& store, Role peer_role, int peer_count);
 
+// Which peer each connection leads to: connection id -> the peer's rank.
+std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers);
+
+// One turn of an engine's comm thread: polls the transport (2 ms at most) and hands each event to
+// `handle`, except write_done, of which only a failure matters (it is fatal). An exception ends
+// the turn and goes to `fail` (the engine's first fatal error); the thread then idles in 1 ms
+// turns.
+template <typename Handle, typename Fail>
+void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Handle&& handle,
+               Fail&& fail) {
+  try {
+    events.clear();
+    transport.poll(events, std::chrono::milliseconds(2));
+    for (const auto& e : events) {
+      if (e.type != TransportEvent::Type::write_done)
+        handle(e);
+      else if (e.status != HM_OK)
+        throw Error(e.status, "a write failed: " + e.message);
+    }
+  } catch (const std::exception& e) {
+    fail(e.what());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 // Pins `thread` to `cpu`; logs a warning if that fails.
 void pin_thread(std::thread& thread, int cpu, const char* what);
-
-// A pause for spin loops.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 // A thread that runs `step` until stopped: the engine's comm loop, which polls the transport.
 // Pinned to spec.comm_cpus[0] if given.
@@ -82,30 +99,6 @@ class CommThread {
  private:
   std::atomic<bool> stopping_{false};
   std::thread thread_;
-};
-
-// Decides whether a thread that found nothing to do should spin for the next job before it
-// sleeps: only while most recent waits ended within kSpin, so a thread whose work comes in bursts
-// (one job per micro-batch, back to back) saves itself a futex sleep and wake-up per job, and one
-// whose jobs come far apart sleeps at once. Never on a machine of fewer than kMinCpus CPUs: there
-// the spinning thread takes the core that the copy it waits for needs (`hetmesh bench afd` on 2
-// cores had 6-45% slower round trips with it, in three paired runs).
-class SpinPolicy {
- public:
-  static constexpr std::chrono::microseconds kSpin{30};
-  static constexpr unsigned kMinCpus = 8;
-  bool should_spin() const { return enabled_ && hits_ >= 768; }
-  // Folds in one wait: how long it took, and whether it spun first.
-  void record(std::chrono::nanoseconds waited, bool spun) {
-    // A wait that ended in a sleep includes the wake-up: counted as a hit up to kSpin later.
-    auto limit = spun ? kSpin : 2 * kSpin;
-    int hit = waited <= limit ? 1024 : 0;
-    hits_ += (hit - hits_) / 8;
-  }
-
- private:
-  bool enabled_ = std::thread::hardware_concurrency() >= kMinCpus;
-  int hits_ = 1024;  // share of recent waits that ended within the limit, /1024
 };
 
 // One peer's writes, run in order on a thread of their own, so that the writes to different
@@ -161,22 +154,14 @@ class PeerSender {
         std::unique_lock lock(mutex_);
         if (head_ == tail_ && !stopping_.load(std::memory_order_relaxed)) {
           lock.unlock();
-          auto start = std::chrono::steady_clock::now();
-          bool spun = spin_.should_spin();
-          if (spun) {
-            auto until = start + SpinPolicy::kSpin;
-            for (int i = 0; pushed_.load(std::memory_order_acquire) == head_; ++i) {
-              cpu_relax();
-              if ((i & 31) == 31 && std::chrono::steady_clock::now() >= until) break;
-            }
-          }
+          TimedWait wait(spin_);
+          wait.spin([&] { return pushed_.load(std::memory_order_acquire) != head_; });
           lock.lock();
           while (head_ == tail_ && !stopping_.load(std::memory_order_relaxed)) {
             sleeping_ = true;
             wake_.wait(lock);
             sleeping_ = false;
           }
-          spin_.record(std::chrono::steady_clock::now() - start, spun);
         }
         if (stopping_.load(std::memory_order_relaxed)) return;
         job = ring_[head_ % ring_.size()];
@@ -206,6 +191,23 @@ bool wait_ready(const ReadySignal& ready, const std::atomic<bool>& stopping);
 // The CPU for sender `index` (0-based) of an engine: comm_cpus[1 + index], wrapping around;
 // -1 (unpinned) without comm_cpus.
 int sender_cpu(const std::vector<int>& comm_cpus, size_t index);
+
+// A sender per peer of `peer_role` (`peers` of them), named "attention 0 to ffn 1", pinned as
+// sender_cpu() says, each running `run(peer, job, stopping)`.
+template <typename Job, typename Run>
+std::vector<std::unique_ptr<PeerSender<Job>>> start_senders(const EngineSpec& spec, Role peer_role,
+                                                            int peers, Run run) {
+  std::vector<std::unique_ptr<PeerSender<Job>>> senders;
+  for (int peer = 0; peer < peers; ++peer)
+    senders.push_back(std::make_unique<PeerSender<Job>>(
+        static_cast<size_t>(spec.micro_batches),
+        fmt::format("{} to {}", peer_name(spec.role, spec.rank), peer_name(peer_role, peer)),
+        sender_cpu(spec.comm_cpus, static_cast<size_t>(peer)),
+        [run, peer](const Job& job, const std::atomic<bool>& stopping) {
+          run(peer, job, stopping);
+        }));
+  return senders;
+}
 
 // Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
 [[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);

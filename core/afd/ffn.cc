@@ -49,6 +49,9 @@ struct FfnEngine::State {
   std::deque<Batch> ready_batches;
   int left = 0;
   std::string failure;
+  // ready_batches is not empty, or failure is set: for get_batch's spin.
+  std::atomic<bool> news{false};
+  SpinPolicy get_spin;  // the caller's of get_batch
   std::vector<TransportEvent> events;
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
@@ -77,6 +80,7 @@ struct FfnEngine::State {
       std::lock_guard lock(mutex);
       if (!failure.empty()) return;
       failure = reason;
+      news.store(true, std::memory_order_release);
     }
     log(LogLevel::error, "ffn {}: {}", spec.rank, reason);
     changed.notify_all();
@@ -93,6 +97,7 @@ struct FfnEngine::State {
         arrival.responding = true;
         arrival.batch_ready = now;
         ready_batches.push_back(Batch{mb, {part(a, mb)}, now});
+        news.store(true, std::memory_order_release);
       }
       return;
     }
@@ -107,6 +112,7 @@ struct FfnEngine::State {
       batch.parts.push_back(part(a, mb));
     }
     ready_batches.push_back(std::move(batch));
+    news.store(true, std::memory_order_release);
   }
 
   void on_request(const TransportEvent& e) {
@@ -205,45 +211,39 @@ struct FfnEngine::State {
   // One turn of the comm thread: handle what the transport reports (responses are the senders'
   // job).
   void step() {
-    try {
-      events.clear();
-      transport->poll(events, std::chrono::milliseconds(2));
-      for (const auto& e : events) {
-        switch (e.type) {
-          case TransportEvent::Type::notification:
-            on_request(e);
-            break;
-          case TransportEvent::Type::write_done:
-            if (e.status != HM_OK) throw Error(e.status, "a write failed: " + e.message);
-            break;
-          case TransportEvent::Type::control: {
-            std::string text(e.payload.begin(), e.payload.end());
-            if (text == "leave") {
-              std::lock_guard lock(mutex);
-              Peer& a = attention[static_cast<size_t>(attention_of_connection.at(e.connection))];
-              if (!a.left) ++left;
-              a.left = true;
-              changed.notify_all();
-            }
-            break;
-          }
-          case TransportEvent::Type::peer_lost: {
-            int a = attention_of_connection.at(e.connection);
-            bool clean;
-            {
-              std::lock_guard lock(mutex);
-              clean = attention[static_cast<size_t>(a)].left;
-            }
-            if (!clean)
-              throw Error(kStatusPeerLost,
-                          fmt::format("{} lost: {}", peer_name(Role::attention, a), e.message));
-            break;
-          }
+    comm_turn(
+        *transport, events, [this](const TransportEvent& e) { on_event(e); },
+        [this](const std::string& reason) { fail(reason); });
+  }
+
+  void on_event(const TransportEvent& e) {
+    switch (e.type) {
+      case TransportEvent::Type::notification:
+        on_request(e);
+        break;
+      case TransportEvent::Type::control:
+        if (std::string(e.payload.begin(), e.payload.end()) == "leave") {
+          std::lock_guard lock(mutex);
+          Peer& a = attention[static_cast<size_t>(attention_of_connection.at(e.connection))];
+          if (!a.left) ++left;
+          a.left = true;
+          changed.notify_all();
         }
+        break;
+      case TransportEvent::Type::peer_lost: {
+        int a = attention_of_connection.at(e.connection);
+        bool clean;
+        {
+          std::lock_guard lock(mutex);
+          clean = attention[static_cast<size_t>(a)].left;
+        }
+        if (!clean)
+          throw Error(kStatusPeerLost,
+                      fmt::format("{} lost: {}", peer_name(Role::attention, a), e.message));
+        break;
       }
-    } catch (const std::exception& e) {
-      fail(e.what());
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      case TransportEvent::Type::write_done:
+        break;  // comm_turn checked it
     }
   }
 };
@@ -261,17 +261,13 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
   s.f2a_header_region =
       s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
   s.attention = join(s.spec, *s.transport, s.mine, store, Role::attention, spec.attention);
-  for (const Peer& a : s.attention)
-    s.attention_of_connection[a.connection->id()] = a.rank;
+  s.attention_of_connection = rank_by_connection(s.attention);
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
-  for (int a = 0; a < spec.attention; ++a)
-    s.senders.push_back(std::make_unique<PeerSender<RespondJob>>(
-        static_cast<size_t>(spec.micro_batches),
-        fmt::format("ffn {} to attention {}", spec.rank, a),
-        sender_cpu(spec.comm_cpus, static_cast<size_t>(a)),
-        [&s, a](const RespondJob& job, const std::atomic<bool>& stopping) {
-          s.respond_to(a, job, stopping);
-        }));
+  s.senders = start_senders<RespondJob>(
+      s.spec, Role::attention, spec.attention,
+      [&s](int a, const RespondJob& job, const std::atomic<bool>& stopping) {
+        s.respond_to(a, job, stopping);
+      });
   log(LogLevel::info, "ffn {}: connected to {} attention instance(s) over {}", spec.rank,
       spec.attention, to_string(s.transport->kind()));
 }
@@ -288,6 +284,8 @@ const EngineSpec& FfnEngine::spec() const {
 
 std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   State& s = *state_;
+  TimedWait measured(s.get_spin);
+  measured.spin([&] { return s.news.load(std::memory_order_acquire); });
   std::unique_lock lock(s.mutex);
   bool done = s.changed.wait_for(lock, timeout, [&] {
     return !s.ready_batches.empty() || !s.failure.empty() || s.left == s.spec.attention;
@@ -296,6 +294,7 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   if (!s.ready_batches.empty()) {
     Batch batch = std::move(s.ready_batches.front());
     s.ready_batches.pop_front();
+    s.news.store(!s.ready_batches.empty() || !s.failure.empty(), std::memory_order_relaxed);
     return batch;
   }
   if (s.left == s.spec.attention) return std::nullopt;

@@ -80,6 +80,11 @@ double percentile(std::vector<double> values, double p) {
   return values[index];
 }
 
+// A device selector from --memory: "cuda:1" as given, a bare plugin name means its device 0.
+std::string device_selector(const std::string& memory) {
+  return memory.find(':') == std::string::npos ? memory + ":0" : memory;
+}
+
 // One process's end: a device buffer registered with the transport.
 struct End {
   Device device;
@@ -119,7 +124,7 @@ void pump(Transport& transport, std::vector<TransportEvent>& events, Done done) 
 }
 
 int run_peer(const BenchOptions& o, uint64_t region_size) {
-  End end(o, o.memory + ":0", region_size);
+  End end(o, device_selector(o.memory), region_size);
   std::cout << "ENDPOINT " << hex(end.transport->endpoint()) << "\nREGION "
             << hex(end.region->describe()) << std::endl;
   std::string endpoint, region;
@@ -330,7 +335,7 @@ void run_bench(const BenchOptions& o) {
   if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
   std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
 
-  auto end = std::make_unique<End>(o, o.memory + ":0", max_size);
+  auto end = std::make_unique<End>(o, device_selector(o.memory), max_size);
   std::vector<std::string> peer_args = {self_executable(), "bench",        "transport", "--peer",
                                         "--transport",     o.transport,    "--memory",  peer_memory,
                                         "--sizes",         human(max_size)};
@@ -466,9 +471,11 @@ void add_bench_transport_command(CLI::App& bench) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = bench.add_subcommand("transport", "Latency and bandwidth of one transport");
   cmd->add_option("--transport", o->transport, "ipc, tcp or verbs")->capture_default_str();
-  cmd->add_option("--memory", o->memory, "plugin whose device memory is used (cpu, asic_stub)")
+  cmd->add_option(
+         "--memory", o->memory,
+         "device whose memory is used (cpu, asic_stub:1, cuda:0; a plugin name means its device 0)")
       ->capture_default_str();
-  cmd->add_option("--peer-memory", o->peer_memory, "the peer's plugin (default: --memory)");
+  cmd->add_option("--peer-memory", o->peer_memory, "the peer's device (default: --memory)");
   cmd->add_option("--sizes", o->sizes, "message sizes (e.g. 8 4K 1M)")->capture_default_str();
   cmd->add_option("--iterations", o->iterations, "latency samples per size")
       ->capture_default_str()

@@ -3,7 +3,8 @@
 //
 //   roundtrip     A on GPU a, F on GPU f: a2f bytes a -> f, then f2a bytes f -> a, per round
 //                 trip, by (1) the raw cudaMemcpyPeerAsync pair (each followed by a stream sync,
-//                 as an engine must learn of arrival before it answers) and (2) NCCL
+//                 as an engine must learn of arrival before it answers), the same with a polled
+//                 event after each copy instead of the sync, and (2) NCCL
 //                 ncclSend/ncclRecv in one process (ncclCommInitAll).
 //   interference  a compute-bound kernel on GPU f, alone and while NCCL moves the same AFD
 //                 traffic in the same process (NCCL's kernels take SMs; copy engines do not).
@@ -13,6 +14,7 @@
 //
 // Prints one JSON object on stdout; figures are microseconds (p50, p99) or milliseconds per
 // kernel. Exit status 1 with a message on any CUDA or NCCL error.
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <signal.h>
@@ -38,6 +40,12 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+void check(CUresult r, const char* what) {
+  const char* name = nullptr;
+  if (r != CUDA_SUCCESS)
+    die(std::string(what) + ": " + (cuGetErrorName(r, &name) == CUDA_SUCCESS ? name : "?"));
+}
+
 void check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) die(std::string(what) + ": " + ncclGetErrorString(r));
 }
@@ -52,24 +60,35 @@ struct Options {
 };
 
 Options parse(int argc, char** argv) {
-  if (argc < 2) die("usage: hetmesh-cuda-baselines roundtrip|interference|compute [--a N] [--f N] "
-                    "[--a2f BYTES] [--f2a BYTES] [--iterations N] [--kernels N] [--seconds S]");
+  if (argc < 2)
+    die("usage: hetmesh-cuda-baselines roundtrip|interference|compute [--a N] [--f N] "
+        "[--a2f BYTES] [--f2a BYTES] [--iterations N] [--kernels N] [--seconds S]");
   Options o;
   o.mode = argv[1];
   for (int i = 2; i < argc; i += 2) {
     if (i + 1 >= argc) die(std::string("missing value for ") + argv[i]);
     std::string key = argv[i];
     const char* value = argv[i + 1];
-    if (key == "--a") o.a = std::atoi(value);
-    else if (key == "--f") o.f = std::atoi(value);
-    else if (key == "--a2f") o.a2f = std::strtoull(value, nullptr, 10);
-    else if (key == "--f2a") o.f2a = std::strtoull(value, nullptr, 10);
-    else if (key == "--iterations") o.iterations = std::atoi(value);
-    else if (key == "--warmup") o.warmup = std::atoi(value);
-    else if (key == "--kernels") o.kernels = std::atoi(value);
-    else if (key == "--seconds") o.seconds = std::atof(value);
-    else if (key == "--while-pid") o.while_pid = std::atol(value);
-    else die("unknown option " + key);
+    if (key == "--a")
+      o.a = std::atoi(value);
+    else if (key == "--f")
+      o.f = std::atoi(value);
+    else if (key == "--a2f")
+      o.a2f = std::strtoull(value, nullptr, 10);
+    else if (key == "--f2a")
+      o.f2a = std::strtoull(value, nullptr, 10);
+    else if (key == "--iterations")
+      o.iterations = std::atoi(value);
+    else if (key == "--warmup")
+      o.warmup = std::atoi(value);
+    else if (key == "--kernels")
+      o.kernels = std::atoi(value);
+    else if (key == "--seconds")
+      o.seconds = std::atof(value);
+    else if (key == "--while-pid")
+      o.while_pid = std::atol(value);
+    else
+      die("unknown option " + key);
   }
   if (o.mode != "roundtrip" && o.mode != "interference" && o.mode != "compute")
     die("unknown mode " + o.mode);
@@ -98,6 +117,10 @@ struct Pair {
   Options o;
   void *a_out = nullptr, *a_in = nullptr, *f_in = nullptr, *f_out = nullptr;
   cudaStream_t a_stream = nullptr, f_stream = nullptr;
+  cudaEvent_t a_done = nullptr, f_done = nullptr;
+  uint32_t* flag = nullptr;  // pinned, mapped for both GPUs
+  CUdeviceptr flag_device = 0;
+  uint32_t round = 0;
   ncclComm_t comms[2] = {nullptr, nullptr};
 
   explicit Pair(const Options& options) : o(options) {
@@ -105,13 +128,22 @@ struct Pair {
     check(cudaMalloc(&a_out, o.a2f), "cudaMalloc");
     check(cudaMalloc(&a_in, o.f2a), "cudaMalloc");
     check(cudaStreamCreateWithFlags(&a_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&a_done, cudaEventDisableTiming), "cudaEventCreate");
     cudaDeviceEnablePeerAccess(o.f, 0);
     check(cudaSetDevice(o.f), "cudaSetDevice(f)");
     check(cudaMalloc(&f_in, o.a2f), "cudaMalloc");
     check(cudaMalloc(&f_out, o.f2a), "cudaMalloc");
     check(cudaStreamCreateWithFlags(&f_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&f_done, cudaEventDisableTiming), "cudaEventCreate");
     cudaDeviceEnablePeerAccess(o.a, 0);
     cudaGetLastError();  // "already enabled" is not an error here
+    check(cudaHostAlloc(reinterpret_cast<void**>(&flag), 4096,
+                        cudaHostAllocPortable | cudaHostAllocMapped),
+          "cudaHostAlloc");
+    *flag = 0;
+    void* device_view = nullptr;
+    check(cudaHostGetDevicePointer(&device_view, flag, 0), "cudaHostGetDevicePointer");
+    flag_device = reinterpret_cast<CUdeviceptr>(device_view);
     int devices[2] = {o.a, o.f};
     check(ncclCommInitAll(comms, 2, devices), "ncclCommInitAll");
   }
@@ -125,6 +157,40 @@ struct Pair {
     check(cudaStreamSynchronize(a_stream), "cudaStreamSynchronize");
     check(cudaMemcpyPeerAsync(a_in, o.a, f_out, o.f, o.f2a, f_stream), "cudaMemcpyPeerAsync");
     check(cudaStreamSynchronize(f_stream), "cudaStreamSynchronize");
+  }
+
+  // The same pair, each copy followed by an event that the host polls (what a comm thread that
+  // also serves other work does, and what hetmesh's completion thread does).
+  void event_round_trip() {
+    check(cudaMemcpyPeerAsync(f_in, o.f, a_out, o.a, o.a2f, a_stream), "cudaMemcpyPeerAsync");
+    check(cudaEventRecord(a_done, a_stream), "cudaEventRecord");
+    spin_on(a_done);
+    check(cudaMemcpyPeerAsync(a_in, o.a, f_out, o.f, o.f2a, f_stream), "cudaMemcpyPeerAsync");
+    check(cudaEventRecord(f_done, f_stream), "cudaEventRecord");
+    spin_on(f_done);
+  }
+  // The same pair, each copy followed by a stream write of a counter into pinned host memory that
+  // the host spins on: notification by the GPU itself, with no event query.
+  void flag_round_trip() {
+    ++round;
+    check(cudaMemcpyPeerAsync(f_in, o.f, a_out, o.a, o.a2f, a_stream), "cudaMemcpyPeerAsync");
+    check(cuStreamWriteValue32(a_stream, flag_device, round, CU_STREAM_WRITE_VALUE_DEFAULT),
+          "cuStreamWriteValue32");
+    while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != round)
+      ;
+    ++round;
+    check(cudaMemcpyPeerAsync(a_in, o.a, f_out, o.f, o.f2a, f_stream), "cudaMemcpyPeerAsync");
+    check(cuStreamWriteValue32(f_stream, flag_device, round, CU_STREAM_WRITE_VALUE_DEFAULT),
+          "cuStreamWriteValue32");
+    while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != round)
+      ;
+  }
+
+  static void spin_on(cudaEvent_t event) {
+    cudaError_t e;
+    while ((e = cudaEventQuery(event)) == cudaErrorNotReady)
+      std::this_thread::yield();
+    check(e, "cudaEventQuery");
   }
 
   void nccl_round_trip() {
@@ -228,14 +294,18 @@ int main(int argc, char** argv) {
     die("roundtrip and interference need two distinct GPUs (--a, --f); found " +
         std::to_string(count));
 
-  std::printf("{\n  \"mode\": \"%s\", \"a\": %d, \"f\": %d, \"a2f_bytes\": %zu, \"f2a_bytes\": %zu,\n",
-              o.mode.c_str(), o.a, o.f, o.a2f, o.f2a);
+  std::printf(
+      "{\n  \"mode\": \"%s\", \"a\": %d, \"f\": %d, \"a2f_bytes\": %zu, \"f2a_bytes\": %zu,\n",
+      o.mode.c_str(), o.a, o.f, o.a2f, o.f2a);
   if (o.mode == "roundtrip") {
     Pair pair(o);
     int nccl_version = 0;
     ncclGetVersion(&nccl_version);
     std::printf("  \"nccl_version\": %d, \"iterations\": %d,\n", nccl_version, o.iterations);
     print_percentiles("peer_copy_pair", pair.measure([&] { pair.peer_round_trip(); }), "us");
+    print_percentiles("peer_copy_pair_events", pair.measure([&] { pair.event_round_trip(); }),
+                      "us");
+    print_percentiles("peer_copy_pair_flags", pair.measure([&] { pair.flag_round_trip(); }), "us");
     print_percentiles("nccl", pair.measure([&] { pair.nccl_round_trip(); }), "us", true);
   } else if (o.mode == "interference") {
     Compute compute(o.f);
