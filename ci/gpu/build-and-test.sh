@@ -9,6 +9,8 @@
 #   info.txt            hetmesh info
 #   cts.log, cts.xml    the CTS output and its JUnit XML
 #   cts-summary.txt     the CTS summary table
+#   cts-rocm-on-cuda.*  the CTS of the rocm plugin run on these GPUs through hip-on-cuda
+#                       (plugins/rocm/tools), with the cpu plugin for the pairs
 # Exit status: the CTS's (0 = conformant), or 2 when the build fails.
 #
 #   run(kind="nvidia-h200", carry=[".deps/gpu"], timeout_s=540, command="bash ci/gpu/build-and-test.sh")
@@ -64,6 +66,9 @@ for p in wrong_major short_table missing_slot init_fails init_crashes no_entry n
 done
 cmake --build "$build" -j "$jobs" --target "${cts_targets[@]}" || exit 2
 cmake --build "$build" -j "$jobs" --target hetmesh-cli || echo "hetmesh-cli did not build (the CTS does not need it)"
+# The rocm plugin and hip-on-cuda, where the carried HIP headers were found.
+cmake --build "$build" -j "$jobs" --target hetmesh-device-rocm hetmesh-hip-on-cuda 2>/dev/null ||
+  echo "the rocm plugin or hip-on-cuda did not build (no HIP headers in .deps/gpu?)"
 
 section hetmesh info
 if [[ -x $build/bin/hetmesh ]]; then
@@ -79,6 +84,25 @@ timeout -k 10 420 "$build/bin/hetmesh-cts" --junit "$OUT/cts.xml" --gtest_brief=
 cts_status=$?
 cat "$OUT/cts.log"
 sed -n '/==== hetmesh-cts summary/,$p' "$OUT/cts.log" >"$OUT/cts-summary.txt"
+section "hetmesh-cts: the rocm plugin on these NVIDIA GPUs, through hip-on-cuda"
+# Not AMD hardware and not AMD's HIP runtime: the rocm plugin's own code (its HIP calls, its
+# HM_WAIT_GEQ relay, the kit's GPU layer) with each HIP call done by the CUDA driver
+# (plugins/rocm/tools/hip_on_cuda.cc says what differs), beside the cpu plugin for the pairs.
+rocm_plugin=$build/lib/hetmesh/plugins/libhetmesh-device-rocm.so
+hip_on_cuda=$build/lib/hetmesh/hip-on-cuda
+rocm_status=0
+if [[ -f $rocm_plugin && -f $hip_on_cuda/libamdhip64.so.5 ]]; then
+  LD_LIBRARY_PATH=$hip_on_cuda:$LD_LIBRARY_PATH timeout -k 10 300 "$build/bin/hetmesh-cts" \
+    --plugin "$rocm_plugin" --plugin "$build/lib/hetmesh/plugins/libhetmesh-device-cpu.so" \
+    --junit "$OUT/cts-rocm-on-cuda.xml" --gtest_brief=1 >"$OUT/cts-rocm-on-cuda.log" 2>&1
+  rocm_status=$?
+  grep -E "FAILED|Failure|rocm" "$OUT/cts-rocm-on-cuda.log" | head -40
+  sed -n '/==== hetmesh-cts summary/,$p' "$OUT/cts-rocm-on-cuda.log" | tee "$OUT/cts-rocm-on-cuda-summary.txt"
+else
+  echo "skipped: the rocm plugin or hip-on-cuda was not built"
+fi
+
 section done
-echo "hetmesh-cts exit status $cts_status"
-exit $cts_status
+echo "hetmesh-cts exit status $cts_status; rocm through hip-on-cuda: $rocm_status"
+(( cts_status != 0 )) && exit $cts_status
+exit $rocm_status

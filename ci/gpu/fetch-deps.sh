@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs HERE, on a machine with a Debian package registry: downloads the development packages the
 # GPU machine lacks (it has no registry: cmake, ninja, gcc, CUDA and libibverbs are there, TOML++,
-# fmt, CLI11, nlohmann-json and a matching GoogleTest are not guaranteed) and unpacks them into
+# fmt, CLI11, nlohmann-json, a matching GoogleTest and the HIP headers are not) and unpacks them into
 # .deps/gpu (git-ignored), which the device `run` tool carries with `carry: [".deps/gpu"]`.
 # ci/gpu/build-and-test.sh then builds against it with CMAKE_PREFIX_PATH=.deps/gpu/usr.
 #
@@ -17,6 +17,7 @@ packages=(
   libfmt-dev libfmt9
   libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
+  libamdhip64-dev libhsa-runtime-dev  # headers only: the rocm plugin and hip-on-cuda build there
 )
 
 download=$(mktemp -d)
@@ -31,6 +32,7 @@ for deb in "$download"/*.deb; do
   dpkg-deb --show --showformat='${Package} ${Version}\n' "$deb" >>"$dest/PACKAGES"
 done
 rm -rf "$dest/usr/share/doc" "$dest/usr/share/lintian" "$dest/usr/share/man"
+find "$dest" -xtype l -delete  # development symlinks to runtime libraries not carried (libamdhip64.so)
 
 echo "fetch-deps: unpacked into $dest ($(du -sh "$dest" | cut -f1)):"
 sed 's/^/  /' "$dest/PACKAGES"
