@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs THERE, on the two-GPU machine, after ci/gpu/build-and-test.sh has built build/gpu:
-#   1. `hetmesh demo` with A on cuda:0 and F on cuda:1 over ipc, and with A on cuda:0 and F on
-#      asic_stub (both verify the final hidden states against the single-process reference);
+#   1. `hetmesh demo` with A on cuda:0 and F on cuda:1 over ipc, with A on cuda:0 and F on
+#      asic_stub, and with A on the rocm plugin (through hip-on-cuda) and F on cuda:1 (each
+#      verifies the final hidden states against the single-process reference);
 #   2. `hetmesh bench afd` with StepMesh's per-A traffic between cuda:0 and cuda:1, and in the
 #      same run the baselines of hetmesh-cuda-baselines: the raw cudaMemcpyPeerAsync pair and
 #      NCCL ncclSend/ncclRecv on the same sizes and GPUs;
@@ -27,6 +28,8 @@ status=0
 
 cmake --build "$build" -j "$(nproc)" --target hetmesh-cli hetmesh-demo-cuda hetmesh-cuda-baselines \
   || { echo "build failed"; exit 2; }
+cmake --build "$build" -j "$(nproc)" --target hetmesh-device-rocm hetmesh-hip-on-cuda 2>/dev/null ||
+  echo "no rocm plugin or hip-on-cuda (no HIP headers carried): the rocm demo is skipped"
 
 work=$(mktemp -d)
 for config in 1a1f-cuda-ipc 2a2f-cuda-asic_stub-ipc; do
@@ -35,6 +38,17 @@ for config in 1a1f-cuda-ipc 2a2f-cuda-asic_stub-ipc; do
     2>&1 | tee "$OUT/demo-$config.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 done
+
+# Two vendors' plugins in one job: A on the rocm plugin (on these NVIDIA GPUs through hip-on-cuda,
+# plugins/rocm/tools: not AMD hardware), F on the cuda plugin.
+if [[ -f $build/lib/hetmesh/hip-on-cuda/libamdhip64.so.5 ]]; then
+  config=1a1f-rocm-cuda-ipc
+  section "hetmesh demo --config examples/configs/$config.toml (rocm on hip-on-cuda)"
+  (cd "$work" && LD_LIBRARY_PATH=$build/lib/hetmesh/hip-on-cuda:$LD_LIBRARY_PATH \
+    timeout -k 5 120 "$hetmesh" demo --config "$root/examples/configs/$config.toml") \
+    2>&1 | tee "$OUT/demo-$config.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
 
 section "hetmesh bench afd: A cuda:0, F cuda:1, StepMesh per-A traffic, 1 micro-batch"
 bench_config=$root/examples/configs/stepmesh-1a1f-cuda.toml
