@@ -90,18 +90,9 @@ struct AttentionEngine::State {
       if (!wait_ready(p.ready, stopping)) return;
       int64_t ready_at = now_ns();
       WireHeader* h = send_header(mb, f);
-      *h = WireHeader{};
-      h->magic = kWireMagic;
-      h->version = kWireVersion;
-      h->kind = static_cast<uint16_t>(MessageKind::a2f);
-      h->source = static_cast<uint32_t>(spec.rank);
-      h->micro_batch = static_cast<uint32_t>(mb);
-      h->sequence = p.sequence;
-      h->tokens = p.tokens;
-      h->hidden = spec.hidden;
-      h->top_k = spec.top_k;
-      h->payload_bytes = uint64_t{p.tokens} *
-                         (uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token());
+      *h = make_header(spec, MessageKind::a2f, mb, p.sequence, p.tokens,
+                       uint64_t{p.tokens} * (uint64_t{spec.hidden} * spec.a2f_bytes +
+                                             spec.routing_bytes_per_token()));
       h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
       h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
       int64_t posted = now_ns();

@@ -212,6 +212,24 @@ std::vector<std::unique_ptr<PeerSender<Job>>> start_senders(const EngineSpec& sp
 // Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
 [[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);
 
+// The header of a message from this instance (spec.role, spec.rank) in micro-batch slot `mb`,
+// stamps zero.
+inline WireHeader make_header(const EngineSpec& spec, MessageKind kind, int mb, uint64_t sequence,
+                              uint32_t tokens, uint64_t payload_bytes) {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.source = static_cast<uint32_t>(spec.rank);
+  h.micro_batch = static_cast<uint32_t>(mb);
+  h.sequence = sequence;
+  h.tokens = tokens;
+  h.hidden = spec.hidden;
+  h.top_k = spec.top_k;
+  h.payload_bytes = payload_bytes;
+  return h;
+}
+
 // Checks a notification's slot index against `limit`; throws a protocol error otherwise.
 void check_slot(uint32_t slot, uint32_t limit, const std::string& from);
 

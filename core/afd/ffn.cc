@@ -167,17 +167,8 @@ struct FfnEngine::State {
         received = arrivals[s].received;
         batch_ready = arrivals[s].batch_ready;
       }
-      *h = WireHeader{};
-      h->magic = kWireMagic;
-      h->version = kWireVersion;
-      h->kind = static_cast<uint16_t>(MessageKind::f2a);
-      h->source = static_cast<uint32_t>(spec.rank);
-      h->micro_batch = static_cast<uint32_t>(mb);
-      h->sequence = job.sequence;
-      h->tokens = job.tokens;
-      h->hidden = spec.hidden;
-      h->top_k = spec.top_k;
-      h->payload_bytes = uint64_t{job.tokens} * spec.hidden * spec.f2a_bytes;
+      *h = make_header(spec, MessageKind::f2a, mb, job.sequence, job.tokens,
+                       uint64_t{job.tokens} * spec.hidden * spec.f2a_bytes);
       h->stamps[kReceived] = static_cast<uint64_t>(received);
       h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
       h->stamps[kComputeStart] = static_cast<uint64_t>(job.compute_start);

@@ -91,6 +91,17 @@ CUresult device_address(void* pointer, CUdeviceptr* out) {
   return CUDA_SUCCESS;
 }
 
+// A stream memory operation on a word: runs `op(stream, device address of pointer)` in the thread's
+// context.
+template <typename Op>
+hipError_t on_word(hipStream_t s, void* pointer, Op op) {
+  return in_context([&] {
+    CUdeviceptr target = 0;
+    if (CUresult r = device_address(pointer, &target); r != CUDA_SUCCESS) return r;
+    return op(reinterpret_cast<CUstream>(s), target);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -324,34 +335,27 @@ hipError_t hipEventElapsedTime(float* ms, hipEvent_t start, hipEvent_t stop) {
   });
 }
 
-// ---- stream memory operations (HIP's wait flags have CUDA's values: GEQ 0, EQ 1, AND 2, NOR 3)
-// ----
+// ---- stream memory operations (HIP's wait flags have CUDA's values: GEQ 0, EQ 1, AND 2, NOR 3) --
 
 hipError_t hipStreamWriteValue32(hipStream_t s, void* pointer, uint32_t value, unsigned flags) {
-  return in_context([&] {
-    CUdeviceptr target = 0;
-    if (CUresult r = device_address(pointer, &target); r != CUDA_SUCCESS) return r;
-    return cuStreamWriteValue32(reinterpret_cast<CUstream>(s), target, value, flags);
+  return on_word(s, pointer, [&](CUstream stream, CUdeviceptr target) {
+    return cuStreamWriteValue32(stream, target, value, flags);
   });
 }
 
 hipError_t hipStreamWaitValue32(hipStream_t s, void* pointer, uint32_t value, unsigned flags,
                                 uint32_t mask) {
   if (mask != ~uint32_t{0}) return record(CUDA_ERROR_NOT_SUPPORTED);
-  return in_context([&] {
-    CUdeviceptr target = 0;
-    if (CUresult r = device_address(pointer, &target); r != CUDA_SUCCESS) return r;
-    return cuStreamWaitValue32(reinterpret_cast<CUstream>(s), target, value, flags);
+  return on_word(s, pointer, [&](CUstream stream, CUdeviceptr target) {
+    return cuStreamWaitValue32(stream, target, value, flags);
   });
 }
 
 hipError_t hipStreamWaitValue64(hipStream_t s, void* pointer, uint64_t value, unsigned flags,
                                 uint64_t mask) {
   if (mask != ~uint64_t{0}) return record(CUDA_ERROR_NOT_SUPPORTED);
-  return in_context([&] {
-    CUdeviceptr target = 0;
-    if (CUresult r = device_address(pointer, &target); r != CUDA_SUCCESS) return r;
-    return cuStreamWaitValue64(reinterpret_cast<CUstream>(s), target, value, flags);
+  return on_word(s, pointer, [&](CUstream stream, CUdeviceptr target) {
+    return cuStreamWaitValue64(stream, target, value, flags);
   });
 }
 
