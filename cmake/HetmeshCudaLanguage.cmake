@@ -1,5 +1,5 @@
 # Enables nvcc for the CUDA code that is not the plugin: the demo's expert kernel
-# (examples/afd_demo/cuda) and the GPU baselines (plugins/cuda/tools). The cuda plugin itself is
+# (tools/demo/cuda) and the GPU baselines (plugins/cuda/tools). The cuda plugin itself is
 # host code and needs only the headers. Skipped with HETMESH_WITH_CUDA=OFF, in the sanitizer build
 # (it covers host code), and where there is no nvcc.
 if(HETMESH_SANITIZE OR HETMESH_WITH_CUDA STREQUAL "OFF")

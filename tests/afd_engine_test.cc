@@ -2,10 +2,10 @@
 // attention or FFN instances of a job (--role), which meet through a real TCP store.
 #include "engine_common.hpp"
 
-#include <hetmesh/afd.hpp>
-#include <hetmesh/afd_launch.hpp>
-#include <hetmesh/rendezvous.hpp>
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -2,9 +2,9 @@
 // timeline: it parses, has complete events with times, a process per A and F instance, every
 // metric of the engine by name, and tracks whose slices are in time order and never overlap.
 // The checker is also run on broken copies of that trace, to show that it fails when it should.
-#include <hetmesh/afd_metrics.hpp>
-#include <hetmesh/error.hpp>
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/afd/metrics.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

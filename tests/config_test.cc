@@ -1,7 +1,7 @@
 // The job config: defaults, the full schema, every validation rule with its exact message
 // (file:line:column, key path), the effective-config printer, and every example file.
-#include <hetmesh/config.hpp>
-#include <hetmesh/error.hpp>
+#include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/error.hpp>
 
 #include "test_support.hpp"
 

@@ -3,8 +3,8 @@
 // clean error; with GPUs it describes them. hetmesh-cts covers the devices themselves.
 #include "test_support.hpp"
 
-#include <hetmesh/device.hpp>
-#include <hetmesh/plugin.hpp>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/plugin.hpp>
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

@@ -6,10 +6,10 @@
 // work when destroyed) go first even when an assertion ends a test early.
 #include "test_support.hpp"
 
-#include <hetmesh/asic_stub.h>
-#include <hetmesh/device.hpp>
-#include <hetmesh/plugin.hpp>
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/plugins/asic_stub.h>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/plugin.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

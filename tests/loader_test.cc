@@ -5,8 +5,8 @@
 // assertion here holds whichever tests ran before in the same process.
 #include "test_support.hpp"
 
-#include <hetmesh/device.hpp>
-#include <hetmesh/plugin.hpp>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/plugin.hpp>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -7,9 +7,9 @@
 //                                               runs until its stdin closes
 //   rendezvous_test --set <address> <key> <value>   waits for "go" on stdin, then sets the key
 //   rendezvous_test --instance <address> <job> <role> <rank>   one instance of a 2A2F rendezvous
-#include <hetmesh/log.hpp>
-#include <hetmesh/rendezvous.hpp>
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <gtest/gtest.h>
 

@@ -7,9 +7,9 @@
 #include "cyclic_wait.hpp"
 #include "test_support.hpp"
 
-#include <hetmesh/device.hpp>
-#include <hetmesh/plugin.hpp>
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/plugin.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>

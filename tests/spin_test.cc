@@ -1,6 +1,6 @@
-// The spin-before-sleep policy of the hot-path threads (hetmesh/spin.hpp): when it spins, when it
-// stops, when it starts again, and that a spin sees a condition set by another thread.
-#include <hetmesh/spin.hpp>
+// The spin-before-sleep policy of the hot-path threads (hetmesh/core/spin.hpp): when it spins, when
+// it stops, when it starts again, and that a spin sees a condition set by another thread.
+#include <hetmesh/core/spin.hpp>
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // regions or are not frames at all: the peer is dropped with a reason, and no byte lands.
 #include "socket_link.hpp"
 
-#include <hetmesh/transport.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

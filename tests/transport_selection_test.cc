@@ -2,9 +2,9 @@
 // else tcp; a forced kind wins. The decision is checked on device records shaped like those
 // list_rdma_devices() returns, then on this host itself against what sysfs says (inside the rxe VM
 // that must be verbs on rxe0), then through the AFD job config that uses it.
-#include <hetmesh/afd_job.hpp>
-#include <hetmesh/subprocess.hpp>
-#include <hetmesh/transport_selection.hpp>
+#include <hetmesh/afd/job.hpp>
+#include <hetmesh/core/subprocess.hpp>
+#include <hetmesh/transport/selection.hpp>
 
 #include <gtest/gtest.h>
 

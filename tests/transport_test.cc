@@ -3,9 +3,9 @@
 // Memory kinds: cpu memory (host-addressable) and asic_stub device memory (not host-addressable,
 // which forces the staging paths), in every combination across the two processes. The verbs
 // registration fallback order has its own cases (VerbsRegistrationFallbackTest).
-#include <hetmesh/rdma_info.hpp>
-#include <hetmesh/subprocess.hpp>
-#include <hetmesh/transport.hpp>
+#include <hetmesh/core/subprocess.hpp>
+#include <hetmesh/transport/rdma_info.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

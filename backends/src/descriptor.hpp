@@ -2,8 +2,8 @@
 // and validated field by field when a peer's arrives.
 #pragma once
 
-#include <hetmesh/error.hpp>
-#include <hetmesh/transport.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -9,8 +9,8 @@
 // the thread producing its events needs.
 #pragma once
 
-#include <hetmesh/spin.hpp>
-#include <hetmesh/transport.hpp>
+#include <hetmesh/core/spin.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <algorithm>
 #include <atomic>

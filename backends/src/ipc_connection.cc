@@ -26,8 +26,8 @@
 
 #include "descriptor.hpp"
 
-#include <hetmesh/log.hpp>
-#include <hetmesh/spin.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/spin.hpp>
 
 #include <poll.h>
 #include <pthread.h>
@@ -440,7 +440,7 @@ class IpcConnection : public Connection {
   }
 
   // Waits until an operation is queued or the connection closes: spinning first while writes
-  // come back to back (see hetmesh/spin.hpp), as a thread hop per write would cost more than a
+  // come back to back (see hetmesh/core/spin.hpp), as a thread hop per write would cost more than a
   // copy between GPUs. head_ is this thread's own.
   void await_queued() {
     TimedWait wait(spin_);

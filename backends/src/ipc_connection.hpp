@@ -5,7 +5,7 @@
 #include "ipc_link.hpp"
 #include "ipc_shared.hpp"
 
-#include <hetmesh/transport.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <memory>
 

@@ -6,7 +6,7 @@
 #include "event_queue.hpp"
 #include "staging.hpp"
 
-#include <hetmesh/transport.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <map>
 #include <memory>

@@ -21,8 +21,8 @@
 #include "socket_link.hpp"
 #include "staging.hpp"
 
-#include <hetmesh/log.hpp>
-#include <hetmesh/transport_selection.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/transport/selection.hpp>
 
 #include <unistd.h>
 

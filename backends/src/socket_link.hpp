@@ -3,7 +3,7 @@
 // the other accepts, and a hello frame says who is who.
 #pragma once
 
-#include <hetmesh/error.hpp>
+#include <hetmesh/core/error.hpp>
 
 #include <sys/socket.h>
 

@@ -2,7 +2,7 @@
 // otherwise through a pinned bounce buffer and the device's copy engine, chunk by chunk.
 #pragma once
 
-#include <hetmesh/device.hpp>
+#include <hetmesh/core/device.hpp>
 
 #include <functional>
 #include <mutex>

@@ -9,7 +9,7 @@
 #include "socket_link.hpp"
 #include "staging.hpp"
 
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <atomic>
 #include <map>

@@ -1,5 +1,5 @@
-#include <hetmesh/log.hpp>
-#include <hetmesh/transport_selection.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/transport/selection.hpp>
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // Constructors of the transport implementations, and checks they share.
 #pragma once
 
-#include <hetmesh/transport.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 namespace hetmesh::detail {
 

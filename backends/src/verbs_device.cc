@@ -1,7 +1,7 @@
 #include "verbs_device.hpp"
 
-#include <hetmesh/error.hpp>
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
 

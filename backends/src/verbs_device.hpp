@@ -3,8 +3,8 @@
 // ibv_query_device / ibv_query_port and probes, never assumed.
 #pragma once
 
-#include <hetmesh/rdma_info.hpp>
-#include <hetmesh/transport.hpp>
+#include <hetmesh/transport/rdma_info.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <infiniband/verbs.h>
 

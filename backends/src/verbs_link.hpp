@@ -20,7 +20,7 @@
 #include "verbs_shared.hpp"
 #include "verbs_wire.hpp"
 
-#include <hetmesh/transport.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <infiniband/verbs.h>
 

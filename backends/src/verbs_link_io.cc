@@ -2,7 +2,7 @@
 // notification events, and control messages travel as frames on the out-of-band socket.
 #include "verbs_link.hpp"
 
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
 

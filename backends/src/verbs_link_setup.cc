@@ -2,7 +2,7 @@
 // socket (QpInfo, then INIT, RTR, RTS and a barrier), closing, and failing.
 #include "verbs_link.hpp"
 
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
 

@@ -2,7 +2,7 @@
 
 #include "staging.hpp"
 
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
 

@@ -12,7 +12,7 @@
 
 #include "verbs_device.hpp"
 
-#include <hetmesh/device.hpp>
+#include <hetmesh/core/device.hpp>
 
 #include <map>
 #include <mutex>

@@ -9,7 +9,7 @@
 #include "verbs_device.hpp"
 #include "verbs_memory.hpp"
 
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <unistd.h>
 

@@ -15,7 +15,7 @@
 #include "verbs_progress.hpp"
 #include "verbs_shared.hpp"
 
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fcntl.h>
 #include <sys/eventfd.h>

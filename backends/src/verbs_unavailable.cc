@@ -2,7 +2,7 @@
 // devices to list.
 #include "transports.hpp"
 
-#include <hetmesh/rdma_info.hpp>
+#include <hetmesh/transport/rdma_info.hpp>
 
 namespace hetmesh {
 

@@ -1,5 +1,5 @@
-#include <hetmesh/device.hpp>
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
 

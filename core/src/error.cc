@@ -1,4 +1,4 @@
-#include <hetmesh/error.hpp>
+#include <hetmesh/core/error.hpp>
 
 namespace hetmesh {
 

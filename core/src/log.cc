@@ -1,4 +1,4 @@
-#include <hetmesh/log.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <cstdio>
 #include <cstdlib>

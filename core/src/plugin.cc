@@ -1,7 +1,7 @@
-#include <hetmesh/device.hpp>
-#include <hetmesh/log.hpp>
-#include <hetmesh/plugin.hpp>
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/plugin.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 

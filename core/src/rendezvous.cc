@@ -1,5 +1,5 @@
 // Store-independent rendezvous helpers: the reusable barrier and Rendezvous (rendezvous.hpp).
-#include <hetmesh/rendezvous.hpp>
+#include <hetmesh/core/rendezvous.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

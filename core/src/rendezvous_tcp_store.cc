@@ -16,8 +16,8 @@
 // condition variable signalled by every set and add. Sockets are non-blocking and every wait is a
 // poll() with a deadline, so a dead or stalled peer costs a timeout, never a hang; the destructor
 // shuts every socket down, which wakes each thread's poll.
-#include <hetmesh/log.hpp>
-#include <hetmesh/rendezvous.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/rendezvous.hpp>
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
-#include <hetmesh/error.hpp>
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 

@@ -9,9 +9,9 @@
 // - Devices: option `devices` (HETMESH_ASIC_STUB_DEVICES, default 2), each with `memory_mib`
 //   (HETMESH_ASIC_STUB_MEMORY_MIB, default 1024) of memory.
 // - IPC through memfd, dma-buf through /dev/udmabuf when the kernel has it, and the
-//   "hm.asic_stub.launch" extension (hetmesh/asic_stub.h) standing in for kernels.
-#include <hetmesh/asic_stub.h>
+//   "hm.asic_stub.launch" extension (hetmesh/plugins/asic_stub.h) standing in for kernels.
 #include <hetmesh/device_plugin.h>
+#include <hetmesh/plugins/asic_stub.h>
 #include <hetmesh/plugin_kit/extension.hpp>
 #include <hetmesh/plugin_kit/host_memory_slots.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>

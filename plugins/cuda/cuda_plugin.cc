@@ -5,8 +5,8 @@
 #include "cuda_slots.hpp"
 #include "cuda_state.hpp"
 
-#include <hetmesh/cuda.h>
 #include <hetmesh/device_plugin.h>
+#include <hetmesh/plugins/cuda.h>
 #include <hetmesh/plugin_kit/extension.hpp>
 #include <hetmesh/plugin_kit/gpu_slots.hpp>
 #include <hetmesh/plugin_kit/status.hpp>

@@ -6,8 +6,8 @@
 // really answers HM_ERR_NOT_SUPPORTED (or that its slot is NULL).
 #pragma once
 
-#include <hetmesh/device.hpp>
-#include <hetmesh/plugin.hpp>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/plugin.hpp>
 
 #include <gtest/gtest.h>
 

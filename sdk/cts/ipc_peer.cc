@@ -2,7 +2,7 @@
 
 #include "cts.hpp"
 
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // Cross-process IPC checks: the exporter side runs in the test, the importer in a child process.
 #pragma once
 
-#include <hetmesh/device.hpp>
+#include <hetmesh/core/device.hpp>
 
 namespace hetmesh::cts {
 

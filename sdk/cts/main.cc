@@ -5,7 +5,7 @@
 #include "ipc_peer.hpp"
 #include "report.hpp"
 
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 

@@ -3,7 +3,7 @@
 #include "cts.hpp"
 #include "ipc_peer.hpp"
 
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>

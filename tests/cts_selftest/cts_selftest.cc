@@ -1,6 +1,6 @@
 // Tests of the conformance kit itself: it must catch a plugin whose capability bits lie, and apply
 // known-failure lists as documented (listed failure = expected, listed pass = error).
-#include <hetmesh/subprocess.hpp>
+#include <hetmesh/core/subprocess.hpp>
 
 #include <gtest/gtest.h>
 

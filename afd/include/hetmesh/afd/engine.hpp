@@ -1,0 +1,169 @@
+// The AFD engine: attention instances (A) send each micro-batch's tokens and expert routing to
+// every FFN instance (F); each F writes its partial result straight back into A's pre-registered
+// slot for that micro-batch. Any A talks to any F.
+//
+// Every buffer is allocated and registered at construction: per micro-batch, A owns one send slot
+// and one receive slot per F; F owns one receive slot and one send slot per (A, micro-batch). A
+// slot is reused only after its previous round trip completed (that is the credit), and every
+// header is bounds-checked against the slot table on receipt. The hot path allocates nothing.
+//
+// Threads: each engine runs one comm thread that polls the transport, and one sender thread per
+// peer that waits for a micro-batch's readiness and posts its writes to that peer, so the writes
+// to different peers never queue behind each other. The caller's thread only enqueues work and
+// waits. Every wait has a timeout; a dead peer or a timeout is an Error naming the peer, never an
+// abort.
+#pragma once
+
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/transport/transport.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hetmesh {
+class KeyValueStore;
+}
+
+namespace hetmesh::afd {
+
+enum class Role { attention, ffn };
+enum class Gather { all, eager };
+
+struct EngineSpec {
+  Role role = Role::attention;
+  int rank = 0;       // index within the role
+  int attention = 1;  // number of A instances
+  int ffn = 1;        // number of F instances
+  int micro_batches = 3;
+  uint32_t tokens = 128;  // per micro-batch per A (the most a push may carry)
+  uint32_t hidden = 7168;
+  uint32_t top_k = 8;
+  uint32_t a2f_bytes = 1;  // bytes per hidden element, A to F (fp8 = 1)
+  uint32_t f2a_bytes = 2;  // bytes per hidden element, F to A (bf16 = 2)
+  Gather gather = Gather::all;
+  std::chrono::milliseconds timeout{10000};
+  std::string job = "hetmesh";  // rendezvous namespace
+  TransportOptions transport;
+  // Pin the comm thread to the first of these and the per-peer sender threads to the next ones
+  // (wrapping around), if any.
+  std::vector<int> comm_cpus;
+
+  // Routing entries are (int32 expert, float weight) pairs: top_k per token.
+  uint64_t routing_bytes_per_token() const { return uint64_t{top_k} * 8; }
+  uint64_t a2f_slot_bytes() const {
+    return uint64_t{tokens} * (uint64_t{hidden} * a2f_bytes + routing_bytes_per_token());
+  }
+  uint64_t f2a_slot_bytes() const { return uint64_t{tokens} * hidden * f2a_bytes; }
+};
+
+using Clock = std::chrono::steady_clock;
+
+// Timestamps of one A round trip, for the metrics (ns on A's clock, except the F-side ones, which
+// are on each F's own clock and only ever subtracted from each other).
+struct RoundTrip {
+  int micro_batch = 0;
+  uint64_t sequence = 0;
+  // posted: A's writes to the first F started; completed: the last F's result arrived.
+  int64_t attention_start = 0, push_start = 0, ready = 0, posted = 0, completed = 0,
+          wait_returned = 0;
+  struct PerFfn {
+    int64_t received_at_a = 0;  // A's clock: F2A header arrived
+    int64_t f_received = 0, f_batch_ready = 0, f_compute_start = 0, f_compute_end = 0,
+            f_posted = 0;     // F's clock
+    int64_t posted_at_a = 0;  // A's clock: A's writes to this F started
+  };
+  std::vector<PerFfn> ffn;
+};
+
+// How the comm thread learns that a micro-batch's tokens are ready: immediately, after `event`
+// completes, or once the 32-bit word at `flag` (pinned memory of the device, written by a compute
+// stream with stream_write_value32) reaches `value` (cyclic GEQ).
+struct ReadySignal {
+  const Event* event = nullptr;
+  const void* flag = nullptr;
+  uint32_t value = 0;
+};
+
+// The attention side.
+class AttentionEngine {
+ public:
+  // Allocates and registers every slot on `device`, publishes them through `store`, connects to
+  // every F and waits for the world (bounded by spec.timeout).
+  AttentionEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store);
+  ~AttentionEngine();
+
+  // Where the caller (or its compute stream) puts micro-batch `mb`'s tokens ([tokens][hidden] in
+  // the A2F dtype) and routing ([tokens][top_k] of {int32 expert, float weight}); device memory.
+  void* tokens(int micro_batch) const;
+  void* routing(int micro_batch) const;
+  // Where F `ffn`'s partial result for micro-batch `mb` lands ([tokens][hidden], F2A dtype).
+  void* result(int micro_batch, int ffn) const;
+
+  using Ready = ReadySignal;
+
+  using Handle = uint64_t;
+  // Sends micro-batch `mb` (its first `tokens` rows) to every F once ready; the results arrive
+  // in result(mb, *). Throws if mb's previous round trip has not been waited for.
+  Handle push_pull(int micro_batch, uint32_t tokens, Ready ready = {},
+                   int64_t attention_start_ns = 0);
+  // Waits until every F has answered; throws Error(TIMEOUT) naming the F that did not, or the
+  // error that ended the job. Returns the round trip's timestamps.
+  RoundTrip wait(Handle handle, std::chrono::milliseconds timeout);
+  // For a device stream to wait on instead: a pinned word that the comm thread sets to the
+  // handle's sequence number when all results of `micro_batch` have arrived (stream_wait_value32
+  // with HM_WAIT_GEQ). nullptr if the device has no stream memory operations.
+  const void* arrival_flag(int micro_batch) const;
+
+  const EngineSpec& spec() const;
+  // Bytes of memory this engine registered, by region name.
+  std::vector<std::pair<std::string, uint64_t>> registered() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// One micro-batch as seen by an F: the A instances it came from, with their token counts.
+struct Batch {
+  int micro_batch = 0;
+  struct FromAttention {
+    int rank = 0;
+    uint64_t sequence = 0;
+    uint32_t tokens = 0;
+    void* tokens_data = nullptr;   // device memory: [tokens][hidden] A2F dtype
+    void* routing_data = nullptr;  // device memory: [tokens][top_k] {int32, float}
+    void* output = nullptr;        // device memory to fill: [tokens][hidden] F2A dtype
+  };
+  std::vector<FromAttention> parts;
+  int64_t ready_ns = 0;
+};
+
+// The FFN side.
+class FfnEngine {
+ public:
+  FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store);
+  ~FfnEngine();
+
+  // The next micro-batch: complete from every A (Gather::all), or one A's part as soon as it
+  // arrives (Gather::eager). Returns nullopt when every A has left cleanly; throws Error on a
+  // timeout or a lost peer.
+  std::optional<Batch> get_batch(std::chrono::milliseconds timeout);
+  // Sends each part's output back to its A once `ready` (an event on F's compute stream, or
+  // nullptr for "already done").
+  void respond(const Batch& batch, const Event* ready = nullptr, int64_t compute_start_ns = 0);
+
+  const EngineSpec& spec() const;
+  std::vector<std::pair<std::string, uint64_t>> registered() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+int64_t now_ns();
+
+}  // namespace hetmesh::afd

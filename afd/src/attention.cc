@@ -1,0 +1,358 @@
+// The attention side of the AFD engine.
+#include "engine_common.hpp"
+
+#include <hetmesh/core/log.hpp>
+
+namespace hetmesh::afd {
+
+namespace {
+
+// One micro-batch slot's round trip in progress.
+struct Pending {
+  bool busy = false;  // pushed and not yet waited for (the slot's credit is taken)
+  int posted = 0;     // F instances whose writes have started
+  uint64_t sequence = 0;
+  uint32_t tokens = 0;
+  AttentionEngine::Ready ready;
+  int arrived = 0;
+  std::atomic<uint64_t> completed{0};  // the sequence whose every result arrived, for wait's spin
+  RoundTrip trip;
+  std::vector<bool> from;  // which F answered
+};
+
+// A micro-batch for one F's sender.
+struct PostJob {
+  int mb = 0;
+};
+
+}  // namespace
+
+struct AttentionEngine::State {
+  EngineSpec spec;
+  Device device;
+  std::unique_ptr<Transport> transport;
+  Buffer a2f_send;                         // [mb] tokens then routing
+  HostSlots a2f_headers;                   // [mb][f]: each F's sender stamps its own copy
+  Buffer f2a_receive;                      // [mb][f]
+  HostSlots f2a_headers;                   // [mb][f]
+  std::optional<HostSlots> arrival_flags;  // [mb] words, when the device has stream memops
+  PublishedRegions mine;
+  std::shared_ptr<Region> a2f_send_region, a2f_header_region;
+  std::vector<Peer> ffn;
+  std::map<ConnectionId, int> ffn_of_connection;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Pending> pending;     // [mb]
+  std::string failure;              // the first fatal error; every wait reports it
+  std::atomic<bool> failed{false};  // failure is set, for wait's spin
+  SpinPolicy wait_spin;             // the waiting caller's
+  std::vector<TransportEvent> events;
+  std::unique_ptr<CommThread> comm;
+  std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
+
+  State(const EngineSpec& s, const Device& d)
+      : spec(s),
+        device(d),
+        a2f_send(d.allocate(s.a2f_slot_bytes() * s.micro_batches)),
+        a2f_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
+        f2a_receive(d.allocate(s.f2a_slot_bytes() * s.micro_batches * s.ffn)),
+        f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
+        pending(static_cast<size_t>(s.micro_batches)) {}
+
+  WireHeader* send_header(int mb, int f) {
+    return reinterpret_cast<WireHeader*>(a2f_headers.data()) + mb * spec.ffn + f;
+  }
+  const WireHeader* receive_header(int mb, int f) {
+    return reinterpret_cast<const WireHeader*>(f2a_headers.data()) + mb * spec.ffn + f;
+  }
+  uint64_t routing_offset() const { return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes; }
+
+  void fail(const std::string& reason) {
+    {
+      std::lock_guard lock(mutex);
+      if (!failure.empty()) return;
+      failure = reason;
+      failed.store(true, std::memory_order_release);
+    }
+    log(LogLevel::error, "attention {}: {}", spec.rank, reason);
+    changed.notify_all();
+  }
+
+  // F `f`'s sender: once micro-batch mb is ready, its tokens, routing, then the header that
+  // notifies. The fields of pending[mb] read here were set by push_pull before the job was queued
+  // and stay put until every F has answered, which needs this post first.
+  void post(int f, const PostJob& job, const std::atomic<bool>& stopping) {
+    const int mb = job.mb;
+    Pending& p = pending[static_cast<size_t>(mb)];
+    Peer& peer = ffn[static_cast<size_t>(f)];
+    try {
+      if (!wait_ready(p.ready, stopping)) return;
+      int64_t ready_at = now_ns();
+      WireHeader* h = send_header(mb, f);
+      *h = make_header(spec, MessageKind::a2f, mb, p.sequence, p.tokens,
+                       uint64_t{p.tokens} * (uint64_t{spec.hidden} * spec.a2f_bytes +
+                                             spec.routing_bytes_per_token()));
+      h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
+      h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
+      int64_t posted = now_ns();
+      h->stamps[kPosted] = static_cast<uint64_t>(posted);
+      {
+        std::lock_guard lock(mutex);
+        if (!failure.empty()) return;
+        if (p.trip.ready == 0) p.trip.ready = ready_at;
+        if (p.trip.posted == 0) p.trip.posted = posted;  // the first F's
+        p.trip.ffn[static_cast<size_t>(f)].posted_at_a = posted;
+        ++p.posted;
+      }
+      uint64_t slot = spec.a2f_slot_bytes();
+      uint64_t token_bytes = uint64_t{p.tokens} * spec.hidden * spec.a2f_bytes;
+      uint64_t routing_bytes = uint64_t{p.tokens} * spec.routing_bytes_per_token();
+      // F's slot for (this A, mb).
+      uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
+      try {
+        Connection& c = *peer.connection;
+        if (token_bytes == routing_offset()) {  // a full micro-batch: routing follows the tokens
+          c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
+                  token_bytes + routing_bytes, std::nullopt, 0);
+        } else {
+          c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
+                  token_bytes, std::nullopt, 0);
+          c.write(*a2f_send_region, mb * slot + routing_offset(), *peer.regions.at("a2f_payload"),
+                  remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
+        }
+        c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),
+                *peer.regions.at("a2f_headers"), remote_slot * sizeof(WireHeader),
+                sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
+      } catch (const Error& e) {
+        rethrow_for_peer(e, Role::ffn, f);
+      }
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+  }
+
+  void on_result(const TransportEvent& e) {
+    int f = ffn_of_connection.at(e.connection);
+    std::string from = peer_name(Role::ffn, f);
+    check_slot(e.value, static_cast<uint32_t>(spec.micro_batches * spec.ffn), from);
+    int mb = static_cast<int>(e.value) / spec.ffn;
+    if (static_cast<int>(e.value) % spec.ffn != f)
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} notified slot {}, which belongs to ffn {}", from, e.value,
+                              static_cast<int>(e.value) % spec.ffn));
+    WireHeader h = *receive_header(mb, f);
+    SlotLimits limits{MessageKind::f2a,
+                      static_cast<uint32_t>(spec.ffn),
+                      static_cast<uint32_t>(spec.micro_batches),
+                      spec.tokens,
+                      spec.hidden,
+                      spec.top_k,
+                      spec.f2a_slot_bytes(),
+                      uint64_t{spec.hidden} * spec.f2a_bytes};
+    validate(h, limits, static_cast<uint32_t>(f), static_cast<uint32_t>(mb), from.c_str());
+    int64_t now = now_ns();
+    bool complete;
+    {
+      std::lock_guard lock(mutex);
+      Pending& p = pending[static_cast<size_t>(mb)];
+      if (!p.busy || h.sequence != p.sequence || p.from[static_cast<size_t>(f)] ||
+          h.tokens != p.tokens)
+        throw Error(kStatusProtocolError,
+                    fmt::format("{} answered micro-batch {} sequence {} ({} tokens), but A expects "
+                                "sequence {} ({} tokens{})",
+                                from, mb, h.sequence, h.tokens, p.sequence, p.tokens,
+                                p.from[static_cast<size_t>(f)] ? ", already answered" : ""));
+      p.from[static_cast<size_t>(f)] = true;
+      auto& per = p.trip.ffn[static_cast<size_t>(f)];
+      per.received_at_a = now;
+      per.f_received = static_cast<int64_t>(h.stamps[kReceived]);
+      per.f_batch_ready = static_cast<int64_t>(h.stamps[kBatchReady]);
+      per.f_compute_start = static_cast<int64_t>(h.stamps[kComputeStart]);
+      per.f_compute_end = static_cast<int64_t>(h.stamps[kComputeEnd]);
+      per.f_posted = static_cast<int64_t>(h.stamps[kPosted]);
+      complete = ++p.arrived == spec.ffn;
+      if (complete) {
+        p.trip.completed = now;
+        p.completed.store(p.sequence, std::memory_order_release);
+        if (arrival_flags)
+          std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
+              .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
+      }
+    }
+    if (complete) changed.notify_all();
+  }
+
+  // One turn of the comm thread: handle what the transport reports. Posting is the senders' job,
+  // so this thread only ever waits on the transport.
+  void step() {
+    comm_turn(
+        *transport, events,
+        [this](const TransportEvent& e) {
+          if (e.type == TransportEvent::Type::notification) on_result(e);
+          if (e.type == TransportEvent::Type::peer_lost)
+            throw Error(
+                kStatusPeerLost,
+                fmt::format("{} lost: {}", peer_name(Role::ffn, ffn_of_connection.at(e.connection)),
+                            e.message));
+        },
+        [this](const std::string& reason) { fail(reason); });
+  }
+};
+
+AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store)
+    : state_(std::make_unique<State>(spec, device)) {
+  State& s = *state_;
+  s.spec.role = Role::attention;
+  if (device.has(HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY))
+    s.arrival_flags.emplace(device, 4 * static_cast<uint64_t>(spec.micro_batches));
+  s.transport = Transport::create(spec.transport);
+  s.a2f_send_region = s.transport->register_memory(device, s.a2f_send.data(), s.a2f_send.size());
+  s.a2f_header_region =
+      s.transport->register_memory(device, s.a2f_headers.data(), s.a2f_headers.size());
+  s.mine.regions["f2a_payload"] =
+      s.transport->register_memory(device, s.f2a_receive.data(), s.f2a_receive.size());
+  s.mine.regions["f2a_headers"] =
+      s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
+  s.ffn = join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn);
+  s.ffn_of_connection = rank_by_connection(s.ffn);
+  for (Pending& p : s.pending) {
+    p.from.assign(static_cast<size_t>(spec.ffn), false);
+    p.trip.ffn.resize(static_cast<size_t>(spec.ffn));
+  }
+  s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
+  s.senders =
+      start_senders<PostJob>(s.spec, Role::ffn, spec.ffn,
+                             [&s](int f, const PostJob& job, const std::atomic<bool>& stopping) {
+                               s.post(f, job, stopping);
+                             });
+  log(LogLevel::info, "attention {}: connected to {} ffn instance(s) over {}", spec.rank, spec.ffn,
+      to_string(s.transport->kind()));
+}
+
+AttentionEngine::~AttentionEngine() {
+  State& s = *state_;
+  for (auto& sender : s.senders)
+    sender->stop();
+  s.comm->stop();
+  static const char kLeave[] = "leave";
+  for (Peer& f : s.ffn) {
+    try {
+      if (f.connection->alive())
+        f.connection->send_control({reinterpret_cast<const uint8_t*>(kLeave), sizeof kLeave - 1});
+    } catch (const Error&) {
+    }
+  }
+}
+
+void* AttentionEngine::tokens(int mb) const {
+  return static_cast<uint8_t*>(state_->a2f_send.data()) + mb * state_->spec.a2f_slot_bytes();
+}
+
+void* AttentionEngine::routing(int mb) const {
+  return static_cast<uint8_t*>(tokens(mb)) + state_->routing_offset();
+}
+
+void* AttentionEngine::result(int mb, int f) const {
+  return static_cast<uint8_t*>(state_->f2a_receive.data()) +
+         (mb * state_->spec.ffn + f) * state_->spec.f2a_slot_bytes();
+}
+
+const void* AttentionEngine::arrival_flag(int mb) const {
+  if (!state_->arrival_flags) return nullptr;
+  return state_->arrival_flags->data() + 4 * mb;
+}
+
+const EngineSpec& AttentionEngine::spec() const {
+  return state_->spec;
+}
+
+AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Ready ready,
+                                                   int64_t attention_start_ns) {
+  State& s = *state_;
+  if (mb < 0 || mb >= s.spec.micro_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("micro-batch {} does not exist (0..{})", mb, s.spec.micro_batches - 1));
+  if (tokens == 0 || tokens > s.spec.tokens)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{} tokens do not fit the slot (1..{})", tokens, s.spec.tokens));
+  uint64_t sequence;
+  {
+    std::lock_guard lock(s.mutex);
+    if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+    Pending& p = s.pending[static_cast<size_t>(mb)];
+    if (p.busy)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("micro-batch {} is still in flight (sequence {}): wait for it first",
+                              mb, p.sequence));
+    // Reset in place: the vectors keep their size, so nothing is allocated.
+    sequence = p.sequence + 1;
+    p.busy = true;
+    p.posted = 0;
+    p.sequence = sequence;
+    p.tokens = tokens;
+    p.ready = ready;
+    p.arrived = 0;
+    std::fill(p.from.begin(), p.from.end(), false);
+    std::fill(p.trip.ffn.begin(), p.trip.ffn.end(), RoundTrip::PerFfn{});
+    p.trip.micro_batch = mb;
+    p.trip.sequence = sequence;
+    p.trip.attention_start = attention_start_ns;
+    p.trip.push_start = now_ns();
+    p.trip.ready = p.trip.posted = p.trip.completed = p.trip.wait_returned = 0;
+  }
+  // Every F's sender waits for readiness itself and posts on its own: the writes to different F
+  // instances run side by side.
+  for (auto& sender : s.senders)
+    sender->push(PostJob{mb});
+  return (sequence << 8) | static_cast<uint64_t>(mb);
+}
+
+RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  int mb = static_cast<int>(handle & 0xff);
+  uint64_t sequence = handle >> 8;
+  if (mb >= s.spec.micro_batches) throw Error(HM_ERR_INVALID_ARGUMENT, "not a push_pull handle");
+  Pending& p = s.pending[static_cast<size_t>(mb)];
+  {
+    std::lock_guard lock(s.mutex);
+    if (!p.busy || p.sequence != sequence)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("handle for micro-batch {} sequence {} was already waited for", mb,
+                              sequence));
+  }
+  TimedWait measured(s.wait_spin);
+  measured.spin([&] {
+    return p.completed.load(std::memory_order_acquire) == sequence ||
+           s.failed.load(std::memory_order_acquire);
+  });
+  std::unique_lock lock(s.mutex);
+  bool done = s.changed.wait_for(lock, timeout,
+                                 [&] { return p.arrived == s.spec.ffn || !s.failure.empty(); });
+  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+  if (!done) {
+    std::string missing;
+    for (int f = 0; f < s.spec.ffn; ++f)
+      if (!p.from[static_cast<size_t>(f)])
+        missing += (missing.empty() ? "" : ", ") + peer_name(Role::ffn, f);
+    throw Error(
+        HM_ERR_TIMEOUT,
+        fmt::format("attention {}: micro-batch {} (sequence {}): no answer from {} within "
+                    "{} ms{}",
+                    s.spec.rank, mb, sequence, missing, timeout.count(),
+                    p.posted > 0 ? "" : " (never posted: its readiness signal did not come)"));
+  }
+  p.busy = false;
+  p.trip.wait_returned = now_ns();
+  return p.trip;
+}
+
+std::vector<std::pair<std::string, uint64_t>> AttentionEngine::registered() const {
+  const State& s = *state_;
+  return {{"a2f_send", s.a2f_send.size()},
+          {"a2f_headers", s.a2f_headers.size()},
+          {"f2a_receive", s.f2a_receive.size()},
+          {"f2a_headers", s.f2a_headers.size()}};
+}
+
+}  // namespace hetmesh::afd

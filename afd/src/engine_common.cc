@@ -1,0 +1,196 @@
+#include "engine_common.hpp"
+
+#include <hetmesh/core/log.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <pthread.h>
+
+#include <algorithm>
+
+namespace hetmesh::afd {
+namespace {
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes)
+    out += fmt::format("{:02x}", b);
+  return out;
+}
+
+std::vector<uint8_t> unhex(const std::string& text, const std::string& what) {
+  if (text.size() % 2 != 0) throw Error(kStatusProtocolError, what + ": odd-length hex");
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i < text.size(); i += 2) {
+    unsigned value = 0;
+    if (std::sscanf(text.c_str() + i, "%2x", &value) != 1)
+      throw Error(kStatusProtocolError, what + ": not hex");
+    out.push_back(static_cast<uint8_t>(value));
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+const char* role_name(Role role) {
+  return role == Role::attention ? "attention" : "ffn";
+}
+
+std::string peer_name(Role role, int rank) {
+  return fmt::format("{} {}", role_name(role), rank);
+}
+
+HostSlots::HostSlots(const Device& device, uint64_t bytes) : size_(bytes) {
+  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
+    pinned_ = device.allocate(bytes, MemoryKind::pinned_host);
+    data_ = static_cast<uint8_t*>(pinned_.data());
+  } else {
+    plain_.resize(bytes);
+    data_ = plain_.data();
+  }
+  std::memset(data_, 0, bytes);
+}
+
+std::vector<uint8_t> PublishedRegions::encode() const {
+  nlohmann::json document = nlohmann::json::object();
+  for (const auto& [name, region] : regions)
+    document[name] = hex(region->describe());
+  std::string text = document.dump();
+  return {text.begin(), text.end()};
+}
+
+std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uint8_t>& blob,
+                                                           const std::string& from) {
+  auto document = nlohmann::json::parse(blob.begin(), blob.end(), nullptr, false);
+  if (document.is_discarded() || !document.is_object())
+    throw Error(kStatusProtocolError, fmt::format("{} published malformed regions", from));
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& [name, value] : document.items()) {
+    if (!value.is_string())
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} published a malformed region '{}'", from, name));
+    out[name] = unhex(value.get<std::string>(), from + " region " + name);
+  }
+  return out;
+}
+
+std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
+                       KeyValueStore& store, Role peer_role, int peer_count) {
+  Rendezvous rendezvous(store, spec.job, role_name(spec.role), spec.rank);
+  rendezvous.publish("endpoint", transport.endpoint());
+  rendezvous.publish("regions", mine.encode());
+  std::vector<Peer> peers(static_cast<size_t>(peer_count));
+  for (int rank = 0; rank < peer_count; ++rank) {
+    std::string name = peer_name(peer_role, rank);
+    Peer& peer = peers[static_cast<size_t>(rank)];
+    peer.rank = rank;
+    auto endpoint = rendezvous.fetch(role_name(peer_role), rank, "endpoint", spec.timeout);
+    auto regions =
+        decode_regions(rendezvous.fetch(role_name(peer_role), rank, "regions", spec.timeout), name);
+    try {
+      peer.connection = transport.connect(endpoint, spec.timeout);
+    } catch (const Error& e) {
+      throw Error(e.status(), fmt::format("{} {}: connecting to {}: {}", role_name(spec.role),
+                                          spec.rank, name, e.what()));
+    }
+    for (const auto& [region_name, descriptor] : regions)
+      peer.regions[region_name] = peer.connection->import_region(descriptor);
+    log(LogLevel::debug, "{} {}: connected to {} over {}", role_name(spec.role), spec.rank, name,
+        to_string(transport.kind()));
+  }
+  return peers;
+}
+
+std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers) {
+  std::map<ConnectionId, int> ranks;
+  for (const Peer& peer : peers)
+    ranks[peer.connection->id()] = peer.rank;
+  return ranks;
+}
+
+void pin_thread(std::thread& thread, int cpu, const char* what) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (int rc = pthread_setaffinity_np(thread.native_handle(), sizeof set, &set); rc != 0)
+    log(LogLevel::warn, "cannot pin {} to CPU {}: {}", what, cpu, std::strerror(rc));
+}
+
+CommThread::CommThread(const std::vector<int>& cpus, std::function<void()> step)
+    : thread_([this, step = std::move(step)] {
+        while (!stopping_.load(std::memory_order_acquire))
+          step();
+      }) {
+  if (!cpus.empty()) pin_thread(thread_, cpus.front(), "the comm thread");
+}
+
+CommThread::~CommThread() {
+  stop();
+}
+
+void CommThread::stop() {
+  stopping_.store(true, std::memory_order_release);
+  if (thread_.joinable()) thread_.join();
+}
+
+bool wait_ready(const ReadySignal& ready, const std::atomic<bool>& stopping) {
+  // Slices short enough that a stopping engine is not held up for long.
+  constexpr auto kSlice = std::chrono::milliseconds(10);
+  if (ready.event != nullptr) {
+    while (!ready.event->ready()) {
+      if (stopping.load(std::memory_order_acquire)) return false;
+      try {
+        ready.event->synchronize(kSlice);
+      } catch (const Error& e) {
+        if (e.status() != HM_ERR_TIMEOUT) throw;
+      }
+    }
+    return true;
+  }
+  if (ready.flag != nullptr) {
+    auto reached = [&] {
+      return static_cast<int32_t>(
+                 std::atomic_ref<const uint32_t>(*static_cast<const uint32_t*>(ready.flag))
+                     .load(std::memory_order_acquire) -
+                 ready.value) >= 0;
+    };
+    // A stream writes the flag: spin briefly, then poll it with growing sleeps (up to 50 us).
+    auto spin_until = Clock::now() + std::chrono::microseconds(20);
+    auto pause = std::chrono::microseconds(1);
+    while (!reached()) {
+      if (stopping.load(std::memory_order_acquire)) return false;
+      if (Clock::now() < spin_until) {
+        cpu_relax();
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(50));
+      }
+    }
+  }
+  return true;
+}
+
+int sender_cpu(const std::vector<int>& comm_cpus, size_t index) {
+  if (comm_cpus.empty()) return -1;
+  return comm_cpus[(1 + index) % comm_cpus.size()];
+}
+
+void rethrow_for_peer(const Error& e, Role role, int rank) {
+  if (e.status() == kStatusPeerLost)
+    throw Error(e.status(), fmt::format("{} lost: {}", peer_name(role, rank), e.what()));
+  throw Error(e.status(), fmt::format("writing to {}: {}", peer_name(role, rank), e.what()));
+}
+
+void check_slot(uint32_t slot, uint32_t limit, const std::string& from) {
+  if (slot >= limit)
+    throw Error(kStatusProtocolError,
+                fmt::format("{} notified slot {}, but only {} slots exist", from, slot, limit));
+}
+
+}  // namespace hetmesh::afd

@@ -1,0 +1,236 @@
+// Pieces both engine roles use: host-side slot memory, publishing descriptors through the
+// rendezvous store, connecting to every peer, and the comm thread.
+#pragma once
+
+#include "wire.hpp"
+
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/spin.hpp>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace hetmesh::afd {
+
+const char* role_name(Role role);
+std::string peer_name(Role role, int rank);  // "attention 1", "ffn 0"
+
+// Host memory for headers and flags: pinned on the device when it has pinned memory (stream
+// memory operations need that), plain host memory otherwise.
+class HostSlots {
+ public:
+  HostSlots(const Device& device, uint64_t bytes);
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  bool pinned() const { return static_cast<bool>(pinned_); }
+
+ private:
+  Buffer pinned_;
+  std::vector<uint8_t> plain_;
+  uint8_t* data_;
+  uint64_t size_;
+};
+
+// This instance's registered regions, by name, as published for peers.
+struct PublishedRegions {
+  std::map<std::string, std::shared_ptr<Region>> regions;
+  std::vector<uint8_t> encode() const;
+};
+std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uint8_t>& blob,
+                                                           const std::string& from);
+
+struct Peer {
+  int rank = 0;
+  std::shared_ptr<Connection> connection;
+  std::map<std::string, std::shared_ptr<RemoteRegion>> regions;
+  bool left = false;
+};
+
+// Publishes this instance's endpoint and regions, then connects to every rank of `peer_role` in
+// rank order (a global order, so symmetric connects never wait on each other in a cycle).
+std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
+                       KeyValueStore& store, Role peer_role, int peer_count);
+
+// Which peer each connection leads to: connection id -> the peer's rank.
+std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers);
+
+// One turn of an engine's comm thread: polls the transport (2 ms at most) and hands each event to
+// `handle`, except write_done, of which only a failure matters (it is fatal). An exception ends
+// the turn and goes to `fail` (the engine's first fatal error); the thread then idles in 1 ms
+// turns.
+template <typename Handle, typename Fail>
+void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Handle&& handle,
+               Fail&& fail) {
+  try {
+    events.clear();
+    transport.poll(events, std::chrono::milliseconds(2));
+    for (const auto& e : events) {
+      if (e.type != TransportEvent::Type::write_done)
+        handle(e);
+      else if (e.status != HM_OK)
+        throw Error(e.status, "a write failed: " + e.message);
+    }
+  } catch (const std::exception& e) {
+    fail(e.what());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Pins `thread` to `cpu`; logs a warning if that fails.
+void pin_thread(std::thread& thread, int cpu, const char* what);
+
+// A thread that runs `step` until stopped: the engine's comm loop, which polls the transport.
+// Pinned to spec.comm_cpus[0] if given.
+class CommThread {
+ public:
+  CommThread(const std::vector<int>& cpus, std::function<void()> step);
+  ~CommThread();
+  void stop();
+
+ private:
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// One peer's writes, run in order on a thread of their own, so that the writes to different
+// peers proceed side by side and a slow peer delays only its own. Jobs are small structs in a
+// ring sized at construction (the slot credits bound how many can be queued), so pushing
+// allocates nothing. `run` gets each job and the stop flag (to bound any wait it does); it must
+// not throw.
+template <typename Job>
+class PeerSender {
+ public:
+  using Run = std::function<void(const Job&, const std::atomic<bool>& stopping)>;
+
+  PeerSender(size_t capacity, std::string name, int cpu, Run run)
+      : name_(std::move(name)), run_(std::move(run)), ring_(capacity) {
+    thread_ = std::thread([this] { loop(); });
+    if (cpu >= 0) pin_thread(thread_, cpu, "an AFD sender thread");
+  }
+  ~PeerSender() { stop(); }
+  PeerSender(const PeerSender&) = delete;
+  PeerSender& operator=(const PeerSender&) = delete;
+
+  // Queues a job; throws Error(INTERNAL) if the ring is full (a credit was not respected).
+  void push(const Job& job) {
+    bool wake;
+    {
+      std::lock_guard lock(mutex_);
+      if (tail_ - head_ == ring_.size())
+        throw Error(HM_ERR_INTERNAL,
+                    fmt::format("{}: more than {} writes queued", name_, ring_.size()));
+      ring_[tail_ % ring_.size()] = job;
+      ++tail_;
+      pushed_.store(tail_, std::memory_order_release);
+      wake = sleeping_;
+    }
+    if (wake) wake_.notify_one();
+  }
+
+  // Stops after the job in progress; queued jobs are dropped.
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_.store(true, std::memory_order_release);
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mutex_);
+        if (head_ == tail_ && !stopping_.load(std::memory_order_relaxed)) {
+          lock.unlock();
+          TimedWait wait(spin_);
+          wait.spin([&] { return pushed_.load(std::memory_order_acquire) != head_; });
+          lock.lock();
+          while (head_ == tail_ && !stopping_.load(std::memory_order_relaxed)) {
+            sleeping_ = true;
+            wake_.wait(lock);
+            sleeping_ = false;
+          }
+        }
+        if (stopping_.load(std::memory_order_relaxed)) return;
+        job = ring_[head_ % ring_.size()];
+        ++head_;
+      }
+      run_(job, stopping_);
+    }
+  }
+
+  std::string name_;
+  Run run_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Job> ring_;
+  uint64_t head_ = 0, tail_ = 0;     // under mutex_
+  std::atomic<uint64_t> pushed_{0};  // tail_, read without the lock while spinning
+  bool sleeping_ = false;            // under mutex_
+  std::atomic<bool> stopping_{false};
+  SpinPolicy spin_;  // the thread's own
+  std::thread thread_;
+};
+
+// Waits until `ready` holds (an event completed, a flag reached its value; at once for neither).
+// Returns false if `stopping` was set first. Throws Error if the event reports a failure.
+bool wait_ready(const ReadySignal& ready, const std::atomic<bool>& stopping);
+
+// The CPU for sender `index` (0-based) of an engine: comm_cpus[1 + index], wrapping around;
+// -1 (unpinned) without comm_cpus.
+int sender_cpu(const std::vector<int>& comm_cpus, size_t index);
+
+// A sender per peer of `peer_role` (`peers` of them), named "attention 0 to ffn 1", pinned as
+// sender_cpu() says, each running `run(peer, job, stopping)`.
+template <typename Job, typename Run>
+std::vector<std::unique_ptr<PeerSender<Job>>> start_senders(const EngineSpec& spec, Role peer_role,
+                                                            int peers, Run run) {
+  std::vector<std::unique_ptr<PeerSender<Job>>> senders;
+  for (int peer = 0; peer < peers; ++peer)
+    senders.push_back(std::make_unique<PeerSender<Job>>(
+        static_cast<size_t>(spec.micro_batches),
+        fmt::format("{} to {}", peer_name(spec.role, spec.rank), peer_name(peer_role, peer)),
+        sender_cpu(spec.comm_cpus, static_cast<size_t>(peer)),
+        [run, peer](const Job& job, const std::atomic<bool>& stopping) {
+          run(peer, job, stopping);
+        }));
+  return senders;
+}
+
+// Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
+[[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);
+
+// The header of a message from this instance (spec.role, spec.rank) in micro-batch slot `mb`,
+// stamps zero.
+inline WireHeader make_header(const EngineSpec& spec, MessageKind kind, int mb, uint64_t sequence,
+                              uint32_t tokens, uint64_t payload_bytes) {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.source = static_cast<uint32_t>(spec.rank);
+  h.micro_batch = static_cast<uint32_t>(mb);
+  h.sequence = sequence;
+  h.tokens = tokens;
+  h.hidden = spec.hidden;
+  h.top_k = spec.top_k;
+  h.payload_bytes = payload_bytes;
+  return h;
+}
+
+// Checks a notification's slot index against `limit`; throws a protocol error otherwise.
+void check_slot(uint32_t slot, uint32_t limit, const std::string& from);
+
+}  // namespace hetmesh::afd

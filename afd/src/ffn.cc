@@ -1,0 +1,343 @@
+// The FFN side of the AFD engine.
+#include "engine_common.hpp"
+
+#include <hetmesh/core/log.hpp>
+
+namespace hetmesh::afd {
+
+namespace {
+
+// What arrived in one (A, micro-batch) slot.
+struct Arrival {
+  uint64_t sequence = 0;    // last sequence seen in this slot
+  bool waiting = false;     // arrived, not yet handed out by get_batch
+  bool responding = false;  // handed out, not yet answered (the slot's credit is taken)
+  bool queued = false;      // respond() was called for it; its sender has yet to post
+  uint32_t tokens = 0;
+  int64_t received = 0;
+  int64_t batch_ready = 0;
+};
+
+// One A's part of a micro-batch, for that A's sender.
+struct RespondJob {
+  int mb = 0;
+  uint64_t sequence = 0;
+  uint32_t tokens = 0;
+  const Event* ready = nullptr;
+  int64_t compute_start = 0;
+  int64_t compute_end = 0;
+};
+
+}  // namespace
+
+struct FfnEngine::State {
+  EngineSpec spec;
+  Device device;
+  std::unique_ptr<Transport> transport;
+  Buffer a2f_receive;     // [a][mb] tokens then routing
+  HostSlots a2f_headers;  // [a][mb]
+  Buffer f2a_send;        // [a][mb] outputs
+  HostSlots f2a_headers;  // [a][mb]
+  PublishedRegions mine;
+  std::shared_ptr<Region> f2a_send_region, f2a_header_region;
+  std::vector<Peer> attention;
+  std::map<ConnectionId, int> attention_of_connection;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Arrival> arrivals;  // [a][mb]
+  std::deque<Batch> ready_batches;
+  int left = 0;
+  std::string failure;
+  // ready_batches is not empty, or failure is set: for get_batch's spin.
+  std::atomic<bool> news{false};
+  SpinPolicy get_spin;  // the caller's of get_batch
+  std::vector<TransportEvent> events;
+  std::unique_ptr<CommThread> comm;
+  std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
+
+  State(const EngineSpec& s, const Device& d)
+      : spec(s),
+        device(d),
+        a2f_receive(d.allocate(s.a2f_slot_bytes() * s.attention * s.micro_batches)),
+        a2f_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
+        f2a_send(d.allocate(s.f2a_slot_bytes() * s.attention * s.micro_batches)),
+        f2a_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
+        arrivals(static_cast<size_t>(s.attention * s.micro_batches)) {}
+
+  size_t slot(int a, int mb) const { return static_cast<size_t>(a * spec.micro_batches + mb); }
+  uint64_t routing_offset() const { return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes; }
+
+  Batch::FromAttention part(int a, int mb) {
+    const Arrival& arrival = arrivals[slot(a, mb)];
+    auto* in = static_cast<uint8_t*>(a2f_receive.data()) + slot(a, mb) * spec.a2f_slot_bytes();
+    auto* out = static_cast<uint8_t*>(f2a_send.data()) + slot(a, mb) * spec.f2a_slot_bytes();
+    return {a, arrival.sequence, arrival.tokens, in, in + routing_offset(), out};
+  }
+
+  void fail(const std::string& reason) {
+    {
+      std::lock_guard lock(mutex);
+      if (!failure.empty()) return;
+      failure = reason;
+      news.store(true, std::memory_order_release);
+    }
+    log(LogLevel::error, "ffn {}: {}", spec.rank, reason);
+    changed.notify_all();
+  }
+
+  // Hands out complete micro-batches (gather all) or single parts (eager). Caller holds mutex.
+  void release_batches(int mb) {
+    int64_t now = now_ns();
+    if (spec.gather == Gather::eager) {
+      for (int a = 0; a < spec.attention; ++a) {
+        Arrival& arrival = arrivals[slot(a, mb)];
+        if (!arrival.waiting) continue;
+        arrival.waiting = false;
+        arrival.responding = true;
+        arrival.batch_ready = now;
+        ready_batches.push_back(Batch{mb, {part(a, mb)}, now});
+        news.store(true, std::memory_order_release);
+      }
+      return;
+    }
+    for (int a = 0; a < spec.attention; ++a)
+      if (!arrivals[slot(a, mb)].waiting) return;
+    Batch batch{mb, {}, now};
+    for (int a = 0; a < spec.attention; ++a) {
+      Arrival& arrival = arrivals[slot(a, mb)];
+      arrival.waiting = false;
+      arrival.responding = true;
+      arrival.batch_ready = now;
+      batch.parts.push_back(part(a, mb));
+    }
+    ready_batches.push_back(std::move(batch));
+    news.store(true, std::memory_order_release);
+  }
+
+  void on_request(const TransportEvent& e) {
+    int a = attention_of_connection.at(e.connection);
+    std::string from = peer_name(Role::attention, a);
+    check_slot(e.value, static_cast<uint32_t>(spec.attention * spec.micro_batches), from);
+    int mb = static_cast<int>(e.value) % spec.micro_batches;
+    if (static_cast<int>(e.value) / spec.micro_batches != a)
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} notified slot {}, which belongs to attention {}", from, e.value,
+                              static_cast<int>(e.value) / spec.micro_batches));
+    WireHeader h = reinterpret_cast<const WireHeader*>(a2f_headers.data())[slot(a, mb)];
+    SlotLimits limits{MessageKind::a2f,
+                      static_cast<uint32_t>(spec.attention),
+                      static_cast<uint32_t>(spec.micro_batches),
+                      spec.tokens,
+                      spec.hidden,
+                      spec.top_k,
+                      spec.a2f_slot_bytes(),
+                      uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token()};
+    validate(h, limits, static_cast<uint32_t>(a), static_cast<uint32_t>(mb), from.c_str());
+    std::lock_guard lock(mutex);
+    Arrival& arrival = arrivals[slot(a, mb)];
+    if (arrival.waiting || arrival.responding || h.sequence != arrival.sequence + 1)
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} sent micro-batch {} sequence {}, but its slot {} (last sequence "
+                              "{})",
+                              from, mb, h.sequence,
+                              arrival.waiting || arrival.responding ? "is still in use"
+                                                                    : "expects the next one",
+                              arrival.sequence));
+    arrival.sequence = h.sequence;
+    arrival.tokens = h.tokens;
+    arrival.received = now_ns();
+    arrival.waiting = true;
+    release_batches(mb);
+    changed.notify_all();
+  }
+
+  // A `a`'s sender: once the outputs are ready, the part's outputs, then the header that
+  // notifies. Each part goes out as soon as its own A's sender gets to it.
+  void respond_to(int a, const RespondJob& job, const std::atomic<bool>& stopping) {
+    const int mb = job.mb;
+    const size_t s = slot(a, mb);
+    try {
+      if (!wait_ready(ReadySignal{job.ready, nullptr, 0}, stopping)) return;
+      WireHeader* h = reinterpret_cast<WireHeader*>(f2a_headers.data()) + s;
+      int64_t received, batch_ready;
+      {
+        std::lock_guard lock(mutex);
+        if (!failure.empty()) return;
+        received = arrivals[s].received;
+        batch_ready = arrivals[s].batch_ready;
+      }
+      *h = make_header(spec, MessageKind::f2a, mb, job.sequence, job.tokens,
+                       uint64_t{job.tokens} * spec.hidden * spec.f2a_bytes);
+      h->stamps[kReceived] = static_cast<uint64_t>(received);
+      h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
+      h->stamps[kComputeStart] = static_cast<uint64_t>(job.compute_start);
+      h->stamps[kComputeEnd] = static_cast<uint64_t>(job.compute_end);
+      h->stamps[kPosted] = static_cast<uint64_t>(now_ns());
+      Peer& peer = attention[static_cast<size_t>(a)];
+      // A's slot for (mb, this F).
+      uint64_t remote_slot = static_cast<uint64_t>(mb * spec.ffn + spec.rank);
+      try {
+        peer.connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
+                               *peer.regions.at("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
+                               h->payload_bytes, std::nullopt, 0);
+        {
+          // The credit goes back before the notifying write: once A sees it, A may send this
+          // slot's next sequence at once, and the comm thread must find the slot free.
+          std::lock_guard lock(mutex);
+          arrivals[s].responding = false;
+          arrivals[s].queued = false;
+        }
+        peer.connection->write(*f2a_header_region, s * sizeof(WireHeader),
+                               *peer.regions.at("f2a_headers"), remote_slot * sizeof(WireHeader),
+                               sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
+      } catch (const Error& e) {
+        rethrow_for_peer(e, Role::attention, a);
+      }
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+  }
+
+  // One turn of the comm thread: handle what the transport reports (responses are the senders'
+  // job).
+  void step() {
+    comm_turn(
+        *transport, events, [this](const TransportEvent& e) { on_event(e); },
+        [this](const std::string& reason) { fail(reason); });
+  }
+
+  void on_event(const TransportEvent& e) {
+    switch (e.type) {
+      case TransportEvent::Type::notification:
+        on_request(e);
+        break;
+      case TransportEvent::Type::control:
+        if (std::string(e.payload.begin(), e.payload.end()) == "leave") {
+          std::lock_guard lock(mutex);
+          Peer& a = attention[static_cast<size_t>(attention_of_connection.at(e.connection))];
+          if (!a.left) ++left;
+          a.left = true;
+          changed.notify_all();
+        }
+        break;
+      case TransportEvent::Type::peer_lost: {
+        int a = attention_of_connection.at(e.connection);
+        bool clean;
+        {
+          std::lock_guard lock(mutex);
+          clean = attention[static_cast<size_t>(a)].left;
+        }
+        if (!clean)
+          throw Error(kStatusPeerLost,
+                      fmt::format("{} lost: {}", peer_name(Role::attention, a), e.message));
+        break;
+      }
+      case TransportEvent::Type::write_done:
+        break;  // comm_turn checked it
+    }
+  }
+};
+
+FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store)
+    : state_(std::make_unique<State>(spec, device)) {
+  State& s = *state_;
+  s.spec.role = Role::ffn;
+  s.transport = Transport::create(spec.transport);
+  s.mine.regions["a2f_payload"] =
+      s.transport->register_memory(device, s.a2f_receive.data(), s.a2f_receive.size());
+  s.mine.regions["a2f_headers"] =
+      s.transport->register_memory(device, s.a2f_headers.data(), s.a2f_headers.size());
+  s.f2a_send_region = s.transport->register_memory(device, s.f2a_send.data(), s.f2a_send.size());
+  s.f2a_header_region =
+      s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
+  s.attention = join(s.spec, *s.transport, s.mine, store, Role::attention, spec.attention);
+  s.attention_of_connection = rank_by_connection(s.attention);
+  s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
+  s.senders = start_senders<RespondJob>(
+      s.spec, Role::attention, spec.attention,
+      [&s](int a, const RespondJob& job, const std::atomic<bool>& stopping) {
+        s.respond_to(a, job, stopping);
+      });
+  log(LogLevel::info, "ffn {}: connected to {} attention instance(s) over {}", spec.rank,
+      spec.attention, to_string(s.transport->kind()));
+}
+
+FfnEngine::~FfnEngine() {
+  for (auto& sender : state_->senders)
+    sender->stop();
+  state_->comm->stop();
+}
+
+const EngineSpec& FfnEngine::spec() const {
+  return state_->spec;
+}
+
+std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  TimedWait measured(s.get_spin);
+  measured.spin([&] { return s.news.load(std::memory_order_acquire); });
+  std::unique_lock lock(s.mutex);
+  bool done = s.changed.wait_for(lock, timeout, [&] {
+    return !s.ready_batches.empty() || !s.failure.empty() || s.left == s.spec.attention;
+  });
+  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+  if (!s.ready_batches.empty()) {
+    Batch batch = std::move(s.ready_batches.front());
+    s.ready_batches.pop_front();
+    s.news.store(!s.ready_batches.empty() || !s.failure.empty(), std::memory_order_relaxed);
+    return batch;
+  }
+  if (s.left == s.spec.attention) return std::nullopt;
+  if (!done) {
+    std::string waiting;
+    for (int a = 0; a < s.spec.attention; ++a)
+      for (int mb = 0; mb < s.spec.micro_batches; ++mb)
+        if (s.arrivals[s.slot(a, mb)].waiting)
+          waiting +=
+              fmt::format("{}(attention {}, micro-batch {})", waiting.empty() ? "" : ", ", a, mb);
+    throw Error(HM_ERR_TIMEOUT,
+                fmt::format("ffn {}: no complete micro-batch within {} ms{}{}", s.spec.rank,
+                            timeout.count(), waiting.empty() ? "" : "; partial: ", waiting));
+  }
+  return std::nullopt;
+}
+
+void FfnEngine::respond(const Batch& batch, const Event* ready, int64_t compute_start_ns) {
+  State& s = *state_;
+  int64_t compute_end = now_ns();
+  {
+    std::lock_guard lock(s.mutex);
+    if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+    if (batch.micro_batch < 0 || batch.micro_batch >= s.spec.micro_batches)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("respond: micro-batch {} does not exist", batch.micro_batch));
+    for (const auto& part : batch.parts) {
+      if (part.rank < 0 || part.rank >= s.spec.attention)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("respond: attention {} does not exist", part.rank));
+      const Arrival& arrival = s.arrivals[s.slot(part.rank, batch.micro_batch)];
+      if (!arrival.responding || arrival.queued || arrival.sequence != part.sequence)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("respond: attention {} micro-batch {} sequence {} is not awaiting "
+                                "an answer{}",
+                                part.rank, batch.micro_batch, part.sequence,
+                                arrival.queued ? " (already answered)" : ""));
+    }
+    for (const auto& part : batch.parts)
+      s.arrivals[s.slot(part.rank, batch.micro_batch)].queued = true;
+  }
+  for (const auto& part : batch.parts)
+    s.senders[static_cast<size_t>(part.rank)]->push(RespondJob{
+        batch.micro_batch, part.sequence, part.tokens, ready, compute_start_ns, compute_end});
+}
+
+std::vector<std::pair<std::string, uint64_t>> FfnEngine::registered() const {
+  const State& s = *state_;
+  return {{"a2f_receive", s.a2f_receive.size()},
+          {"a2f_headers", s.a2f_headers.size()},
+          {"f2a_send", s.f2a_send.size()},
+          {"f2a_headers", s.f2a_headers.size()}};
+}
+
+}  // namespace hetmesh::afd

@@ -1,0 +1,58 @@
+#include <hetmesh/afd/job.hpp>
+
+namespace hetmesh::afd {
+
+TransportSelection single_host_transport_choice(const JobConfig& c) {
+  std::optional<TransportKind> forced;
+  switch (c.transport.kind) {
+    case TransportChoice::automatic:
+      break;
+    case TransportChoice::ipc:
+      forced = TransportKind::ipc;
+      break;
+    case TransportChoice::tcp:
+      forced = TransportKind::tcp;
+      break;
+    case TransportChoice::verbs:
+      forced = TransportKind::verbs;
+      break;
+  }
+  // Every instance of a single-host job is a process of this host, so its peers share the node.
+  return choose_transport(forced, /*same_node=*/true, c.transport.rdma_device);
+}
+
+TransportKind single_host_transport(const JobConfig& c) {
+  return single_host_transport_choice(c).kind;
+}
+
+EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
+  EngineSpec spec;
+  spec.role = role;
+  spec.rank = rank;
+  spec.attention = c.job.attention;
+  spec.ffn = c.job.ffn;
+  spec.micro_batches = c.job.micro_batches;
+  spec.tokens = static_cast<uint32_t>(c.model.tokens);
+  spec.hidden = static_cast<uint32_t>(c.model.hidden);
+  spec.top_k = static_cast<uint32_t>(c.model.top_k);
+  spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
+  spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
+  spec.gather = c.job.gather == GatherMode::eager ? Gather::eager : Gather::all;
+  spec.timeout = c.job.timeout;
+  spec.transport.kind = single_host_transport(c);
+  spec.transport.listen_host = c.transport.listen_host;
+  spec.transport.rdma_device = c.transport.rdma_device;
+  spec.transport.gid_index = c.transport.gid_index;
+  spec.transport.poller_cpu = c.affinity.poller_cpu;
+  spec.comm_cpus = c.affinity.comm_cpus;
+  return spec;
+}
+
+PluginRegistry load_plugins(const JobConfig& c) {
+  PluginLoadOptions options;
+  options.explicit_paths = c.plugins.paths;
+  options.plugin_options = c.plugins.options;
+  return PluginRegistry::load(options);
+}
+
+}  // namespace hetmesh::afd

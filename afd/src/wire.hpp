@@ -1,0 +1,84 @@
+// The AFD wire header: 128 bytes in host memory beside every payload slot, written after the
+// payload on the same connection (so its notification implies the payload landed) and checked
+// against the receiver's slot table before anything is read from the slot.
+#pragma once
+
+#include <hetmesh/core/error.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+namespace hetmesh::afd {
+
+constexpr uint32_t kWireMagic = 0x46414d48;  // "HMAF"
+constexpr uint16_t kWireVersion = 1;
+enum class MessageKind : uint16_t { a2f = 1, f2a = 2 };
+
+// Sender-side timestamps (ns, the sender's steady clock) carried for the skew-free metrics.
+enum Stamp : int {
+  kAttentionStart = 0,  // A2F: the caller's attention start (0 when not given)
+  kPushStart = 1,       // A2F: push_pull() called
+  kPosted = 2,          // both: writes posted by the comm thread
+  kReceived = 3,        // F2A: when F saw the A2F header of this micro-batch
+  kBatchReady = 4,      // F2A: when F's batch holding it was complete
+  kComputeStart = 5,    // F2A: respond() says compute started (0 when not given)
+  kComputeEnd = 6,      // F2A: respond() called
+  kStampCount = 7
+};
+
+struct WireHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind;         // MessageKind
+  uint32_t source;       // sender's rank in its role
+  uint32_t micro_batch;  // slot index
+  uint64_t sequence;     // per (sender, receiver, micro-batch) slot, starting at 1
+  uint32_t tokens;
+  uint32_t hidden;
+  uint32_t top_k;
+  uint32_t reserved;
+  uint64_t payload_bytes;  // tokens (and for A2F, routing) bytes at the start of the slot
+  uint64_t stamps[kStampCount];
+  uint8_t padding[128 - 48 - 8 * kStampCount];
+};
+static_assert(sizeof(WireHeader) == 128);
+
+// What a receiver knows about the slot a header arrived in.
+struct SlotLimits {
+  MessageKind kind;
+  uint32_t senders;  // number of peers in the sender's role
+  uint32_t micro_batches;
+  uint32_t max_tokens;
+  uint32_t hidden;
+  uint32_t top_k;
+  uint64_t capacity;         // payload bytes the slot holds
+  uint64_t bytes_per_token;  // payload bytes per token (including routing for A2F)
+};
+
+// Throws Error(kStatusProtocolError) naming the field unless `h` fits `limits` and arrived in the
+// slot of (`source`, `micro_batch`).
+inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t source,
+                     uint32_t micro_batch, const char* where) {
+  auto bad = [&](const std::string& what) {
+    throw Error(kStatusProtocolError, fmt::format("{}: refused header: {}", where, what));
+  };
+  if (h.magic != kWireMagic) bad(fmt::format("magic {:08x}", h.magic));
+  if (h.version != kWireVersion)
+    bad(fmt::format("version {} (this build speaks {})", h.version, kWireVersion));
+  if (h.kind != static_cast<uint16_t>(limits.kind)) bad(fmt::format("kind {}", h.kind));
+  if (h.source != source) bad(fmt::format("source {} in the slot of sender {}", h.source, source));
+  if (h.micro_batch != micro_batch)
+    bad(fmt::format("micro-batch {} in the slot of micro-batch {}", h.micro_batch, micro_batch));
+  if (h.tokens == 0 || h.tokens > limits.max_tokens)
+    bad(fmt::format("{} tokens (slot holds 1..{})", h.tokens, limits.max_tokens));
+  if (h.hidden != limits.hidden)
+    bad(fmt::format("hidden {} (job has {})", h.hidden, limits.hidden));
+  if (h.top_k != limits.top_k) bad(fmt::format("top_k {} (job has {})", h.top_k, limits.top_k));
+  if (h.payload_bytes != uint64_t{h.tokens} * limits.bytes_per_token ||
+      h.payload_bytes > limits.capacity)
+    bad(fmt::format("payload of {} bytes for {} tokens (slot holds {} bytes)", h.payload_bytes,
+                    h.tokens, limits.capacity));
+}
+
+}  // namespace hetmesh::afd

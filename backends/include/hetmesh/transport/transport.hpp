@@ -1,0 +1,172 @@
+// Transports: one interface, three implementations (ipc, tcp, verbs).
+//
+// A Transport is this process's endpoint of one kind. It registers memory (returning a Region a
+// peer can target), connects to peers symmetrically from their endpoint descriptors (both sides
+// call connect() with the other's descriptor), and delivers events: local writes completed,
+// notifications of a peer's writes into our regions, small control messages, and lost peers.
+//
+// Data moves by one-sided writes: write() copies [src_offset, +length) of a local region into a
+// peer's region at dst_offset and, optionally, delivers a 32-bit notification that the peer sees
+// only after the data is visible there (RDMA WRITE_WITH_IMM semantics). Device memory that the
+// transport cannot reach directly is staged through host buffers, on either side.
+//
+// Ordering: the writes of one connection land at the peer in the order they were issued, so a
+// notification implies that every earlier write on that connection is visible too. Notifications
+// arrive in issue order. Control messages are ordered among themselves only.
+//
+// Errors: setup calls throw hetmesh::Error. A dead or misbehaving peer becomes a peer_lost event
+// (and failed writes) within the transport's timeouts, never a hang or an abort.
+#pragma once
+
+#include <hetmesh/core/device.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace hetmesh {
+
+enum class TransportKind { ipc, tcp, verbs };
+const char* to_string(TransportKind kind);
+// "ipc", "tcp", "verbs"; throws Error(INVALID_ARGUMENT) naming the choices otherwise.
+TransportKind parse_transport_kind(const std::string& name);
+
+// How a registered region's bytes are reached by the transport; logged and shown by `hetmesh info`.
+enum class RegistrationPath {
+  host,        // host memory the transport reads and writes directly
+  ipc_handle,  // device memory shared through the plugin's IPC handles
+  dmabuf,      // RDMA: the plugin exported a dma-buf, registered with ibv_reg_dmabuf_mr
+  peermem,     // RDMA: ibv_reg_mr on device memory through nvidia_peermem
+  staging      // device memory copied through host bounce buffers
+};
+const char* to_string(RegistrationPath path);
+
+struct TransportOptions {
+  TransportKind kind = TransportKind::tcp;
+  // Address to listen on (tcp, and the verbs out-of-band channel). Port 0 picks a free one.
+  std::string listen_host = "127.0.0.1";
+  uint16_t listen_port = 0;
+  std::chrono::milliseconds connect_timeout{10000};
+  // verbs: RDMA device ("" = the first active one), GID index (-1 = the first IPv4-mapped one),
+  // the CPU the completion poller is pinned to (-1 = not pinned), and busy polling.
+  std::string rdma_device;
+  int gid_index = -1;
+  int poller_cpu = -1;
+  bool busy_poll = false;
+};
+
+// Serialised, transport-specific descriptions exchanged through rendezvous.
+using EndpointDescriptor = std::vector<uint8_t>;
+using RegionDescriptor = std::vector<uint8_t>;
+
+class Region {
+ public:
+  virtual ~Region() = default;
+  const Device& device() const { return device_; }
+  void* base() const { return base_; }
+  uint64_t size() const { return size_; }
+  RegistrationPath path() const { return path_; }
+  // Why this path, in words: for verbs, each path tried before it and why it was passed over
+  // ("dma-buf unsupported (...); peermem: ... absent; staging through ..."). May be empty.
+  const std::string& path_reason() const { return path_reason_; }
+  // What a peer passes to Connection::import_region.
+  virtual RegionDescriptor describe() const = 0;
+
+ protected:
+  Region(Device device, void* base, uint64_t size, RegistrationPath path,
+         std::string path_reason = {})
+      : device_(std::move(device)),
+        base_(base),
+        size_(size),
+        path_(path),
+        path_reason_(std::move(path_reason)) {}
+
+ private:
+  Device device_;
+  void* base_;
+  uint64_t size_;
+  RegistrationPath path_;
+  std::string path_reason_;
+};
+
+// A peer's region, imported on one connection.
+class RemoteRegion {
+ public:
+  virtual ~RemoteRegion() = default;
+  uint64_t size() const { return size_; }
+
+ protected:
+  explicit RemoteRegion(uint64_t size) : size_(size) {}
+
+ private:
+  uint64_t size_;
+};
+
+using ConnectionId = uint32_t;
+
+struct TransportEvent {
+  enum class Type {
+    write_done,    // a local write finished (status OK) or failed; its cookie says which
+    notification,  // a peer's write with a notification landed in one of our regions
+    control,       // a control message from the peer
+    peer_lost      // the peer died, closed, timed out or broke the protocol; message says which
+  };
+  Type type;
+  ConnectionId connection = 0;
+  uint64_t cookie = 0;           // write_done
+  hm_status status = HM_OK;      // write_done
+  uint32_t value = 0;            // notification
+  std::string message;           // failures and peer_lost
+  std::vector<uint8_t> payload;  // control
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  ConnectionId id() const { return id_; }
+  // False once the peer is lost; writes then throw.
+  virtual bool alive() const = 0;
+  // Validates and imports a peer's region descriptor. Throws Error on a malformed descriptor or
+  // one that belongs to another endpoint.
+  virtual std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) = 0;
+  // Starts a one-sided write; a write_done event with `cookie` reports its end. Throws Error
+  // (INVALID_ARGUMENT) for a range outside either region, or if the peer is lost.
+  virtual void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst,
+                     uint64_t dst_offset, uint64_t length, std::optional<uint32_t> notify,
+                     uint64_t cookie) = 0;
+  // A small message (at most kMaxControlBytes), delivered in order with other control messages.
+  virtual void send_control(std::span<const uint8_t> message) = 0;
+  static constexpr size_t kMaxControlBytes = 64 * 1024;
+
+ protected:
+  explicit Connection(ConnectionId id) : id_(id) {}
+
+ private:
+  ConnectionId id_;
+};
+
+class Transport {
+ public:
+  // Throws Error if the kind is unusable here (e.g. verbs without an RDMA device), with the reason.
+  static std::unique_ptr<Transport> create(const TransportOptions& options);
+  virtual ~Transport() = default;
+
+  virtual TransportKind kind() const = 0;
+  virtual EndpointDescriptor endpoint() const = 0;
+  // Registers [ptr, ptr+size) of memory of `device` (device, pinned or plain host memory). Done at
+  // setup; the hot path never registers.
+  virtual std::shared_ptr<Region> register_memory(const Device& device, void* ptr,
+                                                  uint64_t size) = 0;
+  // Connects to the peer described by `peer`; both sides call it. Throws Error(TIMEOUT) if the
+  // peer does not show up in time.
+  virtual std::shared_ptr<Connection> connect(const EndpointDescriptor& peer,
+                                              std::chrono::milliseconds timeout) = 0;
+  // Appends pending events to `out`, waiting up to `timeout` for the first. Returns how many.
+  virtual size_t poll(std::vector<TransportEvent>& out, std::chrono::nanoseconds timeout) = 0;
+};
+
+}  // namespace hetmesh

@@ -1,0 +1,125 @@
+// Rendezvous: how the processes of a job find each other before any data moves.
+//
+// Everything goes through a small key-value interface, so the embedded TCP store (the default:
+// one process hosts a TcpStoreServer, every process connects to it) can later be swapped for a
+// real distributed store such as etcd without touching the engine. On top of any store there are
+// a reusable barrier and Rendezvous, which publishes an instance's blobs (endpoint and slot-table
+// descriptors) under "<job>/<role>/<rank>/<what>" and waits for the whole world.
+//
+// Every blocking call takes a timeout; a store that dies makes calls fail promptly with
+// Error(kStatusPeerLost) (or HM_ERR_TIMEOUT when it stops answering), never hang.
+#pragma once
+
+#include <hetmesh/core/error.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hetmesh {
+
+class KeyValueStore {
+ public:
+  // Limits every store enforces, so a blob fits in one request of the TCP store's protocol.
+  static constexpr size_t kMaxKeyBytes = 4 * 1024;
+  static constexpr size_t kMaxValueBytes = 16 * 1024 * 1024;
+
+  virtual ~KeyValueStore();
+  // Creates or replaces the key, and wakes every get() waiting for it.
+  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // Waits until the key exists; throws Error(HM_ERR_TIMEOUT) naming the key and the store.
+  virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  virtual std::optional<std::vector<uint8_t>> try_get(const std::string& key) = 0;
+  // Atomic add on a counter (created at 0), returning the new value: for barriers and rank
+  // assignment. The counter's value reads back through get() as decimal text, e.g. "3". Throws
+  // Error(INVALID_ARGUMENT) if the key holds something that is not a counter.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Removes the key; erasing a missing key is not an error.
+  virtual void erase(const std::string& key) = 0;
+  // For messages: "tcp store 127.0.0.1:29500".
+  virtual std::string describe() const = 0;
+};
+
+// The embedded store: an in-memory map served over TCP, one thread per client. Hosted by one
+// process of the job (the engine's launcher); it lives as long as this object.
+class TcpStoreServer {
+ public:
+  // Listens on "host:port" ("[::1]:port" for IPv6); port 0 picks a free one. Throws Error if it
+  // cannot listen.
+  explicit TcpStoreServer(const std::string& listen);
+  // Stops accepting, disconnects every client (their calls fail with kStatusPeerLost) and joins
+  // every thread.
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  // "host:port" with the real port: what clients pass to connect_tcp_store. With a wildcard
+  // listen host ("0.0.0.0") it is the wildcard: clients on other hosts use this host's name.
+  std::string address() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Connects to a TcpStoreServer at "host:port", retrying until it is up or `timeout` passes
+// (Error(HM_ERR_TIMEOUT)). The same timeout bounds each later request's round trip; get() waits
+// its own timeout on top. The store is safe to share between threads: concurrent calls use
+// separate connections, so one thread's blocking get() never holds up another's set().
+std::unique_ptr<KeyValueStore> connect_tcp_store(const std::string& address,
+                                                 std::chrono::milliseconds timeout);
+
+// Blocks until `world_size` callers have reached the barrier `name`, or throws
+// Error(HM_ERR_TIMEOUT) saying how many arrived. Reusable: every participant may call it again
+// with the same name, as long as all call it the same number of times. A timeout leaves that
+// name unusable (the job is failing anyway).
+void barrier(KeyValueStore& store, const std::string& name, int world_size,
+             std::chrono::milliseconds timeout);
+
+// One instance's view of a job's rendezvous. Keys are "<job_id>/<role>/<rank>/<what>".
+class Rendezvous {
+ public:
+  // role is "attention" or "ffn"; job_id is non-empty and has no '/'. Throws
+  // Error(INVALID_ARGUMENT) otherwise.
+  Rendezvous(KeyValueStore& store, std::string job_id, std::string role, int rank);
+
+  const std::string& job_id() const { return job_id_; }
+  const std::string& role() const { return role_; }
+  int rank() const { return rank_; }
+
+  // Publishes a blob of this instance under `what` ("endpoint", "slots", ...).
+  void publish(const std::string& what, const std::vector<uint8_t>& blob);
+  // Waits for another instance's blob.
+  std::vector<uint8_t> fetch(const std::string& role, int rank, const std::string& what,
+                             std::chrono::milliseconds timeout);
+  // Publishes "ready" for this instance, then waits until every instance of the world
+  // (`attention` A ranks and `ffn` F ranks) has: call it after publishing everything peers need.
+  // On timeout the message lists who is missing.
+  void wait_for_world(int attention, int ffn, std::chrono::milliseconds timeout);
+  // Marks this instance as gone ("left"), so peers and the store's host see a clean teardown
+  // rather than a crash. Idempotent.
+  void leave();
+  // Whether the instance has left.
+  bool has_left(const std::string& role, int rank);
+
+  std::string key(const std::string& role, int rank, const std::string& what) const;
+
+ private:
+  KeyValueStore& store_;
+  std::string job_id_;
+  std::string role_;
+  int rank_;
+  bool left_ = false;
+};
+
+// Waits until every instance of job `job_id` (`attention` A and `ffn` F ranks) has called
+// Rendezvous::leave(). The store's host, which need not be an instance itself, calls this before
+// it destroys the server, so nobody loses the store mid-teardown. On timeout the message lists
+// who has not left.
+void wait_for_departure(KeyValueStore& store, const std::string& job_id, int attention, int ffn,
+                        std::chrono::milliseconds timeout);
+
+}  // namespace hetmesh

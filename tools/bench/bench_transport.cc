@@ -1,0 +1,501 @@
+// `hetmesh bench transport`: latency (p50, p99) and bandwidth of one transport between two
+// processes, per message size, with a baseline measured in the same run (memcpy always; more for
+// some transports) and the ratio. A second copy of this program is the peer.
+#include "commands.hpp"
+
+#include <hetmesh/core/subprocess.hpp>
+#include <hetmesh/transport/rdma_info.hpp>
+#include <hetmesh/transport/transport.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <unistd.h>
+
+namespace hetmesh::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::seconds kWait{60};
+constexpr uint32_t kLatencyTag = 0x80000000u;    // echo this write back
+constexpr uint32_t kBandwidthTag = 0x40000000u;  // just count it
+
+struct BenchOptions {
+  std::string transport = "tcp";
+  std::string memory = "cpu";
+  std::string peer_memory;  // defaults to memory
+  std::vector<std::string> sizes = {"8", "4K", "64K", "1M", "2M"};
+  int iterations = 300;
+  int window = 8;
+  std::string json;
+  bool busy_poll = false;  // verbs: the completion poller never sleeps
+  bool peer = false;
+};
+
+uint64_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  std::string unit = end;
+  uint64_t scale = unit.empty() || unit == "B"    ? 1
+                   : unit == "K" || unit == "KiB" ? 1024
+                   : unit == "M" || unit == "MiB" ? 1 << 20
+                                                  : 0;
+  if (end == text.c_str() || scale == 0 || value <= 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("size '{}' is not a number with an optional K or M suffix", text));
+  return static_cast<uint64_t>(value * static_cast<double>(scale));
+}
+
+std::string hex(const std::vector<uint8_t>& bytes) {
+  std::string out;
+  for (uint8_t b : bytes)
+    out += fmt::format("{:02x}", b);
+  return out;
+}
+
+std::vector<uint8_t> unhex(const std::string& text) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < text.size(); i += 2)
+    out.push_back(static_cast<uint8_t>(std::stoul(text.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+std::string human(uint64_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return fmt::format("{}M", bytes >> 20);
+  if (bytes >= 1024 && bytes % 1024 == 0) return fmt::format("{}K", bytes >> 10);
+  return fmt::format("{}", bytes);
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  size_t index = static_cast<size_t>(p * static_cast<double>(values.size() - 1) + 0.5);
+  return values[index];
+}
+
+// A device selector from --memory: "cuda:1" as given, a bare plugin name means its device 0.
+std::string device_selector(const std::string& memory) {
+  return memory.find(':') == std::string::npos ? memory + ":0" : memory;
+}
+
+// One process's end: a device buffer registered with the transport.
+struct End {
+  Device device;
+  Buffer memory;
+  std::unique_ptr<Transport> transport;
+  std::shared_ptr<Region> region;
+  End(const BenchOptions& o, const std::string& selector, uint64_t size)
+      : device(PluginRegistry::load().device(selector)), memory(device.allocate(size)) {
+    TransportOptions options;
+    options.kind = parse_transport_kind(o.transport);
+    options.busy_poll = o.busy_poll;
+    transport = Transport::create(options);
+    region = transport->register_memory(device, memory.data(), size);
+  }
+};
+
+void send_text(Connection& c, const std::string& text) {
+  c.send_control({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+}
+
+// Waits for events until `done` says so; throws on peer loss, failed writes or timeout.
+template <typename Done>
+void pump(Transport& transport, std::vector<TransportEvent>& events, Done done) {
+  auto deadline = Clock::now() + kWait;
+  for (;;) {
+    events.clear();
+    transport.poll(events, std::chrono::milliseconds(50));
+    for (const auto& e : events) {
+      if (e.type == TransportEvent::Type::peer_lost)
+        throw Error(kStatusPeerLost, "benchmark peer lost: " + e.message);
+      if (e.type == TransportEvent::Type::write_done && e.status != HM_OK)
+        throw Error(e.status, "benchmark write failed: " + e.message);
+      if (done(e)) return;
+    }
+    if (Clock::now() > deadline) throw Error(HM_ERR_TIMEOUT, "benchmark peer stopped answering");
+  }
+}
+
+int run_peer(const BenchOptions& o, uint64_t region_size) {
+  End end(o, device_selector(o.memory), region_size);
+  std::cout << "ENDPOINT " << hex(end.transport->endpoint()) << "\nREGION "
+            << hex(end.region->describe()) << std::endl;
+  std::string endpoint, region;
+  if (!std::getline(std::cin, endpoint) || !std::getline(std::cin, region)) return 2;
+  auto connection = end.transport->connect(unhex(endpoint.substr(9)), kWait);
+  auto target = connection->import_region(unhex(region.substr(7)));
+  uint64_t counted = 0;
+  // "count N": answer once N bandwidth writes were notified (or after kWait with what arrived).
+  // Control messages and notifications may travel on different channels (verbs: a socket and the
+  // queue pair), so the request can overtake the last notifications.
+  uint64_t awaited = 0;  // 0: no count asked for
+  Clock::time_point awaited_since;
+  std::vector<TransportEvent> events;
+  for (;;) {
+    events.clear();
+    end.transport->poll(events, std::chrono::milliseconds(awaited > 0 ? 10 : 1000));
+    for (const auto& e : events) {
+      if (e.type == TransportEvent::Type::peer_lost) return 0;
+      if (e.type == TransportEvent::Type::notification && (e.value & kLatencyTag)) {
+        uint64_t size = e.value & ~kLatencyTag;
+        connection->write(*end.region, 0, *target, 0, size, e.value, 0);
+      } else if (e.type == TransportEvent::Type::notification && (e.value & kBandwidthTag)) {
+        if ((e.value & ~kBandwidthTag) != counted)
+          fmt::print(stderr, "bench peer: bandwidth write {} notified as number {}\n",
+                     e.value & ~kBandwidthTag, counted);
+        ++counted;
+      } else if (e.type == TransportEvent::Type::control) {
+        std::string text(e.payload.begin(), e.payload.end());
+        if (text == "exit") return 0;
+        if (text.rfind("count ", 0) == 0) {
+          awaited = std::max<uint64_t>(std::stoull(text.substr(6)), 1);
+          awaited_since = Clock::now();
+        }
+      }
+    }
+    if (awaited > 0 && (counted >= awaited || Clock::now() - awaited_since > kWait)) {
+      if (counted < awaited)
+        fmt::print(stderr, "bench peer: {} of {} bandwidth writes notified after {} s\n", counted,
+                   awaited, kWait.count());
+      send_text(*connection, fmt::format("{}", counted));
+      counted = 0;
+      awaited = 0;
+    }
+  }
+}
+
+struct Row {
+  uint64_t size;
+  double latency_p50_us, latency_p99_us, bandwidth_gbps;
+  double memcpy_p50_us, memcpy_gbps;
+  double tool_gbps = 0;  // the transport's own baseline tool (ucx_perftest, ib_write_bw); 0 = none
+  double tool_lat_us = 0;  // ib_write_lat typical one-way latency; 0 = none
+  int count = 0;           // writes in the bandwidth stream
+};
+
+std::string find_on_path(const char* program) {
+  const char* path = std::getenv("PATH");
+  std::string all = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= all.size()) {
+    size_t end = all.find(':', start);
+    if (end == std::string::npos) end = all.size();
+    std::string candidate = all.substr(start, end - start) + "/" + program;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return {};
+}
+
+// The first active RDMA device and its IPv4-mapped GID index, as the verbs transport picks them.
+std::pair<std::string, int> rdma_device() {
+  for (const auto& d : list_rdma_devices())
+    if (d.error.empty() && d.port_state == "ACTIVE") return {d.name, std::max(d.gid_index, 0)};
+  return {"", 0};
+}
+
+// Whether something listens on TCP `port` (any address), from /proc/net/tcp and tcp6.
+bool tcp_listening(uint16_t port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      size_t colon = local.rfind(':');
+      if (state == "0A" && colon != std::string::npos &&
+          std::stoul(local.substr(colon + 1), nullptr, 16) == port)
+        return true;
+    }
+  }
+  return false;
+}
+
+// Runs a perftest server and client pair on the same RDMA device and returns the client's output.
+// The client starts once the server listens (program starts are slow under emulation), and is
+// retried once if it still fails while the server waits.
+std::string run_perftest(const char* tool, const std::vector<std::string>& extra) {
+  std::string path = find_on_path(tool);
+  auto [device, gid] = rdma_device();
+  if (path.empty() || device.empty()) return {};
+  auto port = static_cast<uint16_t>(21000 + (getpid() % 20000));
+  std::vector<std::string> args = {
+      path, "-d", device, "-x", std::to_string(gid), "-F", "-p", std::to_string(port)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  try {
+    ChildProcess server(args);
+    auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (!tcp_listening(port) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    args.push_back("127.0.0.1");
+    ProcessResult client;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      client = run_process(args, std::chrono::seconds(300));
+      if (client.exit_code == 0 || !tcp_listening(port)) break;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    server.wait(std::chrono::seconds(30));
+    if (client.exit_code != 0)
+      fmt::print(stderr, "hetmesh bench: {} failed ({}): {}\n", tool, client.describe(),
+                 client.err);
+    return client.exit_code == 0 ? client.out : std::string();
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+// The first line of perftest output whose first field is `size`, split into numbers.
+std::vector<double> perftest_row(const std::string& output, uint64_t size) {
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::vector<double> numbers;
+    double value;
+    while (fields >> value)
+      numbers.push_back(value);
+    if (numbers.size() >= 5 && numbers[0] == static_cast<double>(size)) return numbers;
+  }
+  return {};
+}
+
+// ib_write_bw and ib_write_lat on the same RDMA device: the ceiling for the verbs transport.
+// ib_write_bw keeps `window` writes in flight (-t), as the transport's stream does.
+void measure_perftest(Row& row, int iterations, int window) {
+  std::string size = std::to_string(row.size), n = std::to_string(iterations);
+  // #bytes #iterations BW-peak[MB/sec] BW-average[MB/sec] MsgRate[Mpps]
+  auto bw = perftest_row(
+      run_perftest("ib_write_bw", {"-s", size, "-n", n, "-t", std::to_string(window)}), row.size);
+  if (!bw.empty()) row.tool_gbps = bw[3] * 1.048576e-3;  // MiB/s to GB/s
+  // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
+  auto lat = perftest_row(run_perftest("ib_write_lat", {"-s", size, "-n", n}), row.size);
+  if (!lat.empty()) row.tool_lat_us = lat[4];
+}
+
+// UCX's shared-memory put bandwidth for `size` (ucx_perftest, UCX_TLS=sm,self), the baseline a
+// same-node transport should match. Returns 0 when ucx_perftest is missing or fails.
+double measure_ucx_put(const std::string& ucx_perftest, uint64_t size, int iterations) {
+  setenv("UCX_TLS", "sm,self", 1);
+  std::string port = std::to_string(20000 + (getpid() % 20000));
+  std::vector<std::string> args = {ucx_perftest,
+                                   "-t",
+                                   "ucp_put_bw",
+                                   "-s",
+                                   std::to_string(size),
+                                   "-n",
+                                   std::to_string(iterations),
+                                   "-p",
+                                   port};
+  try {
+    ChildProcess server(args);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it listen
+    args.insert(args.begin() + 1, "localhost");
+    ProcessResult client = run_process(args, std::chrono::seconds(60));
+    server.wait(std::chrono::seconds(10));
+    size_t final_line = client.out.find("Final:");
+    if (client.exit_code != 0 || final_line == std::string::npos) return 0;
+    std::istringstream fields(client.out.substr(final_line + 6));
+    double iters, p50, average, overall, bw_average, bw_overall;
+    if (!(fields >> iters >> p50 >> average >> overall >> bw_average >> bw_overall)) return 0;
+    return bw_overall * 1.048576e-3;  // MB/s (2^20 bytes) to GB/s
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+// Hot memcpy between two host buffers: the ceiling for a same-node transport.
+void measure_memcpy(Row& row, int iterations) {
+  std::vector<uint8_t> a(row.size, 1), b(row.size, 2);
+  std::vector<double> us;
+  for (int i = 0; i < iterations + 10; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(b.data(), a.data(), row.size);
+    auto t1 = Clock::now();
+    if (i >= 10) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    a[i % row.size] = static_cast<uint8_t>(b[(i * 7) % row.size] + 1);  // keep the copy live
+  }
+  row.memcpy_p50_us = percentile(us, 0.5);
+  row.memcpy_gbps = static_cast<double>(row.size) / (row.memcpy_p50_us * 1e3);
+}
+
+void run_bench(const BenchOptions& o) {
+  std::vector<uint64_t> sizes;
+  for (const auto& s : o.sizes)
+    sizes.push_back(parse_size(s));
+  uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
+  std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
+
+  auto end = std::make_unique<End>(o, device_selector(o.memory), max_size);
+  std::vector<std::string> peer_args = {self_executable(), "bench",        "transport", "--peer",
+                                        "--transport",     o.transport,    "--memory",  peer_memory,
+                                        "--sizes",         human(max_size)};
+  if (o.busy_poll) peer_args.push_back("--busy-poll");
+  ChildProcess peer(peer_args);
+  auto peer_endpoint = unhex(peer.read_line(kWait).substr(9));
+  auto peer_region = unhex(peer.read_line(kWait).substr(7));
+  peer.write("ENDPOINT " + hex(end->transport->endpoint()) + "\nREGION " +
+             hex(end->region->describe()) + "\n");
+  auto connection = end->transport->connect(peer_endpoint, kWait);
+  auto target = connection->import_region(peer_region);
+
+  // Same-node transports are also compared with UCX over shared memory, when it is installed.
+  std::string ucx_perftest = o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
+  std::vector<Row> rows;
+  std::vector<TransportEvent> events;
+  for (uint64_t size : sizes) {
+    Row row{size, 0, 0, 0, 0, 0};
+    // Latency: a write with notification, echoed back by the peer; half the round trip.
+    std::vector<double> one_way_us;
+    uint32_t tag = kLatencyTag | static_cast<uint32_t>(size);
+    for (int i = 0; i < o.iterations + 10; ++i) {
+      auto t0 = Clock::now();
+      connection->write(*end->region, 0, *target, 0, size, tag, 0);
+      pump(*end->transport, events, [&](const TransportEvent& e) {
+        return e.type == TransportEvent::Type::notification && e.value == tag;
+      });
+      auto t1 = Clock::now();
+      if (i >= 10)
+        one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
+    }
+    row.latency_p50_us = percentile(one_way_us, 0.5);
+    row.latency_p99_us = percentile(one_way_us, 0.99);
+
+    // Bandwidth: a stream of writes, at most `window` unfinished, then the peer's count.
+    int count = static_cast<int>(std::clamp<uint64_t>((256ull << 20) / size, 64, 4 * o.iterations));
+    int in_flight = 0;
+    auto t0 = Clock::now();
+    for (int i = 0; i < count; ++i) {
+      while (in_flight >= o.window)
+        pump(*end->transport, events, [&](const TransportEvent& e) {
+          if (e.type == TransportEvent::Type::write_done) --in_flight;
+          return in_flight < o.window;
+        });
+      connection->write(*end->region, 0, *target, 0, size, kBandwidthTag | static_cast<uint32_t>(i),
+                        0);
+      ++in_flight;
+    }
+    send_text(*connection, fmt::format("count {}", count));
+    std::string counted;
+    pump(*end->transport, events, [&](const TransportEvent& e) {
+      if (e.type == TransportEvent::Type::control)
+        counted.assign(e.payload.begin(), e.payload.end());
+      return !counted.empty();
+    });
+    auto t1 = Clock::now();
+    if (counted != std::to_string(count))
+      throw Error(
+          kStatusProtocolError,
+          fmt::format("peer counted {} writes of {} bytes, {} were sent", counted, size, count));
+    row.bandwidth_gbps = static_cast<double>(size) * count /
+                         std::chrono::duration<double, std::nano>(t1 - t0).count();
+    measure_memcpy(row, o.iterations);
+    if (!ucx_perftest.empty() && size >= 4096)
+      row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(count, 200));
+    row.count = count;
+    // perftest right after our stream of the same size, so that load on a shared host drifts as
+    // little as possible between the two; our completion pollers sleep meanwhile.
+    if (o.transport == "verbs" && !o.busy_poll)
+      measure_perftest(row, std::max(count, 200), o.window);
+    rows.push_back(row);
+  }
+  send_text(*connection, "exit");
+  peer.wait(std::chrono::seconds(10));
+  // Spinning pollers would take the CPUs perftest needs: with --busy-poll, perftest runs once our
+  // transport and its threads are gone.
+  if (o.transport == "verbs" && o.busy_poll) {
+    target.reset();
+    connection.reset();
+    end.reset();
+    for (Row& row : rows)
+      measure_perftest(row, std::max(row.count, 200), o.window);
+  }
+
+  fmt::print(
+      "hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
+      "window {}{}\n",
+      o.transport, o.memory, peer_memory, o.iterations, o.window,
+      o.transport != "verbs" ? ""
+      : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
+                             : " (ib_write_bw -t too), adaptive poller");
+  const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
+  fmt::print("{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>9} {:>9} {:>12}\n", "size",
+             "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
+             fmt::format("{} GB/s", tool), fmt::format("{} ratio", tool),
+             o.transport == "verbs" ? "ib_lat us" : "");
+  nlohmann::json out = {
+      {"transport", o.transport},       {"memory", o.memory}, {"peer_memory", peer_memory},
+      {"iterations", o.iterations},     {"window", o.window}, {"busy_poll", o.busy_poll},
+      {"rows", nlohmann::json::array()}};
+  for (const Row& r : rows) {
+    double ratio = r.bandwidth_gbps / r.memcpy_gbps;
+    std::string baseline = r.tool_gbps > 0 ? fmt::format("{:>9.3f} {:>9.2f}", r.tool_gbps,
+                                                         r.bandwidth_gbps / r.tool_gbps)
+                                           : fmt::format("{:>9} {:>9}", "-", "-");
+    if (r.tool_lat_us > 0) baseline += fmt::format(" {:>12.2f}", r.tool_lat_us);
+    fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {}\n",
+               human(r.size), r.latency_p50_us, r.latency_p99_us, r.bandwidth_gbps, r.memcpy_p50_us,
+               r.memcpy_gbps, ratio, baseline);
+    out["rows"].push_back({{"size", r.size},
+                           {"latency_p50_us", r.latency_p50_us},
+                           {"latency_p99_us", r.latency_p99_us},
+                           {"bandwidth_GBps", r.bandwidth_gbps},
+                           {"memcpy_p50_us", r.memcpy_p50_us},
+                           {"memcpy_GBps", r.memcpy_gbps},
+                           {"bandwidth_ratio_to_memcpy", ratio}});
+    if (r.tool_gbps > 0) {
+      out["rows"].back()[fmt::format("{}_bw_GBps", tool)] = r.tool_gbps;
+      out["rows"].back()[fmt::format("bandwidth_ratio_to_{}", tool)] =
+          r.bandwidth_gbps / r.tool_gbps;
+    }
+    if (r.tool_lat_us > 0) out["rows"].back()["ib_write_lat_typical_us"] = r.tool_lat_us;
+  }
+  if (!o.json.empty()) {
+    std::ofstream(o.json) << out.dump(2) << "\n";
+    fmt::print("json: {}\n", o.json);
+  }
+}
+
+}  // namespace
+
+void add_bench_transport_command(CLI::App& bench) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = bench.add_subcommand("transport", "Latency and bandwidth of one transport");
+  cmd->add_option("--transport", o->transport, "ipc, tcp or verbs")->capture_default_str();
+  cmd->add_option(
+         "--memory", o->memory,
+         "device whose memory is used (cpu, asic_stub:1, cuda:0; a plugin name means its device 0)")
+      ->capture_default_str();
+  cmd->add_option("--peer-memory", o->peer_memory, "the peer's device (default: --memory)");
+  cmd->add_option("--sizes", o->sizes, "message sizes (e.g. 8 4K 1M)")->capture_default_str();
+  cmd->add_option("--iterations", o->iterations, "latency samples per size")
+      ->capture_default_str()
+      ->check(CLI::Range(10, 1000000));
+  cmd->add_option("--window", o->window, "writes in flight for bandwidth")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--json", o->json, "also write the results here");
+  cmd->add_flag("--busy-poll", o->busy_poll,
+                "verbs: the completion pollers of both ends spin instead of sleeping");
+  cmd->add_flag("--peer", o->peer, "internal: run as the benchmark's peer")->group("");
+  cmd->callback([o] {
+    if (o->peer) {
+      uint64_t size = 0;
+      for (const auto& s : o->sizes)
+        size = std::max(size, parse_size(s));
+      std::exit(run_peer(*o, size));
+    }
+    run_bench(*o);
+  });
+}
+
+}  // namespace hetmesh::cli

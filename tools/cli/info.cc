@@ -1,0 +1,148 @@
+// `hetmesh info`: the plugins found (path, version, ABI), their devices and capabilities, and the
+// plugins refused with their reasons.
+#include "commands.hpp"
+
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/plugin.hpp>
+#include <hetmesh/transport/rdma_info.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+namespace hetmesh::cli {
+namespace {
+
+struct InfoOptions {
+  std::vector<std::string> plugins;
+  bool only = false;
+  bool json = false;
+  bool in_process = false;
+};
+
+nlohmann::json to_json(const PluginRegistry& registry) {
+  nlohmann::json out;
+  out["host_abi"] = fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, HM_DEVICE_PLUGIN_ABI_MINOR);
+  out["plugins"] = nlohmann::json::array();
+  for (const auto& p : registry.plugins()) {
+    nlohmann::json devices = nlohmann::json::array();
+    for (int32_t i = 0; i < p->device_count(); ++i) {
+      Device d(p, i);
+      const auto& props = d.properties();
+      devices.push_back({{"selector", d.selector()},
+                         {"name", props.name},
+                         {"vendor", props.vendor},
+                         {"dlpack_device_type", props.dlpack_device_type},
+                         {"pci_bus_id", props.pci_bus_id},
+                         {"numa_node", props.numa_node},
+                         {"total_memory", props.total_memory},
+                         {"capabilities", capability_names(props.capabilities)}});
+    }
+    out["plugins"].push_back(
+        {{"name", p->name()},
+         {"version", p->version()},
+         {"path", p->path()},
+         {"abi", fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, p->plugin_abi_minor())},
+         {"negotiated_abi",
+          fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, p->negotiated_abi_minor())},
+         {"devices", devices}});
+  }
+  out["refused"] = nlohmann::json::array();
+  for (const auto& r : registry.refused())
+    out["refused"].push_back({{"path", r.path}, {"reason", r.reason}});
+  out["rdma"] = nlohmann::json::array();
+  for (const auto& d : list_rdma_devices()) {
+    // The registration path for device memory, in the verbs transport's order of preference.
+    std::string path = d.dmabuf_supported ? "dmabuf" : d.peermem_present ? "peermem" : "staging";
+    out["rdma"].push_back({{"device", d.name},
+                           {"port", d.port},
+                           {"state", d.port_state},
+                           {"link_layer", d.link_layer},
+                           {"active_mtu", d.active_mtu},
+                           {"gid_index", d.gid_index},
+                           {"gid", d.gid},
+                           {"max_qp_wr", d.max_qp_wr},
+                           {"max_sge", d.max_sge},
+                           {"max_inline", d.max_inline},
+                           {"max_mr_size", d.max_mr_size},
+                           {"max_msg_sz", d.max_msg_sz},
+                           {"dmabuf", d.dmabuf_supported},
+                           {"dmabuf_detail", d.dmabuf_detail},
+                           {"peermem", d.peermem_present},
+                           {"device_memory_path", path},
+                           {"error", d.error}});
+  }
+  return out;
+}
+
+void print_text(const nlohmann::json& info) {
+  fmt::print("hetmesh host ABI {}\n", info["host_abi"].get<std::string>());
+  fmt::print("\nplugins ({}):\n", info["plugins"].size());
+  for (const auto& p : info["plugins"]) {
+    fmt::print("  {:<10} version {:<8} ABI {} (negotiated {})  {}\n", p["name"].get<std::string>(),
+               p["version"].get<std::string>(), p["abi"].get<std::string>(),
+               p["negotiated_abi"].get<std::string>(), p["path"].get<std::string>());
+    if (p["devices"].empty()) fmt::print("    (no devices)\n");
+    for (const auto& d : p["devices"]) {
+      std::string pci = d["pci_bus_id"].get<std::string>();
+      fmt::print("    {:<12} {} [{}]  memory {} MiB  pci {}  numa {}  dlpack {}\n",
+                 d["selector"].get<std::string>(), d["name"].get<std::string>(),
+                 d["vendor"].get<std::string>(), d["total_memory"].get<uint64_t>() >> 20,
+                 pci.empty() ? "-" : pci, d["numa_node"].get<int>(),
+                 d["dlpack_device_type"].get<int>());
+      fmt::print("      capabilities: {}\n", d["capabilities"].get<std::string>());
+    }
+  }
+  fmt::print("\nRDMA devices ({}):\n", info["rdma"].size());
+  if (info["rdma"].empty())
+    fmt::print("  none (ibv_get_device_list found none): verbs is unavailable\n");
+  for (const auto& d : info["rdma"]) {
+    if (!d["error"].get<std::string>().empty()) {
+      fmt::print("  {} port {}: {}\n", d["device"].get<std::string>(), d["port"].get<int>(),
+                 d["error"].get<std::string>());
+      continue;
+    }
+    fmt::print("  {} port {} {} {} mtu {} gid[{}] {}\n", d["device"].get<std::string>(),
+               d["port"].get<int>(), d["state"].get<std::string>(),
+               d["link_layer"].get<std::string>(), d["active_mtu"].get<int>(),
+               d["gid_index"].get<int>(), d["gid"].get<std::string>());
+    fmt::print("    limits: max_qp_wr {} max_sge {} max_inline {} max_mr_size {} max_msg_sz {}\n",
+               d["max_qp_wr"].get<uint64_t>(), d["max_sge"].get<uint64_t>(),
+               d["max_inline"].get<int64_t>(), d["max_mr_size"].get<uint64_t>(),
+               d["max_msg_sz"].get<uint64_t>());
+    fmt::print("    device memory registration: {} (dma-buf: {}; nvidia_peermem: {})\n",
+               d["device_memory_path"].get<std::string>(), d["dmabuf_detail"].get<std::string>(),
+               d["peermem"].get<bool>() ? "loaded" : "absent");
+  }
+  fmt::print("\nrefused ({}):\n", info["refused"].size());
+  for (const auto& r : info["refused"])
+    fmt::print("  {}\n    {}\n", r["path"].get<std::string>(), r["reason"].get<std::string>());
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app) {
+  auto options = std::make_shared<InfoOptions>();
+  CLI::App* info = app.add_subcommand("info", "List device plugins, devices and capabilities");
+  info->add_option("--plugin", options->plugins, "Load this plugin file (repeatable)");
+  info->add_flag("--only", options->only, "Load only the --plugin files; search nothing else");
+  info->add_flag("--json", options->json, "Print JSON instead of a table");
+  info->add_flag("--in-process", options->in_process,
+                 "Initialize plugins in this process (by default each is probed in a child first,"
+                 " so a crashing plugin is reported instead of killing the tool)");
+  info->callback([options] {
+    PluginLoadOptions load;
+    load.explicit_paths = options->plugins;
+    load.search = !options->only;
+    load.isolate = !options->in_process;
+    auto info_json = to_json(PluginRegistry::load(load));
+    if (options->json) {
+      fmt::print("{}\n", info_json.dump(2));
+    } else {
+      print_text(info_json);
+    }
+  });
+}
+
+}  // namespace hetmesh::cli

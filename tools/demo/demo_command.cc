@@ -1,0 +1,312 @@
+// `hetmesh demo`: the main job. Runs a tiny MoE transformer with attention (A) and FFN (F)
+// instances as separate processes connected by the AFD engine, checks the final hidden states
+// against a single-process reference, and prints the latency breakdown and the trace file.
+//
+//   hetmesh demo                      1A1F on cpu:0 over ipc, 3 micro-batches
+//   hetmesh demo --config FILE.toml   any M x N job from examples/configs/
+//   hetmesh demo --config FILE.toml --instances ffn --store HOST:PORT
+//                                     this host's share of a job on several hosts
+//                                     (docs/launching.md)
+#include "demo_command.hpp"
+
+#include "attention_staging.hpp"
+#include "expert_runner.hpp"
+#include "model.hpp"
+
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/job.hpp>
+#include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/afd/metrics.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/subprocess.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace hetmesh::demo {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Final results must match the reference exactly (both apply the same quantization in the same
+// order); the tolerance only absorbs a compiler contracting a multiply-add differently.
+constexpr double kTolerance = 1e-4;
+
+struct DemoOptions {
+  std::string config;
+  std::string role;  // internal: "attention" or "ffn" in a child process
+  int rank = 0;
+  std::vector<std::string> instances;  // the instances started here; none = all
+  std::string store;  // the store to join; none = host it (at [rendezvous] address)
+  std::string out;
+};
+
+ModelShape model_shape(const JobConfig& c) {
+  ModelShape s;
+  s.layers = c.job.layers;
+  s.tokens = static_cast<uint32_t>(c.model.tokens);
+  s.hidden = static_cast<uint32_t>(c.model.hidden);
+  s.experts = c.model.experts;
+  s.top_k = static_cast<uint32_t>(c.model.top_k);
+  s.ffn_dim = 2 * s.hidden;
+  s.a2f = c.model.a2f_dtype;
+  s.f2a = c.model.f2a_dtype;
+  return s;
+}
+
+// ---- the attention process ----
+
+int run_attention(const JobConfig& c, const DemoOptions& o) {
+  Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
+  TinyMoe model(model_shape(c));
+  const ModelShape& shape = model.shape();
+  const int M = c.job.micro_batches, F = c.job.ffn;
+  auto store = connect_tcp_store(o.store, c.job.timeout);
+  afd::AttentionEngine engine(afd::engine_spec(c, afd::Role::attention, o.rank), device, *store);
+  // Attention runs on the host. On a device whose memory the host cannot touch (a GPU), its
+  // outputs go up through pinned staging and a stream copy, push_pull starts when the copy's event
+  // completes, and F's partials come back down the same way.
+  AttentionStaging staging(device, engine, shape, M, F);
+
+  const size_t n = size_t{shape.tokens} * shape.hidden;
+  std::vector<std::vector<float>> x(static_cast<size_t>(M)),
+      h(static_cast<size_t>(M), std::vector<float>(n));
+  for (int mb = 0; mb < M; ++mb)
+    x[static_cast<size_t>(mb)] = model.input(o.rank, mb);
+  std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
+  afd::AttentionTrace trace{o.rank, {}};
+
+  auto finish = [&](int mb) {  // wait for mb's results and add them to its residual
+    trace.trips.push_back(engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout));
+    model.combine(h[static_cast<size_t>(mb)].data(), staging.results(mb, c.job.timeout),
+                  x[static_cast<size_t>(mb)].data());
+  };
+  for (int layer = 0; layer < shape.layers; ++layer) {
+    for (int mb = 0; mb < M; ++mb) {  // micro-batches pipelined: mb+1 computes while mb flies
+      if (layer > 0) finish(mb);
+      int64_t start = afd::now_ns();
+      model.attention(layer, x[static_cast<size_t>(mb)].data(), h[static_cast<size_t>(mb)].data(),
+                      staging.tokens(mb), staging.routing(mb));
+      handles[static_cast<size_t>(mb)] =
+          engine.push_pull(mb, shape.tokens, staging.upload(mb), start);
+    }
+    if (o.rank == 0) std::printf("progress %d %d\n", layer + 1, shape.layers), std::fflush(stdout);
+  }
+  for (int mb = 0; mb < M; ++mb)
+    finish(mb);
+
+  std::ofstream result(fs::path(o.out) / fmt::format("attention{}.bin", o.rank), std::ios::binary);
+  for (const auto& v : x)
+    result.write(reinterpret_cast<const char*>(v.data()),
+                 static_cast<std::streamsize>(v.size() * sizeof(float)));
+  std::ofstream(fs::path(o.out) / fmt::format("attention{}.trace.json", o.rank))
+      << afd::trace_to_json(trace);
+  std::ofstream(fs::path(o.out) / fmt::format("attention{}.registered", o.rank)) << [&] {
+    uint64_t total = 0;
+    for (auto& [name, bytes] : engine.registered())
+      total += bytes;
+    return total;
+  }();
+  return 0;
+}
+
+// ---- the FFN process ----
+
+int run_ffn(const JobConfig& c, const DemoOptions& o) {
+  Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
+  TinyMoe model(model_shape(c));
+  auto runner = ExpertRunner::create(device, model, o.rank, c.job.ffn);
+  auto store = connect_tcp_store(o.store, c.job.timeout);
+  afd::FfnEngine engine(afd::engine_spec(c, afd::Role::ffn, o.rank), device, *store);
+  Stream stream = device.create_stream();
+  std::vector<Event> done;  // one per micro-batch slot: a slot is answered before it is reused
+  for (int mb = 0; mb < c.job.micro_batches; ++mb)
+    done.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
+  while (auto batch = engine.get_batch(c.job.timeout)) {
+    int64_t start = afd::now_ns();
+    for (const auto& part : batch->parts)
+      runner->run(static_cast<int>((part.sequence - 1) % static_cast<uint64_t>(c.job.layers)), part,
+                  stream);
+    Event& event = done[static_cast<size_t>(batch->micro_batch)];
+    event.record(stream);
+    engine.respond(*batch, &event, start);
+  }
+  return 0;
+}
+
+// ---- the parent: start everything, verify, report ----
+
+std::vector<float> read_floats(const fs::path& path, size_t count) {
+  std::vector<float> v(count);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(float)));
+  if (!in)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} is missing or short", path.string()));
+  return v;
+}
+
+int run_job(const JobConfig& c, const DemoOptions& o) {
+  const afd::LocalInstances local = afd::parse_instances(o.instances, c);
+  fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", getpid());
+  fs::create_directories(dir);
+  fs::path config_file = dir / "job.toml";
+  std::ofstream(config_file) << to_toml(c);
+
+  afd::JobStore store(c, o.store);
+  fmt::print(
+      "hetmesh demo: {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
+      "hidden {}, A on {}, F on {}, transport {}\n",
+      c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
+      c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
+  if (!local.everything(c))
+    fmt::print(
+        "here: attention {}, ffn {}; rendezvous store {} ({})\n",
+        local.attention.empty() ? "none" : fmt::format("{}", fmt::join(local.attention, ",")),
+        local.ffn.empty() ? "none" : fmt::format("{}", fmt::join(local.ffn, ",")), store.address(),
+        store.hosted() ? "hosted here" : "joined");
+  std::fflush(stdout);  // an invocation on another host needs the store's address now
+  struct Child {
+    const char* role;
+    int rank;
+    std::unique_ptr<ChildProcess> process;
+  };
+  std::vector<Child> children;
+  auto spawn = [&](const char* role, int rank) {
+    children.push_back(
+        {role, rank,
+         std::make_unique<ChildProcess>(std::vector<std::string>{
+             self_executable(), "demo", "--config", config_file.string(), "--role", role, "--rank",
+             std::to_string(rank), "--store", store.address(), "--out", dir.string()})});
+  };
+  for (int f : local.ffn)
+    spawn("ffn", f);
+  for (int a : local.attention)
+    spawn("attention", a);
+
+  // Progress from attention 0 if it runs here, until its output closes.
+  auto limit = c.job.timeout * (c.job.layers + 2);
+  if (!local.attention.empty() && local.attention.front() == 0) {
+    ChildProcess& first_attention = *children[local.ffn.size()].process;
+    try {
+      for (;;) {
+        std::string line =
+            first_attention.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
+        int done = 0, total = 0;
+        if (std::sscanf(line.c_str(), "progress %d %d", &done, &total) == 2 && total >= 8)
+          fmt::print("  layer {}/{}\n", done, total);
+      }
+    } catch (const Error&) {
+    }
+  }
+  bool failed = false;
+  for (Child& child : children) {
+    ProcessResult r =
+        child.process->wait(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
+    if (r.exit_code != 0) {
+      fmt::print(stderr, "hetmesh demo: {} {} failed ({})\n", child.role, child.rank, r.describe());
+      failed = true;
+    }
+  }
+  if (failed) return 1;
+  if (local.attention.empty()) {
+    fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",
+               fmt::join(local.ffn, ","));
+    fs::remove_all(dir);
+    return 0;
+  }
+
+  // Verify against the single-process reference.
+  TinyMoe model(model_shape(c));
+  const size_t n = size_t{model.shape().tokens} * model.shape().hidden;
+  double worst = 0;
+  std::string where;
+  for (int a : local.attention) {
+    auto got = read_floats(dir / fmt::format("attention{}.bin", a), n * c.job.micro_batches);
+    for (int mb = 0; mb < c.job.micro_batches; ++mb) {
+      auto want = model.reference(a, mb, c.job.ffn);
+      for (size_t i = 0; i < n; ++i) {
+        double d = std::fabs(double(got[mb * n + i]) - want[i]);
+        if (!(d <= worst)) {  // also catches NaN
+          worst = std::isnan(d) ? INFINITY : d;
+          where = fmt::format("attention {} micro-batch {} token {} element {}: got {} want {}", a,
+                              mb, i / model.shape().hidden, i % model.shape().hidden,
+                              got[mb * n + i], want[i]);
+        }
+      }
+    }
+  }
+  if (!(worst <= kTolerance)) {
+    fmt::print(stderr,
+               "hetmesh demo: MISMATCH against the single-process reference: max |diff| "
+               "{:.3g} > tolerance {:.1g} at {}\n",
+               worst, kTolerance, where);
+    return 1;
+  }
+  fmt::print(
+      "verified: final hidden states of {} attention x {} micro-batches match the "
+      "single-process reference (max |diff| {:.3g}, tolerance {:.1g})\n",
+      local.attention.size(), c.job.micro_batches, worst, kTolerance);
+
+  std::vector<afd::AttentionTrace> traces;
+  for (int a : local.attention) {
+    std::ifstream in(dir / fmt::format("attention{}.trace.json", a));
+    traces.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
+  }
+  // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
+  afd::Metrics metrics = afd::compute_metrics(traces, /*same_host_clock=*/local.everything(c),
+                                              c.tracing.straggler_factor);
+  auto row = [&](const char* label, const char* name) {
+    const afd::Percentiles& p = metrics.values[name];
+    fmt::print("  {:<12} p50 {:>9.1f} us   p99 {:>9.1f} us\n", label, p.p50, p.p99);
+  };
+  fmt::print("\nlatency ({} round trips):\n", metrics.values["round trip"].count);
+  row("A2F", "A2F network*");
+  row("F2A", "F2A network*");
+  row("round trip", "round trip");
+  fmt::print("\n{}", afd::format_metrics(metrics));
+  if (c.tracing.enabled && !c.tracing.chrome_trace.empty()) {
+    afd::write_chrome_trace(c.tracing.chrome_trace, traces);
+    fmt::print("\ntrace: {} (open in https://ui.perfetto.dev or chrome://tracing)\n",
+               fs::absolute(c.tracing.chrome_trace).string());
+  }
+  fs::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+
+void add_demo_command(CLI::App& app) {
+  auto o = std::make_shared<DemoOptions>();
+  CLI::App* demo = app.add_subcommand("demo",
+                                      "Run the AFD demo: a tiny MoE transformer with "
+                                      "attention and FFN in separate processes");
+  demo->add_option("--config", o->config, "job config (TOML); default: 1A1F on cpu:0 over ipc");
+  demo->add_option("--instances", o->instances,
+                   "start only these instances here: attention, ffn, attention:0,1, ffn:2-3 "
+                   "(default: all); for jobs on several hosts, see docs/launching.md");
+  demo->add_option("--store", o->store,
+                   "join the rendezvous store at HOST:PORT instead of hosting it");
+  demo->add_option("--role", o->role, "internal")->group("");
+  demo->add_option("--rank", o->rank, "internal")->group("");
+  demo->add_option("--out", o->out, "internal")->group("");
+  demo->callback([o] {
+    JobConfig config = o->config.empty() ? JobConfig{} : load_config(o->config);
+    int rc;
+    if (o->role == "attention")
+      rc = run_attention(config, *o);
+    else if (o->role == "ffn")
+      rc = run_ffn(config, *o);
+    else
+      rc = run_job(config, *o);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace hetmesh::demo
