@@ -18,11 +18,8 @@ export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-2G}
 export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$(nproc)}
 
-step "layout: no vendor header outside plugins/"
-if grep -rnE '#include *[<"](cuda|cuda_runtime|hip/|hsa/|level_zero|ze_api|nccl)' core backends sdk 2>/dev/null; then
-  echo "vendor headers found outside plugins/" >&2
-  exit 1
-fi
+step "layers: includes and links follow sdk < core < backends < afd < tools; no vendor header outside plugins/"
+bash ci/check-layers.sh
 
 step "format"
 git ls-files '*.h' '*.hpp' '*.cc' '*.c' | xargs clang-format --dry-run -Werror
