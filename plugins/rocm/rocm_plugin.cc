@@ -21,10 +21,7 @@ hm_device_plugin_api make_table() {
   static char version[64];
   std::snprintf(version, sizeof version, "%s+hip%d.%d", HETMESH_VERSION, HIP_VERSION_MAJOR,
                 HIP_VERSION_MINOR);
-  hm_device_plugin_api t{};
-  hm::kit::gpu::install_gpu_slots<r::Vendor>(t);
-  t.name = "rocm";
-  t.version = version;
+  hm_device_plugin_api t = hm::kit::gpu::gpu_plugin_table<r::Vendor>(version);  // named "rocm"
   t.shutdown = r::shutdown;
   t.dmabuf_export = r::dmabuf_export;
   t.dmabuf_release = r::dmabuf_release;
