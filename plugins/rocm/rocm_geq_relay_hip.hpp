@@ -2,8 +2,8 @@
 // stream wait for a ticket (hipStreamWaitValue64), and reading words in device memory.
 #pragma once
 
-#include "cyclic_wait.hpp"
-#include "hip_runtime.hpp"
+#include "rocm_geq_relay.hpp"
+#include "rocm_loader.hpp"
 
 #include <map>
 
