@@ -1,5 +1,5 @@
-// The cuda plugin's IPC calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_ipc.hpp has the
-// slots; pinned memory travels as its memfd), and the dma-buf slots: fds for RDMA NICs.
+// The cuda plugin's dma-buf slots: fds for RDMA NICs (cuMemGetHandleForAddressRange) over
+// page-aligned ranges of one device allocation.
 #include "cuda_slots.hpp"
 #include "cuda_state.hpp"
 
@@ -8,25 +8,6 @@
 #include <cstdint>
 
 namespace hm::cuda {
-
-// ---- IPC ----
-
-void Vendor::ipc_get(CUipcMemHandle* handle, void* base) {
-  HM_CU(cuIpcGetMemHandle, handle, reinterpret_cast<CUdeviceptr>(base));
-}
-
-void* Vendor::ipc_open(const CUipcMemHandle& handle, Allocation* a) {
-  CUdeviceptr address = 0;
-  HM_CU(cuIpcOpenMemHandle, &address, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  a->device_address = address;
-  return reinterpret_cast<void*>(address);
-}
-
-void Vendor::ipc_close(void* ptr) {
-  HM_CU(cuIpcCloseMemHandle, reinterpret_cast<CUdeviceptr>(ptr));
-}
-
-// ---- slots: dma-buf ----
 
 hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
   return guarded("dmabuf_export", [&] {

@@ -1,36 +1,12 @@
-// The cuda plugin's stream calls for the kit's GPU layer (gpu_streams.hpp and gpu_memops.hpp in
-// hetmesh/plugin_kit have the slots): streams, host callbacks and the stream memory operations.
+// The cuda plugin's stream memory operations for the kit's GPU layer
+// (hetmesh/plugin_kit/gpu_memops.hpp has the slots): cuStreamWriteValue32 and cuStreamWaitValue32
+// on the device's address of the word.
 #include "cuda_slots.hpp"
 #include "cuda_state.hpp"
 
 #include <cstdint>
 
 namespace hm::cuda {
-
-// ---- streams ----
-
-void Vendor::create_stream(CUstream* out, bool non_blocking) {
-  HM_CU(cuStreamCreate, out, non_blocking ? CU_STREAM_NON_BLOCKING : CU_STREAM_DEFAULT);
-}
-
-// Returns at once; CUDA releases the stream after its pending work completes.
-void Vendor::destroy_stream(Stream& s) {
-  HM_CU(cuStreamDestroy, s.stream);
-}
-
-void Vendor::synchronize_stream(CUstream stream) {
-  HM_CU(cuStreamSynchronize, stream);
-}
-
-bool Vendor::stream_done(CUstream stream) {
-  return ready(drv().cuStreamQuery(stream), "cuStreamQuery");
-}
-
-void Vendor::launch_host_func(Stream& s, hm_host_fn fn, void* user_data) {
-  HM_CU(cuLaunchHostFunc, s.stream, fn, user_data);
-}
-
-// ---- stream memory operations ----
 
 namespace {
 
