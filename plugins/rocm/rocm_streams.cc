@@ -1,5 +1,5 @@
 // The rocm plugin's stream calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_streams.hpp has
-// the slots), and host functions in stream order.
+// the slots): streams and host functions in stream order.
 #include "rocm_geq_relay.hpp"
 #include "rocm_slots.hpp"
 
