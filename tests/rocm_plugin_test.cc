@@ -2,9 +2,9 @@
 // (CI: no /dev/kfd) it reports zero devices with the reason in last_error and answers every slot
 // with a clean error; with GPUs it describes them. hetmesh-cts covers the devices themselves.
 //
-// The plugin's HM_WAIT_GEQ relay (plugins/rocm/cyclic_wait.hpp, which knows no HIP) is tested here
-// too, against a fake runtime whose "stream" is a gate word the test reads.
-#include "cyclic_wait.hpp"
+// The plugin's HM_WAIT_GEQ relay (plugins/rocm/rocm_geq_relay.hpp, which knows no HIP) is tested
+// here too, against a fake runtime whose "stream" is a gate word the test reads.
+#include "rocm_geq_relay.hpp"
 #include "test_support.hpp"
 
 #include <hetmesh/core/device.hpp>

@@ -22,7 +22,7 @@ int attribute(const Driver& driver, CUdevice device, CUdevice_attribute which) {
 
 }  // namespace
 
-// libcuda.so.1 is loaded, not linked (cuda_driver.cc).
+// libcuda.so.1 is loaded, not linked (cuda_loader.cc).
 std::string Vendor::load(State& s) {
   return hm::cuda::load_driver(&s.driver);
 }

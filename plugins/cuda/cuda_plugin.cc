@@ -43,10 +43,7 @@ hm_device_plugin_api make_table() {
   static char version[64];
   std::snprintf(version, sizeof version, "%s+cuda%d.%d", HETMESH_VERSION, CUDA_VERSION / 1000,
                 CUDA_VERSION % 1000 / 10);
-  hm_device_plugin_api t{};
-  hm::kit::gpu::install_gpu_slots<Vendor>(t);
-  t.name = "cuda";
-  t.version = version;
+  hm_device_plugin_api t = hm::kit::gpu::gpu_plugin_table<Vendor>(version);  // named "cuda"
   t.shutdown = shutdown;
   t.dmabuf_export = dmabuf_export;
   t.dmabuf_release = dmabuf_release;

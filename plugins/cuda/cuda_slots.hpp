@@ -1,6 +1,6 @@
 // The cuda plugin's side of the table: its CUDA calls for the kit's GPU layer
-// (hetmesh/plugin_kit/gpu_vendor.hpp says what each does), and the slots it writes itself.
-// Internal to the plugin: hidden, never exported.
+// (hetmesh/plugin_kit/gpu_vendor.hpp says what each does), and the slots it writes itself;
+// cuda_plugin.cc puts them in the table. Internal to the plugin: hidden, never exported.
 #pragma once
 
 #include "cuda_state.hpp"
@@ -10,8 +10,8 @@
 
 namespace hm::cuda {
 
-// Each call is defined in the file of its group: cuda_devices.cc (initialize), cuda_streams.cc
-// (streams and memops), cuda_events.cc, cuda_memory.cc and cuda_ipc.cc.
+// Each call is defined in the file of its group: cuda_devices.cc (initialize), cuda_streams.cc,
+// cuda_memops.cc, cuda_events.cc, cuda_memory.cc and cuda_ipc.cc.
 struct Vendor : hm::kit::gpu::VendorBase<State, Stream, Event, ContextScope, CUipcMemHandle> {
   // CUDA's GEQ is the cyclic (int32_t)(*addr - value) >= 0, as the ABI's.
   static constexpr hm::kit::gpu::VendorInfo kInfo = {
@@ -28,7 +28,7 @@ struct Vendor : hm::kit::gpu::VendorBase<State, Stream, Event, ContextScope, CUi
 // cuda_devices.cc
 hm_status shutdown();
 
-// cuda_ipc.cc: dma-buf export.
+// cuda_dmabuf.cc
 hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out);
 hm_status dmabuf_release(const hm_dmabuf* dmabuf);
 

@@ -3,7 +3,7 @@
 // so nothing here is exported (only hm_device_plugin_v1 is).
 #pragma once
 
-#include "cuda_driver.hpp"
+#include "cuda_loader.hpp"
 
 #include <hetmesh/device_plugin.h>
 #include <hetmesh/plugin_kit/gpu_address.hpp>
@@ -48,7 +48,7 @@ inline void log(int32_t level, const std::string& message) {
   hm::kit::gpu::log<State>("cuda", level, message);
 }
 
-// Errors. CUresult maps to hm_status in cuda_driver.cc; last_error reads
+// Errors. CUresult maps to hm_status in cuda_loader.cc; last_error reads
 // "<slot>: <cuCall> failed: CUDA_ERROR_<NAME>: <cuGetErrorString text>".
 void check(CUresult result, const char* call);
 

@@ -1,9 +1,9 @@
 // The rocm plugin's lifecycle calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_devices.hpp
 // has initialize, device_count and device_properties): loading HIP, finding the GPUs and what each
 // can do; and the shutdown slot.
-#include "cyclic_wait.hpp"
+#include "rocm_geq_relay.hpp"
+#include "rocm_slots.hpp"
 #include "rocm_state.hpp"
-#include "slots.hpp"
 
 #include <hetmesh/plugin_kit/gpu_devices.hpp>
 #include <hetmesh/plugin_kit/memfd.hpp>

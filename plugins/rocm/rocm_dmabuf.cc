@@ -1,5 +1,5 @@
 // dma-buf export of device memory: hsa_amd_portable_export_dmabuf, for page-aligned ranges.
-#include "slots.hpp"
+#include "rocm_slots.hpp"
 
 namespace hm::rocm {
 

@@ -1,6 +1,6 @@
 // The rocm plugin's event calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_events.hpp has the
 // slots): recording, waiting, cross-stream ordering and timing, each with its device current.
-#include "slots.hpp"
+#include "rocm_slots.hpp"
 
 namespace hm::rocm {
 

@@ -1,6 +1,6 @@
 // The rocm plugin's IPC calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_ipc.hpp has the
 // slots): HIP IPC handles for device memory; pinned memory travels as its memfd.
-#include "slots.hpp"
+#include "rocm_slots.hpp"
 
 namespace hm::rocm {
 

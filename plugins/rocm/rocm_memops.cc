@@ -1,10 +1,9 @@
 // The rocm plugin's stream memory operations for the kit's GPU layer
 // (hetmesh/plugin_kit/gpu_memops.hpp has the slots): hipStreamWriteValue32 and
-// hipStreamWaitValue32, with HM_WAIT_GEQ through the cyclic-wait relay (cyclic_wait.hpp says why).
-#include "cyclic_wait.hpp"
-#include "hip_relay_backend.hpp"
-#include "rocm_streams.hpp"
-#include "slots.hpp"
+// hipStreamWaitValue32, with HM_WAIT_GEQ through the relay (rocm_geq_relay.hpp says why).
+#include "rocm_geq_relay.hpp"
+#include "rocm_geq_relay_hip.hpp"
+#include "rocm_slots.hpp"
 
 #include <memory>
 #include <mutex>

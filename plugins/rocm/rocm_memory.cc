@@ -2,7 +2,7 @@
 // slots): device memory (hipMalloc), pinned memory (memfd pages registered with HIP rather than
 // hipHostMalloc, so ipc_export can share them), host registration, what HIP says of a pointer the
 // plugin does not know, copies and fills.
-#include "slots.hpp"
+#include "rocm_slots.hpp"
 
 #include <hetmesh/plugin_kit/gpu_pinned.hpp>
 

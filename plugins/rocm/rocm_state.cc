@@ -1,6 +1,8 @@
+// The rocm plugin's shared helpers (declared in rocm_state.hpp): the HIP-call check, device
+// lookup, and the current-device scope with peer access on a device's first use.
 #include "rocm_state.hpp"
 
-#include "cyclic_wait.hpp"
+#include "rocm_geq_relay.hpp"
 
 namespace hm::rocm {
 namespace {

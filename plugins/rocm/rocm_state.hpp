@@ -1,11 +1,13 @@
 // The plugin's process-wide state and the helpers every slot uses: the loaded runtime, the device
-// table, HIP error checks and the current-device scope.
+// table, HIP error checks, the current-device scope and the stream and event handles.
 #pragma once
 
-#include "hip_runtime.hpp"
-#include "hsa_dmabuf.hpp"
+#include "rocm_hsa_loader.hpp"
+#include "rocm_loader.hpp"
 
 #include <hetmesh/device_plugin.h>
+#include <hetmesh/plugin_kit/gpu_address.hpp>
+#include <hetmesh/plugin_kit/gpu_handles.hpp>
 #include <hetmesh/plugin_kit/gpu_state.hpp>
 #include <hetmesh/plugin_kit/status.hpp>
 
@@ -19,6 +21,7 @@ namespace hm::rocm {
 
 using hm::kit::fail;
 using hm::kit::guarded;
+using hm::kit::gpu::Memory;
 
 class CyclicWaitRelay;
 
@@ -78,5 +81,19 @@ class DeviceScope {
  private:
   int previous_ = -1;  // the caller's device when it differs from ours, else -1
 };
+
+// ---- streams and events ----
+
+struct Stream : hm::kit::gpu::Stream<hipStream_t> {
+  uint64_t* gate = nullptr;  // the HM_WAIT_GEQ relay's gate word, on the first such wait
+};
+
+// A HIP event records only on streams of its own device: an hm_event holds one hipEvent_t per
+// device it was recorded on.
+using Event = hm::kit::gpu::Event<hipEvent_t>;
+
+inline Stream& stream_of(hm_stream handle) {
+  return hm::kit::gpu::stream_of<Stream>(handle);
+}
 
 }  // namespace hm::rocm

@@ -1,8 +1,7 @@
 // The rocm plugin's stream calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_streams.hpp has
-// the slots), and host functions in stream order.
-#include "rocm_streams.hpp"
-#include "cyclic_wait.hpp"
-#include "slots.hpp"
+// the slots): streams and host functions in stream order.
+#include "rocm_geq_relay.hpp"
+#include "rocm_slots.hpp"
 
 #include <memory>
 #include <mutex>
@@ -23,18 +22,6 @@ void run_host_call(hipStream_t, hipError_t, void* user) {
 }
 
 }  // namespace
-
-void launch_host_function(const Stream& stream, hm_host_fn fn, void* user_data) {
-  const Runtime& runtime = hip();
-  if (runtime.hipLaunchHostFunc != nullptr) {
-    HM_HIP(hipLaunchHostFunc, stream.stream, fn, user_data);
-    return;
-  }
-  // hipStreamAddCallback also blocks later work on the stream until the callback returns.
-  auto call = std::make_unique<HostCall>(HostCall{fn, user_data});
-  HM_HIP(hipStreamAddCallback, stream.stream, run_host_call, call.get(), 0);
-  call.release();  // run_host_call owns it now
-}
 
 void Vendor::create_stream(hipStream_t* out, bool non_blocking) {
   HM_HIP(hipStreamCreateWithFlags, out, non_blocking ? hipStreamNonBlocking : hipStreamDefault);
@@ -59,8 +46,18 @@ bool Vendor::stream_done(hipStream_t stream) {
   return ready(hip().hipStreamQuery(stream), "hipStreamQuery");
 }
 
+// Runs fn(user_data) on a runtime thread once prior work on the stream completes; later work waits
+// for it to return.
 void Vendor::launch_host_func(Stream& s, hm_host_fn fn, void* user_data) {
-  launch_host_function(s, fn, user_data);
+  const Runtime& runtime = hip();
+  if (runtime.hipLaunchHostFunc != nullptr) {
+    HM_HIP(hipLaunchHostFunc, s.stream, fn, user_data);
+    return;
+  }
+  // hipStreamAddCallback also blocks later work on the stream until the callback returns.
+  auto call = std::make_unique<HostCall>(HostCall{fn, user_data});
+  HM_HIP(hipStreamAddCallback, s.stream, run_host_call, call.get(), 0);
+  call.release();  // run_host_call owns it now
 }
 
 }  // namespace hm::rocm

@@ -12,6 +12,7 @@
 #include <hetmesh/plugin_kit/host_streams.hpp>
 #include <hetmesh/plugin_kit/options.hpp>
 #include <hetmesh/plugin_kit/status.hpp>
+#include <hetmesh/plugin_kit/table.hpp>
 
 #include <atomic>
 #include <cstdio>
@@ -239,14 +240,10 @@ void* hook_host_view(const void* address, uint64_t size) {
 }
 
 hm_device_plugin_api make_table() {
-  hm_device_plugin_api t{};
-  t.struct_size = sizeof t;
-  t.abi_major = HM_DEVICE_PLUGIN_ABI_MAJOR;
-  t.abi_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
-  t.name = kName;
-  t.version = kVersion;
+  // The header the host checks first (this SDK's struct_size and ABI version, kName, kVersion)
+  // and the kit's last_error slot; every other slot starts NULL.
+  hm_device_plugin_api t = hm::kit::plugin_table(kName, kVersion);
   t.initialize = initialize;
-  t.last_error = hm::kit::last_error;
   t.device_count = device_count;
   t.device_properties = device_properties;
   t.mem_alloc = mem_alloc;

@@ -1,5 +1,5 @@
 // libamdhip64.so.5 made of the CUDA driver API: the HIP 5.2 entry points the rocm plugin resolves
-// (plugins/rocm/hip_runtime.hpp), each done by its CUDA counterpart, so that the rocm plugin's own
+// (plugins/rocm/rocm_loader.hpp), each done by its CUDA counterpart, so that the rocm plugin's own
 // code (unchanged, still dlopen()ing "libamdhip64.so.5") runs on NVIDIA GPUs. A test tool for a
 // project with no AMD GPU: ci/gpu/build-and-test.sh puts it first on LD_LIBRARY_PATH for one CTS
 // run of the rocm plugin on the H200s, labelled as such. It says nothing about AMD hardware or the

@@ -11,20 +11,18 @@
 #include "gpu_memory.hpp"
 #include "gpu_streams.hpp"
 #include "gpu_vendor.hpp"
-#include "status.hpp"
+#include "table.hpp"
 
 #include <hetmesh/device_plugin.h>
 
 namespace hm::kit::gpu {
 
-// Fills every slot the GPU layer implements; the plugin adds its name, version and own slots.
+// The plugin's table: the header (named V::kInfo.name, with the plugin's `version`, which must
+// outlive the table) and every slot the GPU layer implements; the plugin adds its own slots.
 template <typename V>
-void install_gpu_slots(hm_device_plugin_api& t) {
-  t.struct_size = sizeof t;
-  t.abi_major = HM_DEVICE_PLUGIN_ABI_MAJOR;
-  t.abi_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
+hm_device_plugin_api gpu_plugin_table(const char* version) {
+  hm_device_plugin_api t = hm::kit::plugin_table(V::kInfo.name, version);
   t.initialize = initialize<V>;
-  t.last_error = hm::kit::last_error;
   t.device_count = device_count<V>;
   t.device_properties = device_properties<V>;
   t.mem_alloc = mem_alloc<V>;
@@ -51,6 +49,7 @@ void install_gpu_slots(hm_device_plugin_api& t) {
   t.ipc_export = ipc_export<V>;
   t.ipc_open = ipc_open<V>;
   t.ipc_close = ipc_close<V>;
+  return t;
 }
 
 }  // namespace hm::kit::gpu

@@ -1,4 +1,6 @@
-#include "hip_runtime.hpp"
+// Loading libamdhip64 at run time (rocm_loader.hpp says why), hipError_t -> hm_status, and the
+// error texts last_error shows.
+#include "rocm_loader.hpp"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,6 @@
-#include "cyclic_wait.hpp"
+// The HM_WAIT_GEQ relay's logic (rocm_geq_relay.hpp says how it works): gates, tickets and the
+// watcher thread. No HIP here.
+#include "rocm_geq_relay.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,5 @@
-#include "hsa_dmabuf.hpp"
+// Resolving HSA's dma-buf export from libhsa-runtime64 at run time, and HSA's error texts.
+#include "rocm_hsa_loader.hpp"
 
 #include <dlfcn.h>
 

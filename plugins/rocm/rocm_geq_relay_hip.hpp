@@ -1,9 +1,9 @@
-// The cyclic-wait relay's runtime side on HIP: gate words in coherent pinned host memory, the
+// The HM_WAIT_GEQ relay's runtime side on HIP: gate words in coherent pinned host memory, the
 // stream wait for a ticket (hipStreamWaitValue64), and reading words in device memory.
 #pragma once
 
-#include "cyclic_wait.hpp"
-#include "hip_runtime.hpp"
+#include "rocm_geq_relay.hpp"
+#include "rocm_loader.hpp"
 
 #include <map>
 

@@ -1,17 +1,14 @@
 // The rocm plugin's side of the table: its HIP calls for the kit's GPU layer
 // (hetmesh/plugin_kit/gpu_vendor.hpp says what each does), and the slots it writes itself;
-// rocm_plugin.cc puts them in the table.
+// rocm_plugin.cc puts them in the table. Internal to the plugin: hidden, never exported.
 #pragma once
 
 #include "rocm_state.hpp"
-#include "rocm_streams.hpp"
 
 #include <hetmesh/device_plugin.h>
 #include <hetmesh/plugin_kit/gpu_vendor.hpp>
 
 namespace hm::rocm {
-
-using hm::kit::gpu::Memory;
 
 // Each call is defined in the file of its group: rocm_devices.cc (initialize), rocm_streams.cc,
 // rocm_memops.cc, rocm_events.cc, rocm_memory.cc and rocm_ipc.cc.

@@ -12,7 +12,7 @@
 // The cost is the watcher's polling (yields, then sleeps of at most kMaxSleep) while any wait is
 // pending; it sleeps on a condition variable otherwise.
 //
-// This file knows no HIP: the runtime is behind Backend (hip_relay_backend.hpp), so the relay's
+// This file knows no HIP: the runtime is behind Backend (rocm_geq_relay_hip.hpp), so the relay's
 // logic is tested without a GPU (tests/rocm_plugin_test.cc).
 #pragma once
 

@@ -1,4 +1,5 @@
-#include "hip_relay_backend.hpp"
+// The HM_WAIT_GEQ relay's HIP side: gate words, the ticket wait, reading words in device memory.
+#include "rocm_geq_relay_hip.hpp"
 
 #include "rocm_state.hpp"
 

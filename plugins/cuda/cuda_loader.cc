@@ -1,4 +1,6 @@
-#include "cuda_driver.hpp"
+// Loading libcuda.so.1 at run time (cuda_loader.hpp says why), CUresult -> hm_status, and the
+// error texts last_error shows.
+#include "cuda_loader.hpp"
 
 #include <dlfcn.h>
 
