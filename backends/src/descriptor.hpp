@@ -1,5 +1,5 @@
 // Endpoint and region descriptors are small JSON documents: legible in logs and rendezvous dumps,
-// and validated field by field when a peer's arrives.
+// and validated field by field when a peer's arrives (every one is hostile input).
 #pragma once
 
 #include <hetmesh/core/error.hpp>
@@ -7,6 +7,10 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace hetmesh::detail {
 
@@ -17,16 +21,8 @@ inline std::vector<uint8_t> to_bytes(const nlohmann::json& document) {
 
 // Parses a descriptor and checks it is for `transport`; throws Error(INVALID_ARGUMENT) naming
 // `what` otherwise.
-inline nlohmann::json parse_descriptor(const std::vector<uint8_t>& bytes, const char* transport,
-                                       const char* what) {
-  nlohmann::json document = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
-  if (document.is_discarded() || !document.is_object())
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} is not a descriptor", what));
-  if (document.value("transport", "") != transport)
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} is for transport '{}', not '{}'", what,
-                                                     document.value("transport", "?"), transport));
-  return document;
-}
+nlohmann::json parse_descriptor(const std::vector<uint8_t>& bytes, const char* transport,
+                                const char* what);
 
 // Reads a required field of type T; throws naming the field.
 template <typename T>
@@ -40,5 +36,27 @@ T field(const nlohmann::json& document, const char* name, const char* what) {
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} has a malformed '{}'", what, name));
   }
 }
+
+// What errors about a region descriptor call it (the `what` of parse_descriptor and field).
+inline constexpr const char* kRegionDescriptor = "region descriptor";
+
+// A region descriptor with the fields every transport's carries: the transport, the exporting
+// endpoint, the region's id there and its size. The transport adds its own fields.
+nlohmann::json region_descriptor(const char* transport, const std::string& endpoint,
+                                 uint32_t region, uint64_t size);
+
+// The common fields of a peer's region descriptor, as read_region_descriptor found them.
+struct RegionDescriptorFields {
+  nlohmann::json document;  // the whole descriptor: the transport reads its own fields from it
+  std::string endpoint;     // the exporting endpoint: the connection's peer
+  uint32_t region = 0;      // the region's id at that endpoint
+  uint64_t size = 0;
+};
+
+// Reads a region descriptor a peer sent: it must be for `transport`, belong to endpoint `peer`
+// (the connection's peer) and name a region and its size. Throws Error(HM_ERR_INVALID_ARGUMENT)
+// saying what is wrong.
+RegionDescriptorFields read_region_descriptor(const RegionDescriptor& bytes, const char* transport,
+                                              const std::string& peer);
 
 }  // namespace hetmesh::detail

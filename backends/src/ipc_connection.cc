@@ -165,17 +165,9 @@ class IpcConnection : public Connection {
   bool alive() const override { return link_->alive(); }
 
   std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) override {
-    auto d = parse_descriptor(descriptor, "ipc", "region descriptor");
-    auto owner = field<std::string>(d, "endpoint", "region descriptor");
-    if (owner != peer_id_)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("region descriptor belongs to endpoint {}, this connection's peer "
-                              "is {}",
-                              owner, peer_id_));
-    auto remote =
-        std::make_shared<IpcRemoteRegion>(this, field<uint32_t>(d, "region", "region descriptor"),
-                                          field<uint64_t>(d, "size", "region descriptor"));
-    if (d.contains("handle")) map_peer_memory(*remote, d);
+    RegionDescriptorFields d = read_region_descriptor(descriptor, "ipc", peer_id_);
+    auto remote = std::make_shared<IpcRemoteRegion>(this, d.region, d.size);
+    if (d.document.contains("handle")) map_peer_memory(*remote, d.document);
     log(LogLevel::debug, "ipc: region {} of peer {} ({} bytes): {}", remote->id, peer_id_,
         remote->size(),
         remote->lane ? fmt::format("mapped through {} for zero-copy writes{}",
@@ -322,9 +314,9 @@ class IpcConnection : public Connection {
   // plugin here, or a plugin that refuses it, as CUDA does within one process) leaves the region
   // on the ring; a descriptor that claims more than the allocation holds is refused.
   void map_peer_memory(IpcRemoteRegion& remote, const nlohmann::json& d) {
-    auto plugin = field<std::string>(d, "plugin", "region descriptor");
-    hm_ipc_handle handle = from_hex(field<std::string>(d, "handle", "region descriptor"));
-    auto offset = field<uint64_t>(d, "offset", "region descriptor");
+    auto plugin = field<std::string>(d, "plugin", kRegionDescriptor);
+    hm_ipc_handle handle = from_hex(field<std::string>(d, "handle", kRegionDescriptor));
+    auto offset = field<uint64_t>(d, "offset", kRegionDescriptor);
     Lane* lane = nullptr;
     std::optional<IpcMapping> mapping;
     PointerInfo info;

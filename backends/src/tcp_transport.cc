@@ -58,8 +58,7 @@ class TcpRegion : public Region {
     shared_->regions.erase(id_);
   }
   RegionDescriptor describe() const override {
-    return to_bytes(
-        {{"transport", "tcp"}, {"endpoint", shared_->id}, {"region", id_}, {"size", size()}});
+    return to_bytes(region_descriptor("tcp", shared_->id, id_, size()));
   }
   HostAccess& access() { return access_; }
 
@@ -94,15 +93,8 @@ class TcpConnection : public Connection {
   bool alive() const override { return alive_; }
 
   std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) override {
-    auto d = parse_descriptor(descriptor, "tcp", "region descriptor");
-    auto owner = field<std::string>(d, "endpoint", "region descriptor");
-    if (owner != peer_id_)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("region descriptor belongs to endpoint {}, this connection's peer "
-                              "is {}",
-                              owner, peer_id_));
-    return std::make_shared<TcpRemoteRegion>(field<uint32_t>(d, "region", "region descriptor"),
-                                             field<uint64_t>(d, "size", "region descriptor"));
+    RegionDescriptorFields d = read_region_descriptor(descriptor, "tcp", peer_id_);
+    return std::make_shared<TcpRemoteRegion>(d.region, d.size);
   }
 
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,

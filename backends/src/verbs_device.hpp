@@ -3,7 +3,8 @@
 // ibv_query_device / ibv_query_port and probes, never assumed.
 #pragma once
 
-#include <hetmesh/transport/rdma_info.hpp>
+#include "verbs_probe.hpp"
+
 #include <hetmesh/transport/transport.hpp>
 
 #include <infiniband/verbs.h>
@@ -13,12 +14,6 @@
 #include <string>
 
 namespace hetmesh::detail {
-
-// Queue depths the transport asks for; the device's max_qp_wr and max_cqe bound them.
-constexpr uint32_t kWantedSendDepth = 1024;
-constexpr uint32_t kWantedRecvDepth = 1024;
-// Inline sizes tried, largest first, when probing what the provider accepts.
-constexpr uint32_t kInlineProbes[] = {1024, 512, 256, 128, 64, 32, 0};
 
 struct VerbsLimits {
   uint32_t max_qp_wr = 0;
@@ -32,22 +27,13 @@ struct VerbsLimits {
   ibv_mtu active_mtu = IBV_MTU_1024;
 };
 
-// ibv_reg_dmabuf_mr (rdma-core >= 34, symbol version IBVERBS_1.12), looked up at run time so an
-// older libibverbs still loads us. Null if absent.
-using RegDmabufMrFn = ibv_mr* (*)(ibv_pd*, uint64_t, size_t, uint64_t, int, int);
-RegDmabufMrFn reg_dmabuf_mr_function();
-
-// Probes ibv_reg_dmabuf_mr on `pd` with fd -1: EBADF means the kernel and provider would accept a
-// real dma-buf. Returns the verdict and a sentence saying why.
-bool probe_dmabuf(ibv_pd* pd, std::string* detail);
-
-// True if /sys/module/nvidia_peermem exists (plain ibv_reg_mr then accepts GPU pointers).
-bool peermem_present();
-
-// Bytes of an ibv_mtu; 0 for an unknown value.
-uint32_t mtu_bytes(ibv_mtu mtu);
-std::string gid_text(const ibv_gid& gid);
-bool gid_is_ipv4_mapped(const ibv_gid& gid);
+// Which registration paths for device memory the device offers, and why (for logs and errors).
+struct RegistrationSupport {
+  bool dmabuf = false;
+  std::string dmabuf_detail;
+  bool peermem = false;
+  std::string peermem_detail;
+};
 
 class VerbsContext {
  public:
@@ -68,10 +54,10 @@ class VerbsContext {
   int gid_index() const { return gid_index_; }
   const ibv_gid& gid() const { return gid_; }
   const VerbsLimits& limits() const { return limits_; }
-  bool dmabuf_supported() const { return dmabuf_supported_; }
-  const std::string& dmabuf_detail() const { return dmabuf_detail_; }
-  bool peermem() const { return peermem_; }
-  const std::string& peermem_detail() const { return peermem_detail_; }
+  bool dmabuf_supported() const { return registration_.dmabuf; }
+  const std::string& dmabuf_detail() const { return registration_.dmabuf_detail; }
+  bool peermem() const { return registration_.peermem; }
+  const std::string& peermem_detail() const { return registration_.peermem_detail; }
   // One line for logs: device, port, link layer, GID, limits, registration paths.
   std::string summary() const;
 
@@ -86,10 +72,7 @@ class VerbsContext {
   int gid_index_ = 0;
   ibv_gid gid_{};
   VerbsLimits limits_;
-  bool dmabuf_supported_ = false;
-  std::string dmabuf_detail_;
-  bool peermem_ = false;
-  std::string peermem_detail_;
+  RegistrationSupport registration_;
 };
 
 }  // namespace hetmesh::detail

@@ -123,7 +123,15 @@ class VerbsLink : public std::enable_shared_from_this<VerbsLink> {
     bool last;
   };
 
-  // Setup (verbs_link_setup.cc).
+  // Setup (verbs_link_setup.cc). The steps of setup(), in order: the CQs, the QP within the
+  // provider's limits and the slot buffers; INIT with every receive slot posted; the QpInfo swap
+  // (the peer's checked); RTR (returns the path MTU); RTS.
+  void create_queue_pair();
+  void to_init();
+  QpInfo local_qp_info() const;
+  QpInfo swap_qp_info(const QpInfo& mine, Clock::time_point deadline);
+  ibv_mtu to_rtr(const QpInfo& mine, const QpInfo& peer);
+  void to_rts(uint32_t psn);
   void modify(ibv_qp_attr& attr, int mask, const char* state);
   void to_error();
   int post_recv(uint32_t slot);

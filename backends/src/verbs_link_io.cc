@@ -25,22 +25,14 @@ void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t si
 }  // namespace
 
 std::shared_ptr<RemoteRegion> VerbsLink::import_region(const RegionDescriptor& descriptor) {
-  const char* what = "region descriptor";
-  auto d = parse_descriptor(descriptor, "verbs", what);
-  auto owner = field<std::string>(d, "endpoint", what);
-  if (owner != peer_id_)
+  RegionDescriptorFields d = read_region_descriptor(descriptor, "verbs", peer_id_);
+  auto addr = field<uint64_t>(d.document, "addr", kRegionDescriptor);
+  if (addr + d.size < addr)
     throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("region descriptor belongs to endpoint {}, this connection's peer "
-                            "is {}",
-                            owner, peer_id_));
-  auto size = field<uint64_t>(d, "size", what);
-  auto addr = field<uint64_t>(d, "addr", what);
-  if (addr + size < addr)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("region descriptor: [{:#x}, +{}) wraps around", addr, size));
-  return std::make_shared<VerbsRemoteRegion>(owner, field<uint32_t>(d, "region", what), size, addr,
-                                             field<uint32_t>(d, "rkey", what),
-                                             field<bool>(d, "staged", what));
+                fmt::format("region descriptor: [{:#x}, +{}) wraps around", addr, d.size));
+  return std::make_shared<VerbsRemoteRegion>(std::move(d.endpoint), d.region, d.size, addr,
+                                             field<uint32_t>(d.document, "rkey", kRegionDescriptor),
+                                             field<bool>(d.document, "staged", kRegionDescriptor));
 }
 
 void VerbsLink::write(const Region& src, uint64_t src_offset, const RemoteRegion& dst,

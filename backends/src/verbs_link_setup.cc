@@ -106,6 +106,24 @@ VerbsLink::~VerbsLink() {
 }
 
 void VerbsLink::setup(Clock::time_point deadline) {
+  create_queue_pair();
+  to_init();
+  QpInfo mine = local_qp_info();
+  QpInfo peer = swap_qp_info(mine, deadline);
+  ibv_mtu path_mtu = to_rtr(mine, peer);
+  to_rts(mine.psn);
+  // Neither side writes before the other's QP is ready to receive.
+  uint8_t ready = 'R', peer_ready = 0;
+  send_all(socket_.get(), &ready, 1, "ready");
+  recv_until(socket_.get(), &peer_ready, 1, deadline, "ready");
+  keep_alive(socket_.get());
+  log(LogLevel::info,
+      "verbs: connection {} to {}: QP {} <-> {}, MTU {}, depth {}/{}, inline {}, max message {}",
+      id_, peer_id_, mine.qpn, peer.qpn, mtu_bytes(path_mtu), send_depth_, recv_depth_, max_inline_,
+      max_chunk_);
+}
+
+void VerbsLink::create_queue_pair() {
   const VerbsContext& verbs = *shared_->context;
   const VerbsLimits& limits = verbs.limits();
   send_depth_ = limits.send_depth;
@@ -138,18 +156,23 @@ void VerbsLink::setup(Clock::time_point deadline) {
   send_slots_.allocate(verbs.pd(), size_t{send_depth_} * kSlotBytes, "send slots");
   wrs_.resize(send_depth_);
   sges_.resize(send_depth_);
+}
 
+void VerbsLink::to_init() {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;
-  attr.port_num = verbs.port();
+  attr.port_num = shared_->context->port();
   attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   modify(attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
   for (uint32_t slot = 0; slot < recv_depth_; ++slot)
     if (int rc = post_recv(slot); rc != 0)
       throw Error(HM_ERR_BACKEND,
                   fmt::format("verbs: ibv_post_recv failed: {}", std::strerror(rc)));
+}
 
+QpInfo VerbsLink::local_qp_info() const {
+  const VerbsContext& verbs = *shared_->context;
   std::random_device entropy;
   QpInfo mine{};
   mine.magic = kQpInfoMagic;
@@ -161,6 +184,10 @@ void VerbsLink::setup(Clock::time_point deadline) {
   mine.lid = verbs.lid();
   mine.recv_depth = recv_depth_;
   std::memcpy(mine.gid, verbs.gid().raw, sizeof mine.gid);
+  return mine;
+}
+
+QpInfo VerbsLink::swap_qp_info(const QpInfo& mine, Clock::time_point deadline) {
   send_all(socket_.get(), &mine, sizeof mine, "QP info");
   QpInfo peer{};
   recv_until(socket_.get(), &peer, sizeof peer, deadline, "QP info");
@@ -173,8 +200,12 @@ void VerbsLink::setup(Clock::time_point deadline) {
                 fmt::format("verbs: peer {} is on {}, this side on {}", peer_id_,
                             peer.ethernet ? "Ethernet" : "InfiniBand",
                             mine.ethernet ? "Ethernet" : "InfiniBand"));
+  return peer;
+}
 
-  attr = {};
+ibv_mtu VerbsLink::to_rtr(const QpInfo& mine, const QpInfo& peer) {
+  const VerbsContext& verbs = *shared_->context;
+  ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
   auto path_mtu = static_cast<ibv_mtu>(std::min(mine.mtu, peer.mtu));
   attr.path_mtu = path_mtu;
@@ -197,26 +228,21 @@ void VerbsLink::setup(Clock::time_point deadline) {
          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
          "RTR");
-  attr = {};
+  return path_mtu;
+}
+
+void VerbsLink::to_rts(uint32_t psn) {
+  ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTS;
   attr.timeout = kQpTimeout;
   attr.retry_cnt = kRetryCount;
   attr.rnr_retry = kRnrRetry;
-  attr.sq_psn = mine.psn;
+  attr.sq_psn = psn;
   attr.max_rd_atomic = 1;
   modify(attr,
          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
              IBV_QP_MAX_QP_RD_ATOMIC,
          "RTS");
-  // Neither side writes before the other's QP is ready to receive.
-  uint8_t ready = 'R', peer_ready = 0;
-  send_all(socket_.get(), &ready, 1, "ready");
-  recv_until(socket_.get(), &peer_ready, 1, deadline, "ready");
-  keep_alive(socket_.get());
-  log(LogLevel::info,
-      "verbs: connection {} to {}: QP {} <-> {}, MTU {}, depth {}/{}, inline {}, max message {}",
-      id_, peer_id_, mine.qpn, peer.qpn, mtu_bytes(path_mtu), send_depth_, recv_depth_, max_inline_,
-      max_chunk_);
 }
 
 void VerbsLink::start() {

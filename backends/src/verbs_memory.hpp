@@ -17,7 +17,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace hetmesh::detail {
 
@@ -75,6 +77,13 @@ class RegistrationCache {
 
  private:
   std::shared_ptr<Registration> make(const Device& device, void* ptr, uint64_t size);
+  // The paths make() takes, in the order above. Each try_ returns whether it registered the
+  // memory, adding why not to `tried` otherwise; the others throw Error if they cannot.
+  void register_host(Registration& r, const Device& device) const;
+  bool try_dmabuf(Registration& r, const Device& device, std::vector<std::string>& tried) const;
+  bool try_peermem(Registration& r, std::vector<std::string>& tried) const;
+  void register_staged(Registration& r, const Device& device,
+                       const std::vector<std::string>& tried) const;
   using Key = std::tuple<std::string, uintptr_t, uint64_t>;
   std::shared_ptr<VerbsContext> context_;
   std::mutex mutex_;

@@ -111,14 +111,12 @@ class VerbsRegion : public Region {
     shared_->regions.erase(id_);
   }
   RegionDescriptor describe() const override {
-    return to_bytes({{"transport", "verbs"},
-                     {"endpoint", shared_->id},
-                     {"region", id_},
-                     {"size", size()},
-                     {"addr", registration_->remote_address()},
-                     {"rkey", registration_->rkey()},
-                     {"path", to_string(path())},
-                     {"staged", registration_->staged()}});
+    nlohmann::json d = region_descriptor("verbs", shared_->id, id_, size());
+    d["addr"] = registration_->remote_address();
+    d["rkey"] = registration_->rkey();
+    d["path"] = to_string(path());
+    d["staged"] = registration_->staged();
+    return to_bytes(d);
   }
   uint32_t id() const { return id_; }
   const VerbsShared* owner() const { return shared_.get(); }
