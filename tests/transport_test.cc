@@ -3,6 +3,7 @@
 // Memory kinds: cpu memory (host-addressable) and asic_stub device memory (not host-addressable,
 // which forces the staging paths), in every combination across the two processes. The verbs
 // registration fallback order has its own cases (VerbsRegistrationFallbackTest).
+#include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/subprocess.hpp>
 #include <hetmesh/transport/rdma_info.hpp>
 #include <hetmesh/transport/transport.hpp>
@@ -40,20 +41,6 @@ Shape shape_for(uint32_t value) {
   return {4099, k * 8192 + 3, k * 8192 + 5, kHalf + k * 8192 + 9};
 }
 
-std::string hex(const std::vector<uint8_t>& bytes) {
-  std::string out;
-  for (uint8_t b : bytes)
-    out += fmt::format("{:02x}", b);
-  return out;
-}
-
-std::vector<uint8_t> unhex(const std::string& text) {
-  std::vector<uint8_t> out;
-  for (size_t i = 0; i + 1 < text.size(); i += 2)
-    out.push_back(static_cast<uint8_t>(std::stoul(text.substr(i, 2), nullptr, 16)));
-  return out;
-}
-
 std::string after(const std::string& line, const std::string& tag) {
   if (line.rfind(tag + " ", 0) != 0)
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("expected '{} ...', got '{}'", tag, line));
@@ -83,12 +70,13 @@ struct Side {
 int run_peer(const std::string& kind, const std::string& memory) {
   try {
     Side side(parse_transport_kind(kind), memory);
-    std::cout << "ENDPOINT " << hex(side.transport->endpoint()) << "\n"
-              << "REGION " << hex(side.region->describe()) << std::endl;
+    std::cout << "ENDPOINT " << to_hex(side.transport->endpoint()) << "\n"
+              << "REGION " << to_hex(side.region->describe()) << std::endl;
     std::string endpoint, region;
     if (!std::getline(std::cin, endpoint) || !std::getline(std::cin, region)) return 2;
-    auto connection = side.transport->connect(unhex(after(endpoint, "ENDPOINT")), kWait);
-    auto target = connection->import_region(unhex(after(region, "REGION")));
+    auto connection =
+        side.transport->connect(from_hex(after(endpoint, "ENDPOINT"), "the endpoint line"), kWait);
+    auto target = connection->import_region(from_hex(after(region, "REGION"), "the region line"));
     std::vector<TransportEvent> events;
     for (;;) {
       events.clear();
@@ -149,10 +137,11 @@ class TransportTest : public testing::TestWithParam<Param> {
     }
     peer_ = std::make_unique<ChildProcess>(std::vector<std::string>{
         self_executable(), "--peer", to_string(GetParam().kind), GetParam().remote});
-    auto endpoint = unhex(after(peer_->read_line(kWait), "ENDPOINT"));
-    peer_region_ = unhex(after(peer_->read_line(kWait), "REGION"));
-    peer_->write("ENDPOINT " + hex(local_->transport->endpoint()) + "\nREGION " +
-                 hex(local_->region->describe()) + "\n");
+    auto endpoint =
+        from_hex(after(peer_->read_line(kWait), "ENDPOINT"), "the peer's endpoint line");
+    peer_region_ = from_hex(after(peer_->read_line(kWait), "REGION"), "the peer's region line");
+    peer_->write("ENDPOINT " + to_hex(local_->transport->endpoint()) + "\nREGION " +
+                 to_hex(local_->region->describe()) + "\n");
     connection_ = local_->transport->connect(endpoint, kWait);
     remote_ = connection_->import_region(peer_region_);
     fill_sources();

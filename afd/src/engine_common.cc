@@ -1,5 +1,6 @@
 #include "engine_common.hpp"
 
+#include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/log.hpp>
 
 #include <nlohmann/json.hpp>
@@ -9,30 +10,6 @@
 #include <algorithm>
 
 namespace hetmesh::afd {
-namespace {
-
-std::string hex(const std::vector<uint8_t>& bytes) {
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (uint8_t b : bytes)
-    out += fmt::format("{:02x}", b);
-  return out;
-}
-
-std::vector<uint8_t> unhex(const std::string& text, const std::string& what) {
-  if (text.size() % 2 != 0) throw Error(kStatusProtocolError, what + ": odd-length hex");
-  std::vector<uint8_t> out;
-  for (size_t i = 0; i < text.size(); i += 2) {
-    unsigned value = 0;
-    if (std::sscanf(text.c_str() + i, "%2x", &value) != 1)
-      throw Error(kStatusProtocolError, what + ": not hex");
-    out.push_back(static_cast<uint8_t>(value));
-  }
-  return out;
-}
-
-}  // namespace
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
@@ -60,7 +37,7 @@ HostSlots::HostSlots(const Device& device, uint64_t bytes) : size_(bytes) {
 std::vector<uint8_t> PublishedRegions::encode() const {
   nlohmann::json document = nlohmann::json::object();
   for (const auto& [name, region] : regions)
-    document[name] = hex(region->describe());
+    document[name] = to_hex(region->describe());
   std::string text = document.dump();
   return {text.begin(), text.end()};
 }
@@ -75,7 +52,7 @@ std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uin
     if (!value.is_string())
       throw Error(kStatusProtocolError,
                   fmt::format("{} published a malformed region '{}'", from, name));
-    out[name] = unhex(value.get<std::string>(), from + " region " + name);
+    out[name] = from_hex(value.get<std::string>(), from + " region " + name, kStatusProtocolError);
   }
   return out;
 }

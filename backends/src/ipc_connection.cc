@@ -26,6 +26,7 @@
 
 #include "descriptor.hpp"
 
+#include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/spin.hpp>
 
@@ -52,23 +53,6 @@ constexpr size_t kMaxInFlight = 256;
 // completion thread costs a thread wake-up per write, a fifth of the time of a 1 MiB copy. Larger
 // writes stay fully asynchronous.
 constexpr uint64_t kInlineCopyBytes = 4 << 20;
-
-hm_ipc_handle from_hex(const std::string& text) {
-  hm_ipc_handle handle{};
-  auto nibble = [&](char c) -> uint8_t {
-    if (c >= '0' && c <= '9') return static_cast<uint8_t>(c - '0');
-    if (c >= 'a' && c <= 'f') return static_cast<uint8_t>(c - 'a' + 10);
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("region descriptor has a malformed 'handle' (character '{}')", c));
-  };
-  if (text.size() != 2 * sizeof handle.bytes)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("region descriptor's 'handle' has {} hex digits, not {}", text.size(),
-                            2 * sizeof handle.bytes));
-  for (size_t i = 0; i < sizeof handle.bytes; ++i)
-    handle.bytes[i] = static_cast<uint8_t>(nibble(text[2 * i]) << 4 | nibble(text[2 * i + 1]));
-  return handle;
-}
 
 // The copy engine of one plugin on one connection. Zero-copy writes into that plugin's peer
 // memory are enqueued on `stream`; events[i] marks the end of the write in queue slot i, so an
@@ -315,7 +299,9 @@ class IpcConnection : public Connection {
   // on the ring; a descriptor that claims more than the allocation holds is refused.
   void map_peer_memory(IpcRemoteRegion& remote, const nlohmann::json& d) {
     auto plugin = field<std::string>(d, "plugin", kRegionDescriptor);
-    hm_ipc_handle handle = from_hex(field<std::string>(d, "handle", kRegionDescriptor));
+    hm_ipc_handle handle{};
+    from_hex(field<std::string>(d, "handle", kRegionDescriptor), handle.bytes,
+             "region descriptor's 'handle'");
     auto offset = field<uint64_t>(d, "offset", kRegionDescriptor);
     Lane* lane = nullptr;
     std::optional<IpcMapping> mapping;

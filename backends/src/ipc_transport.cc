@@ -21,6 +21,7 @@
 #include "socket_link.hpp"
 #include "staging.hpp"
 
+#include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/transport/selection.hpp>
 
@@ -45,14 +46,6 @@ constexpr int kHitsToSpin = 768;
 // What a sleep and a wake-up add to a wait, roughly, on a small virtual machine.
 constexpr std::chrono::microseconds kWakeSlack{50};
 
-std::string to_hex(const hm_ipc_handle& handle) {
-  std::string text;
-  text.reserve(2 * sizeof handle.bytes);
-  for (uint8_t b : handle.bytes)
-    text += fmt::format("{:02x}", b);
-  return text;
-}
-
 std::optional<IpcExport> try_ipc_export(const Device& device, void* base) {
   if (!device.has(HM_CAP_IPC)) return std::nullopt;
   PointerInfo info = device.query(base);
@@ -60,7 +53,7 @@ std::optional<IpcExport> try_ipc_export(const Device& device, void* base) {
   try {
     hm_ipc_handle handle = ipc_export(device, base);
     return IpcExport{
-        device.plugin().name(), to_hex(handle),
+        device.plugin().name(), to_hex(handle.bytes),
         static_cast<uint64_t>(static_cast<uint8_t*>(base) - static_cast<uint8_t*>(info.base))};
   } catch (const Error& e) {
     log(LogLevel::warn, "ipc: {} memory at {} cannot be exported ({}); it goes through the ring",

@@ -2,9 +2,8 @@
 
 #include "cts.hpp"
 
+#include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/subprocess.hpp>
-
-#include <fmt/format.h>
 
 #include <cstdio>
 #include <cstring>
@@ -15,20 +14,6 @@ namespace {
 constexpr uint64_t kSize = (1 << 20) + 4096;
 constexpr uint32_t kExporterSeed = 1234;
 constexpr uint8_t kPeerFill = 0xc7;
-
-std::string to_hex(const hm_ipc_handle& handle) {
-  std::string hex;
-  for (uint8_t byte : handle.bytes)
-    hex += fmt::format("{:02x}", byte);
-  return hex;
-}
-
-bool from_hex(const std::string& hex, hm_ipc_handle* handle) {
-  if (hex.size() != 2 * sizeof handle->bytes) return false;
-  for (size_t i = 0; i < sizeof handle->bytes; ++i)
-    handle->bytes[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
-  return true;
-}
 
 }  // namespace
 
@@ -47,7 +32,7 @@ void expect_ipc_round_trip(const Device& exporter, const Device& importer, Memor
   hm_ipc_handle handle = ipc_export(exporter, buffer.data());
   ProcessResult child = run_process(
       {env().self, "--cts-ipc-peer", importer.plugin().path(), std::to_string(importer.index()),
-       to_hex(handle), std::to_string(kSize), std::to_string(kExporterSeed)},
+       to_hex(handle.bytes), std::to_string(kSize), std::to_string(kExporterSeed)},
       std::chrono::seconds(120));
   ASSERT_EQ(child.exit_code, 0) << "IPC peer process failed (" << child.describe()
                                 << "): " << child.out << child.err;
@@ -77,8 +62,10 @@ int run_ipc_peer(int argc, char** argv) {
     }
     Device device(registry.plugins()[0], std::stoi(argv[3]));
     hm_ipc_handle handle{};
-    if (!from_hex(argv[4], &handle)) {
-      std::printf("malformed handle\n");
+    try {
+      from_hex(argv[4], handle.bytes, "HANDLE_HEX");
+    } catch (const Error& e) {
+      std::printf("malformed handle: %s\n", e.what());
       return 2;
     }
     uint64_t size = std::stoull(argv[5]);

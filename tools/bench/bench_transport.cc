@@ -3,6 +3,7 @@
 // some transports) and the ratio. A second copy of this program is the peer.
 #include "commands.hpp"
 
+#include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/subprocess.hpp>
 #include <hetmesh/transport/rdma_info.hpp>
 #include <hetmesh/transport/transport.hpp>
@@ -51,20 +52,6 @@ uint64_t parse_size(const std::string& text) {
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("size '{}' is not a number with an optional K or M suffix", text));
   return static_cast<uint64_t>(value * static_cast<double>(scale));
-}
-
-std::string hex(const std::vector<uint8_t>& bytes) {
-  std::string out;
-  for (uint8_t b : bytes)
-    out += fmt::format("{:02x}", b);
-  return out;
-}
-
-std::vector<uint8_t> unhex(const std::string& text) {
-  std::vector<uint8_t> out;
-  for (size_t i = 0; i + 1 < text.size(); i += 2)
-    out.push_back(static_cast<uint8_t>(std::stoul(text.substr(i, 2), nullptr, 16)));
-  return out;
 }
 
 std::string human(uint64_t bytes) {
@@ -125,12 +112,13 @@ void pump(Transport& transport, std::vector<TransportEvent>& events, Done done) 
 
 int run_peer(const BenchOptions& o, uint64_t region_size) {
   End end(o, device_selector(o.memory), region_size);
-  std::cout << "ENDPOINT " << hex(end.transport->endpoint()) << "\nREGION "
-            << hex(end.region->describe()) << std::endl;
+  std::cout << "ENDPOINT " << to_hex(end.transport->endpoint()) << "\nREGION "
+            << to_hex(end.region->describe()) << std::endl;
   std::string endpoint, region;
   if (!std::getline(std::cin, endpoint) || !std::getline(std::cin, region)) return 2;
-  auto connection = end.transport->connect(unhex(endpoint.substr(9)), kWait);
-  auto target = connection->import_region(unhex(region.substr(7)));
+  auto connection =
+      end.transport->connect(from_hex(endpoint.substr(9), "the endpoint line"), kWait);
+  auto target = connection->import_region(from_hex(region.substr(7), "the region line"));
   uint64_t counted = 0;
   // "count N": answer once N bandwidth writes were notified (or after kWait with what arrived).
   // Control messages and notifications may travel on different channels (verbs: a socket and the
@@ -341,10 +329,10 @@ void run_bench(const BenchOptions& o) {
                                         "--sizes",         human(max_size)};
   if (o.busy_poll) peer_args.push_back("--busy-poll");
   ChildProcess peer(peer_args);
-  auto peer_endpoint = unhex(peer.read_line(kWait).substr(9));
-  auto peer_region = unhex(peer.read_line(kWait).substr(7));
-  peer.write("ENDPOINT " + hex(end->transport->endpoint()) + "\nREGION " +
-             hex(end->region->describe()) + "\n");
+  auto peer_endpoint = from_hex(peer.read_line(kWait).substr(9), "the peer's endpoint line");
+  auto peer_region = from_hex(peer.read_line(kWait).substr(7), "the peer's region line");
+  peer.write("ENDPOINT " + to_hex(end->transport->endpoint()) + "\nREGION " +
+             to_hex(end->region->describe()) + "\n");
   auto connection = end->transport->connect(peer_endpoint, kWait);
   auto target = connection->import_region(peer_region);
 

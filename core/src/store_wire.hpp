@@ -1,0 +1,66 @@
+// The embedded TCP store's wire protocol, version 1: frame layout, encoding and checked decoding.
+//
+// Every integer is little-endian. A client sends requests and reads one reply to each, in order,
+// on one connection.
+//   request:  u32 magic "HMKV" | u8 version | u8 op | u16 zero | u32 key_len | u32 value_len
+//             | key | value
+//   reply:    u32 magic "HMKV" | u8 version | u8 status | u16 zero | u32 value_len | value
+// Ops and their request values: set (the value), get (u64 wait in ms), try_get (none),
+// add (i64 delta), erase (none). Replies: ok with the value (get, try_get), the new counter as
+// i64 (add) or nothing; not_found (try_get); timeout (get); refused with a reason text (add on a
+// value that is not a counter, or an overflow).
+// Keys are 1..4096 bytes, values at most 16 MiB. A decoder never trusts a length before checking
+// it: a frame that breaks any rule throws Malformed.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hetmesh::store_wire {
+
+constexpr uint32_t kMagic = 0x564b4d48;  // "HMKV" as little-endian bytes
+constexpr uint8_t kVersion = 1;
+constexpr size_t kRequestHeaderBytes = 16;
+constexpr size_t kReplyHeaderBytes = 12;
+
+enum Op : uint8_t { kSet = 1, kGet = 2, kTryGet = 3, kAdd = 4, kErase = 5 };
+enum Status : uint8_t { kOk = 0, kNotFound = 1, kTimedOut = 2, kRefused = 3 };
+
+// Longest server-side wait of a get; keeps deadlines far from overflow.
+constexpr std::chrono::milliseconds kMaxWait{24LL * 3600 * 1000};
+
+// "set", "get", ...; "unknown op" for any other value.
+const char* op_name(uint8_t op);
+
+void put_u64(uint8_t* p, uint64_t v);
+uint64_t get_u64(const uint8_t* p);
+// An i64 value (add's delta and its reply) as 8 bytes.
+std::vector<uint8_t> encode_i64(int64_t v);
+
+// A request or reply header: the two share magic, version and value_len.
+struct Frame {
+  uint8_t code = 0;  // op of a request, status of a reply
+  uint32_t key_length = 0;
+  uint32_t value_length = 0;
+};
+
+// A request's header and key (its value follows on the wire).
+std::vector<uint8_t> encode_request(Op op, const std::string& key, size_t value_length);
+// A whole reply.
+std::vector<uint8_t> encode_reply(Status status, const std::vector<uint8_t>& value);
+
+// A peer broke the protocol; the message says how.
+class Malformed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Checks a received header (kRequestHeaderBytes or kReplyHeaderBytes of it) and its lengths.
+Frame decode_request(const uint8_t* raw);
+Frame decode_reply(const uint8_t* raw);
+
+}  // namespace hetmesh::store_wire

@@ -1,0 +1,158 @@
+// The embedded TCP store's client: connect_tcp_store and the KeyValueStore it returns.
+//
+// Requests go over a small pool of connections: a get() blocked on one connection does not hold
+// up other threads' calls (a barrier needs them), and a connection that failed mid-request is
+// dropped, never reused out of step. Every request's round trip is bounded by a deadline.
+#include "store_wire.hpp"
+
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/socket.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <utility>
+
+namespace hetmesh {
+namespace {
+
+using namespace store_wire;
+using std::chrono::milliseconds;
+
+// How long connect_tcp_store waits between attempts while the server does not listen yet.
+constexpr milliseconds kConnectRetry{10};
+
+class TcpStoreClient final : public KeyValueStore {
+ public:
+  TcpStoreClient(std::string address, std::vector<net::Address> resolved, net::Fd first,
+                 milliseconds io_timeout)
+      : address_(std::move(address)), resolved_(std::move(resolved)), io_timeout_(io_timeout) {
+    idle_.push_back(std::move(first));
+  }
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    call(kSet, key, value, milliseconds(0));
+  }
+
+  std::vector<uint8_t> get(const std::string& key, milliseconds timeout) override {
+    timeout = std::clamp(timeout, milliseconds(0), kMaxWait);
+    std::vector<uint8_t> wait(8);
+    put_u64(wait.data(), static_cast<uint64_t>(timeout.count()));
+    auto [status, value] = call(kGet, key, wait, timeout);
+    if (status == kTimedOut)
+      throw Error(HM_ERR_TIMEOUT, fmt::format("{}: key '{}' did not appear within {} ms",
+                                              describe(), key, timeout.count()));
+    return value;
+  }
+
+  std::optional<std::vector<uint8_t>> try_get(const std::string& key) override {
+    auto [status, value] = call(kTryGet, key, {}, milliseconds(0));
+    if (status == kNotFound) return std::nullopt;
+    return value;
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    auto [status, value] = call(kAdd, key, encode_i64(delta), milliseconds(0));
+    if (status == kRefused)
+      throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{}: add to '{}': {}", describe(), key,
+                                                       std::string(value.begin(), value.end())));
+    if (value.size() != 8)
+      throw Error(kStatusProtocolError,
+                  fmt::format("{}: add to '{}': the reply holds {} bytes, not a counter",
+                              describe(), key, value.size()));
+    return static_cast<int64_t>(get_u64(value.data()));
+  }
+
+  void erase(const std::string& key) override { call(kErase, key, {}, milliseconds(0)); }
+
+  std::string describe() const override { return "tcp store " + address_; }
+
+ private:
+  struct Result {
+    Status status;
+    std::vector<uint8_t> value;
+  };
+  static constexpr size_t kMaxIdle = 4;
+
+  // One request and its reply. `wait` is how long the server may hold the reply back (get).
+  Result call(Op op, const std::string& key, const std::vector<uint8_t>& value, milliseconds wait) {
+    if (key.empty() || key.size() > kMaxKeyBytes)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: {}: key of {} bytes is outside 1..{}", describe(), op_name(op),
+                              key.size(), kMaxKeyBytes));
+    if (value.size() > kMaxValueBytes)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: {} '{}': value of {} bytes exceeds {}", describe(), op_name(op),
+                              key, value.size(), kMaxValueBytes));
+    auto fail = [&](hm_status status, const std::string& why) {
+      return Error(status, fmt::format("{}: {} '{}': {}", describe(), op_name(op), key, why));
+    };
+    net::Deadline deadline = net::Clock::now() + io_timeout_ + wait;
+    net::Fd fd =
+        acquire(deadline, [&](const std::string& why) { return fail(kStatusPeerLost, why); });
+    try {
+      std::vector<uint8_t> head = encode_request(op, key, value.size());
+      net::send_all(fd.get(), head.data(), head.size(), "the request", deadline);
+      net::send_all(fd.get(), value.data(), value.size(), "the value", deadline);
+      uint8_t raw[kReplyHeaderBytes];
+      if (!net::recv_exact(fd.get(), raw, sizeof raw, "the reply", deadline))
+        throw Error(kStatusPeerLost, "the store closed the connection");
+      Frame frame = decode_reply(raw);
+      Result result{static_cast<Status>(frame.code), std::vector<uint8_t>(frame.value_length)};
+      net::recv_all(fd.get(), result.value.data(), result.value.size(), "the reply value",
+                    deadline);
+      release(std::move(fd));
+      return result;
+    } catch (const Malformed& e) {
+      throw fail(kStatusProtocolError, fmt::format("bad reply: {}", e.what()));
+    } catch (const Error& e) {
+      if (e.status() == HM_ERR_TIMEOUT)
+        throw fail(HM_ERR_TIMEOUT,
+                   fmt::format("no reply within {} ms", (io_timeout_ + wait).count()));
+      throw fail(e.status(), fmt::format("{} (is the store's host still running?)", e.what()));
+    }
+  }
+
+  // An idle connection, or a new one. Unlike the first connect, this one does not retry: the
+  // store was up, so a refusal now means it is gone.
+  template <typename Fail>
+  net::Fd acquire(const net::Deadline& deadline, Fail fail) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!idle_.empty()) {
+        net::Fd fd = std::move(idle_.back());
+        idle_.pop_back();
+        return fd;
+      }
+    }
+    int error = 0;
+    for (const net::Address& a : resolved_)
+      if (net::Fd fd = net::try_connect(a, deadline, error)) return fd;
+    throw fail(fmt::format("cannot reconnect: {} (is the store's host still running?)",
+                           std::strerror(error)));
+  }
+
+  void release(net::Fd fd) {
+    std::lock_guard lock(mutex_);
+    if (idle_.size() < kMaxIdle) idle_.push_back(std::move(fd));
+  }
+
+  std::string address_;
+  std::vector<net::Address> resolved_;
+  milliseconds io_timeout_;
+  std::mutex mutex_;  // guards idle_
+  std::vector<net::Fd> idle_;
+};
+
+}  // namespace
+
+std::unique_ptr<KeyValueStore> connect_tcp_store(const std::string& address, milliseconds timeout) {
+  std::vector<net::Address> found = net::resolve(address, /*passive=*/false, "store address");
+  // The server may simply not listen yet: refused connections are retried until the timeout.
+  net::Fd fd = net::connect_with_retry(found, timeout, kConnectRetry, "tcp store " + address);
+  return std::make_unique<TcpStoreClient>(address, std::move(found), std::move(fd), timeout);
+}
+
+}  // namespace hetmesh

@@ -1,0 +1,289 @@
+// The embedded TCP store's server: TcpStoreServer, an in-memory map served over the protocol of
+// store_wire.hpp.
+//
+// Concurrency: an accept thread, and one thread per client; a get waits on a condition variable
+// signalled by every set and add. Once a request has started, every wait is bounded by a deadline,
+// so a dead or stalled client costs a timeout, never a hang; the destructor shuts every socket
+// down, which wakes each thread. The server closes the connection of a client that breaks any
+// rule of the protocol, logging why.
+#include "store_wire.hpp"
+
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/socket.hpp>
+
+#include <fmt/format.h>
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+
+namespace hetmesh {
+namespace {
+
+using namespace store_wire;
+using net::Clock;
+using net::Fd;
+using std::chrono::milliseconds;
+
+// Once a request has started, the rest of it (and the reply) must move within this time, so a
+// client that stalls mid-frame cannot hold its server thread forever.
+constexpr milliseconds kFrameTimeout{10000};
+// How often a server thread waiting in get() checks that its client is still there.
+constexpr milliseconds kHangupCheck{250};
+// Connections beyond this are refused: each costs a thread.
+constexpr size_t kMaxClients = 1024;
+
+}  // namespace
+
+class TcpStoreServer::Impl {
+ public:
+  explicit Impl(const std::string& listen);
+  ~Impl();
+  const std::string& address() const { return address_; }
+
+ private:
+  struct Client {
+    Fd fd;
+    std::string peer;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  struct Reply {
+    Status status = kOk;
+    std::vector<uint8_t> value;
+  };
+
+  void accept_loop();
+  void accept_one();
+  void wake();
+  void reap();
+  void serve(Client& client);
+  bool serve_one(Client& client);
+  // Returns nullopt when the server is stopping and the request gets no reply.
+  std::optional<Reply> execute(int fd, const Frame& frame, const std::string& key,
+                               std::vector<uint8_t> value);
+  Reply add(const std::string& key, int64_t delta);
+
+  std::string address_;
+  Fd listener_;
+  Fd wake_;  // eventfd: wakes the accept thread to reap a finished client, or to stop
+
+  std::mutex mutex_;  // guards data_ and stopping_
+  std::condition_variable changed_;
+  std::unordered_map<std::string, std::vector<uint8_t>> data_;
+  std::atomic<bool> stopping_{false};
+
+  // Touched only by the accept thread while it runs, and by the destructor after it joined.
+  std::list<Client> clients_;
+  std::thread acceptor_;
+};
+
+TcpStoreServer::Impl::Impl(const std::string& listen) {
+  listener_ = net::listen_on(net::resolve(listen, /*passive=*/true, "store address").front(),
+                             "tcp store " + listen);
+  address_ = net::to_string(net::local_address(listener_.get()));
+  wake_ = Fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_)
+    throw Error(HM_ERR_BACKEND, fmt::format("tcp store: eventfd: {}", std::strerror(errno)));
+  acceptor_ = std::thread([this] { accept_loop(); });
+  log(LogLevel::info, "tcp store listening on {}", address_);
+}
+
+TcpStoreServer::Impl::~Impl() {
+  {
+    std::lock_guard lock(mutex_);  // so no get() misses the wake-up between check and wait
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  wake();
+  acceptor_.join();
+  // Shutting a socket down wakes its thread's wait; the thread then ends and the socket is
+  // closed only after the join, so its number cannot be reused under a running thread.
+  for (Client& client : clients_)
+    client.fd.shutdown();
+  for (Client& client : clients_)
+    client.thread.join();
+}
+
+void TcpStoreServer::Impl::accept_loop() {
+  while (!stopping_) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    int rc = ::poll(fds, 2, -1);
+    if (stopping_) return;
+    if (rc > 0 && (fds[1].revents & POLLIN)) {
+      uint64_t count;  // drains the eventfd; EAGAIN only means another read got there first
+      if (::read(wake_.get(), &count, sizeof count) < 0 && errno != EAGAIN)
+        log(LogLevel::warn, "tcp store {}: eventfd: {}", address_, std::strerror(errno));
+      reap();
+    }
+    if (rc > 0 && (fds[0].revents & POLLIN)) accept_one();
+  }
+}
+
+void TcpStoreServer::Impl::wake() {
+  uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof one) < 0)
+    log(LogLevel::warn, "tcp store {}: cannot wake the accept thread: {}", address_,
+        std::strerror(errno));
+}
+
+void TcpStoreServer::Impl::accept_one() {
+  net::Address peer;
+  Fd fd = net::accept_connection(listener_, &peer);
+  if (!fd) {
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+      // EMFILE and friends leave the connection queued: back off instead of spinning.
+      log(LogLevel::warn, "tcp store {}: accept: {}", address_, std::strerror(errno));
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return;
+  }
+  if (clients_.size() >= kMaxClients) {
+    log(LogLevel::warn, "tcp store {}: refusing {}: already {} clients", address_,
+        net::to_string(peer), kMaxClients);
+    return;
+  }
+  Client& client = clients_.emplace_back();
+  client.fd = std::move(fd);
+  client.peer = net::to_string(peer);
+  try {
+    client.thread = std::thread([this, &client] { serve(client); });
+  } catch (const std::system_error& e) {
+    log(LogLevel::warn, "tcp store {}: no thread for {}: {}", address_, client.peer, e.what());
+    clients_.pop_back();
+  }
+}
+
+void TcpStoreServer::Impl::reap() {
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (it->done) {
+      it->thread.join();
+      it = clients_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TcpStoreServer::Impl::serve(Client& client) {
+  try {
+    while (!stopping_ && serve_one(client)) {
+    }
+  } catch (const Malformed& e) {
+    log(LogLevel::warn, "tcp store {}: closing the connection from {}: malformed request: {}",
+        address_, client.peer, e.what());
+  } catch (const std::exception& e) {
+    if (!stopping_)
+      log(LogLevel::warn, "tcp store {}: closing the connection from {}: {}", address_, client.peer,
+          e.what());
+  }
+  // The peer sees the close now; the descriptor itself is closed by the accept thread after the
+  // join, so its number cannot be reused while the destructor might still shut it down.
+  client.fd.shutdown();
+  client.done = true;
+  wake();
+}
+
+bool TcpStoreServer::Impl::serve_one(Client& client) {
+  int fd = client.fd.get();
+  uint8_t raw[kRequestHeaderBytes];
+  // Clients idle between requests for as long as the job runs: only a started frame has a limit.
+  if (!net::recv_exact(fd, raw, 1, "request")) return false;
+  net::Deadline deadline = Clock::now() + kFrameTimeout;
+  net::recv_all(fd, raw + 1, sizeof raw - 1, "request header", deadline);
+  Frame frame = decode_request(raw);
+  std::string key(frame.key_length, '\0');
+  net::recv_all(fd, key.data(), key.size(), "request key", deadline);
+  std::vector<uint8_t> value(frame.value_length);
+  net::recv_all(fd, value.data(), value.size(), "request value", deadline);
+
+  std::optional<Reply> reply = execute(fd, frame, key, std::move(value));
+  if (!reply) return false;
+  std::vector<uint8_t> bytes = encode_reply(reply->status, reply->value);
+  net::send_all(fd, bytes.data(), bytes.size(), "reply", Clock::now() + kFrameTimeout);
+  return true;
+}
+
+std::optional<TcpStoreServer::Impl::Reply> TcpStoreServer::Impl::execute(
+    int fd, const Frame& frame, const std::string& key, std::vector<uint8_t> value) {
+  std::unique_lock lock(mutex_);
+  switch (frame.code) {
+    case kSet:
+      data_[key] = std::move(value);
+      lock.unlock();
+      changed_.notify_all();
+      return Reply{};
+    case kGet: {
+      milliseconds wait(static_cast<int64_t>(
+          std::min<uint64_t>(get_u64(value.data()), static_cast<uint64_t>(kMaxWait.count()))));
+      auto deadline = Clock::now() + wait;
+      auto ready = [&] { return stopping_ || data_.count(key) > 0; };
+      // Waits in slices, to notice a client that died meanwhile: its thread is freed at once
+      // rather than when its (possibly long) wait ends.
+      while (!ready() && Clock::now() < deadline) {
+        changed_.wait_until(lock, std::min(deadline, Clock::now() + kHangupCheck), ready);
+        if (!ready() && net::hung_up(fd)) return std::nullopt;
+      }
+      if (stopping_) return std::nullopt;
+      auto it = data_.find(key);
+      if (it == data_.end()) return Reply{kTimedOut, {}};
+      return Reply{kOk, it->second};
+    }
+    case kTryGet: {
+      auto it = data_.find(key);
+      if (it == data_.end()) return Reply{kNotFound, {}};
+      return Reply{kOk, it->second};
+    }
+    case kAdd: {
+      Reply reply = add(key, static_cast<int64_t>(get_u64(value.data())));
+      lock.unlock();
+      changed_.notify_all();  // the counter may be what a get() waits for
+      return reply;
+    }
+    case kErase:
+      data_.erase(key);
+      return Reply{};
+  }
+  return Reply{kRefused, {}};  // unreachable: decode_request checked the op
+}
+
+// Counters are stored as decimal text, so get() on one reads as "3".
+TcpStoreServer::Impl::Reply TcpStoreServer::Impl::add(const std::string& key, int64_t delta) {
+  auto refuse = [](const std::string& why) {
+    return Reply{kRefused, std::vector<uint8_t>(why.begin(), why.end())};
+  };
+  int64_t current = 0;
+  if (auto it = data_.find(key); it != data_.end()) {
+    const char* begin = reinterpret_cast<const char*>(it->second.data());
+    const char* end = begin + it->second.size();
+    auto [stop, ec] = std::from_chars(begin, end, current);
+    if (it->second.empty() || ec != std::errc() || stop != end)
+      return refuse("the key holds a value that is not a counter");
+  }
+  int64_t next;
+  if (__builtin_add_overflow(current, delta, &next)) return refuse("the counter would overflow");
+  std::string text = std::to_string(next);
+  data_[key].assign(text.begin(), text.end());
+  return Reply{kOk, encode_i64(next)};
+}
+
+TcpStoreServer::TcpStoreServer(const std::string& listen) : impl_(std::make_unique<Impl>(listen)) {}
+TcpStoreServer::~TcpStoreServer() = default;
+std::string TcpStoreServer::address() const {
+  return impl_->address();
+}
+
+}  // namespace hetmesh
