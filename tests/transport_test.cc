@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <csignal>
@@ -293,6 +294,20 @@ TEST_P(TransportTest, ImportRefusesForeignOrMalformedDescriptors) {
   EXPECT_THROW(connection_->import_region(local_->region->describe()), Error)
       << "imported our own region as the peer's";
   EXPECT_THROW(connection_->import_region({'n', 'o', 'p', 'e'}), Error);
+  // The peer's own descriptor with a number that does not fit its field, is negative or is not
+  // an integer: refused, never wrapped or truncated into a plausible value.
+  auto valid = nlohmann::json::parse(peer_region_.begin(), peer_region_.end());
+  ASSERT_NO_THROW(connection_->import_region(peer_region_));
+  for (auto [key, bad] : {std::pair<const char*, nlohmann::json>{"size", -1},
+                          {"size", 1.5},
+                          {"size", "64"},
+                          {"region", (uint64_t{1} << 32) + 5},
+                          {"region", -1}}) {
+    nlohmann::json d = valid;
+    d[key] = bad;
+    std::string text = d.dump();
+    EXPECT_THROW(connection_->import_region({text.begin(), text.end()}), Error) << text;
+  }
   EXPECT_THROW(local_->transport->connect({'{', '}'}, std::chrono::milliseconds(100)), Error);
 }
 

@@ -9,7 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace hetmesh::detail {
@@ -24,16 +27,32 @@ inline std::vector<uint8_t> to_bytes(const nlohmann::json& document) {
 nlohmann::json parse_descriptor(const std::vector<uint8_t>& bytes, const char* transport,
                                 const char* what);
 
-// Reads a required field of type T; throws naming the field.
+// Reads a required field of type T; throws naming the field. An integer field must hold an
+// integer that fits T exactly: a peer's -1, 2^32 + 5 or 1.5 is refused, never wrapped or cut.
 template <typename T>
 T field(const nlohmann::json& document, const char* name, const char* what) {
   auto it = document.find(name);
   if (it == document.end())
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} lacks '{}'", what, name));
-  try {
-    return it->get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} has a malformed '{}'", what, name));
+  auto malformed = [&] {
+    return Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} has a malformed '{}'", what, name));
+  };
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!it->is_number_integer()) throw malformed();
+    if (it->is_number_unsigned()) {
+      auto value = it->template get<uint64_t>();
+      if (value > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw malformed();
+      return static_cast<T>(value);
+    }
+    auto value = it->template get<int64_t>();
+    if (!std::in_range<T>(value)) throw malformed();
+    return static_cast<T>(value);
+  } else {
+    try {
+      return it->template get<T>();
+    } catch (const nlohmann::json::exception&) {
+      throw malformed();
+    }
   }
 }
 

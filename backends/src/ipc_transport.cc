@@ -76,8 +76,7 @@ IpcRegion::IpcRegion(std::shared_ptr<IpcShared> shared, uint32_t id, const Devic
       shared_(std::move(shared)),
       id_(id),
       access_(device, base, size) {
-  nlohmann::json d = {
-      {"transport", "ipc"}, {"endpoint", shared_->id}, {"region", id}, {"size", size}};
+  nlohmann::json d = region_descriptor("ipc", shared_->id, id, size);
   if (exported) {
     d["plugin"] = exported->plugin;
     d["handle"] = exported->handle;

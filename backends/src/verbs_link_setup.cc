@@ -3,6 +3,7 @@
 #include "verbs_link.hpp"
 
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/socket.hpp>
 
 #include <fmt/format.h>
 
@@ -30,31 +31,6 @@ constexpr uint8_t kQpTimeout = 16;
 constexpr uint8_t kRetryCount = 6;
 constexpr uint8_t kRnrRetry = 7;
 constexpr uint8_t kMinRnrTimer = 12;  // 0.64 ms
-
-// recv_all with a deadline, for the connection handshake.
-void recv_until(int fd, void* data, size_t size, VerbsLink::Clock::time_point deadline,
-                const char* what) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (size > 0) {
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - VerbsLink::Clock::now());
-    if (left.count() <= 0)
-      throw Error(HM_ERR_TIMEOUT, fmt::format("verbs: timed out waiting for the peer's {}", what));
-    pollfd pfd{fd, POLLIN, 0};
-    int ready = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (ready < 0 && errno != EINTR)
-      throw Error(kStatusPeerLost, fmt::format("verbs: poll: {}", std::strerror(errno)));
-    if (ready <= 0) continue;
-    ssize_t n = recv(fd, p, size, 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0)
-      throw Error(kStatusPeerLost,
-                  fmt::format("verbs: receiving the peer's {} failed: {}", what,
-                              n < 0 ? std::strerror(errno) : "peer closed the connection"));
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
 
 // TCP keepalive on the out-of-band socket, so a peer host that vanishes without a FIN is noticed
 // within about ten seconds. Unix sockets ignore this.
@@ -115,7 +91,7 @@ void VerbsLink::setup(Clock::time_point deadline) {
   // Neither side writes before the other's QP is ready to receive.
   uint8_t ready = 'R', peer_ready = 0;
   send_all(socket_.get(), &ready, 1, "ready");
-  recv_until(socket_.get(), &peer_ready, 1, deadline, "ready");
+  net::recv_all(socket_.get(), &peer_ready, 1, "the verbs peer's ready byte", deadline);
   keep_alive(socket_.get());
   log(LogLevel::info,
       "verbs: connection {} to {}: QP {} <-> {}, MTU {}, depth {}/{}, inline {}, max message {}",
@@ -190,7 +166,7 @@ QpInfo VerbsLink::local_qp_info() const {
 QpInfo VerbsLink::swap_qp_info(const QpInfo& mine, Clock::time_point deadline) {
   send_all(socket_.get(), &mine, sizeof mine, "QP info");
   QpInfo peer{};
-  recv_until(socket_.get(), &peer, sizeof peer, deadline, "QP info");
+  net::recv_all(socket_.get(), &peer, sizeof peer, "the verbs peer's QP info", deadline);
   if (peer.magic != kQpInfoMagic || peer.version != kQpInfoVersion)
     throw Error(kStatusProtocolError,
                 fmt::format("verbs: peer {} sent bad QP info (magic {:08x}, version {})", peer_id_,
