@@ -41,6 +41,8 @@ namespace hetmesh::cli {
 namespace {
 
 namespace fs = std::filesystem;
+using afd::Dtype;
+using afd::JobConfig;
 using afd::now_ns;
 
 struct AfdBenchOptions {
@@ -391,7 +393,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
   fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-bench-afd-{}", getpid());
   fs::create_directories(dir);
   fs::path config_file = dir / "job.toml";
-  std::ofstream(config_file) << to_toml(c);
+  std::ofstream(config_file) << afd::to_toml(c);
   const afd::LocalInstances local = afd::parse_instances(o.instances, c);
   afd::JobStore store(c, o.store);
   const int block_size = cpu_block_size(c, o.pin);
@@ -594,7 +596,7 @@ void add_bench_afd_command(CLI::App& bench) {
   cmd->add_option("--rank", o->rank, "internal")->group("");
   cmd->add_option("--out", o->out, "internal")->group("");
   cmd->callback([o] {
-    JobConfig c = o->config.empty() ? stepmesh_shape() : load_config(o->config);
+    JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);
     int rc = o->role == "attention"        ? run_attention(c, *o)
              : o->role == "ffn"            ? run_ffn(c, *o)
              : o->role == "bare-attention" ? run_bare_attention(c, *o)

@@ -34,6 +34,7 @@ namespace hetmesh::demo {
 namespace {
 
 namespace fs = std::filesystem;
+using afd::JobConfig;
 
 // Final results must match the reference exactly (both apply the same quantization in the same
 // order); the tolerance only absorbs a compiler contracting a multiply-add differently.
@@ -157,7 +158,7 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
   fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", getpid());
   fs::create_directories(dir);
   fs::path config_file = dir / "job.toml";
-  std::ofstream(config_file) << to_toml(c);
+  std::ofstream(config_file) << afd::to_toml(c);
 
   afd::JobStore store(c, o.store);
   fmt::print(
@@ -297,7 +298,7 @@ void add_demo_command(CLI::App& app) {
   demo->add_option("--rank", o->rank, "internal")->group("");
   demo->add_option("--out", o->out, "internal")->group("");
   demo->callback([o] {
-    JobConfig config = o->config.empty() ? JobConfig{} : load_config(o->config);
+    JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
     int rc;
     if (o->role == "attention")
       rc = run_attention(config, *o);
