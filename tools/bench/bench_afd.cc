@@ -407,36 +407,26 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
   }
   // Runs every instance of one job (the engine's, or the bare transport's) to completion.
   auto run_job = [&](const std::string& prefix) {
-    std::vector<std::unique_ptr<ChildProcess>> children;
+    afd::LocalJob job({"bench", "afd", "--config", config_file.string()}, store.address(),
+                      dir.string());
     int block = 0;  // instances on this host, in order: attention first, as in CPU numbering
-    auto spawn = [&](const std::string& role, int rank) {
-      std::vector<std::string> argv = {self_executable(), "bench", "afd", "--config",
-                                       config_file.string()};
-      for (auto [flag, value] : {std::pair<const char*, std::string>{"--role", prefix + role},
-                                 {"--rank", std::to_string(rank)},
-                                 {"--store", store.address()},
-                                 {"--out", dir.string()},
-                                 {"--iterations", std::to_string(o.iterations)},
-                                 {"--warmup", std::to_string(o.warmup)},
-                                 {"--cpu-block", std::to_string(block++)},
-                                 {"--cpu-block-size", std::to_string(block_size)}}) {
-        argv.push_back(flag);
-        argv.push_back(value);
-      }
-      children.push_back(std::make_unique<ChildProcess>(argv));
+    auto start = [&](const std::string& role, int rank) {
+      job.start(
+          prefix + role, rank,
+          {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup),
+           "--cpu-block", std::to_string(block++), "--cpu-block-size", std::to_string(block_size)});
     };
     for (int a : local.attention)
-      spawn("attention", a);
+      start("attention", a);
     for (int f : local.ffn)
-      spawn("ffn", f);
-    auto limit = std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * 10);
-    for (auto& child : children) {
-      ProcessResult r = child->wait(limit);
-      if (r.exit_code != 0)
-        throw Error(HM_ERR_INTERNAL,
-                    fmt::format("a {}benchmark process failed ({})",
-                                prefix.empty() ? "" : "bare-transport ", r.describe()));
-    }
+      start("ffn", f);
+    std::vector<afd::InstanceFailure> failures =
+        job.wait(std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * 10));
+    std::vector<std::string> failed;
+    for (const afd::InstanceFailure& failure : failures)
+      failed.push_back(failure.describe());
+    if (!failed.empty())
+      throw Error(HM_ERR_INTERNAL, fmt::format("bench afd: {}", fmt::join(failed, "; ")));
   };
   run_job("");
   if (o.bare) run_job("bare-");
