@@ -1,0 +1,223 @@
+// `hetmesh bench afd`: the AFD round trip in StepMesh's shape by default (2A2F, 128 tokens,
+// hidden 7168, fp8 A2F = 896 KiB per A, bf16 F2A = 1.75 MiB per A, 3 micro-batches), with no
+// compute, so it measures the engine and the transport. Three baselines move the same bytes in the
+// same run:
+//   - memcpy, serial and hot: one thread copies one A's round-trip bytes one buffer after another,
+//     the same small buffers every time (cache-hot): the strictest, and the target;
+//   - memcpy, parallel over the slots: one thread per (A, F) pair copies A's tokens into F's slot
+//     and F's outputs back, every pair at once, through buffers laid out and sized like the
+//     engine's slots (so the same cache footprint), one round trip per A at a time: the same bytes
+//     with the same parallelism as the engine;
+//   - the bare transport: the same processes, the same one-sided writes with notifications (A2F
+//     to every F, each F answering at once), the same micro-batches in flight, and no engine.
+// This file is the command: its options, the jobs it starts on this host, and their results.
+#include "bench_afd.hpp"
+
+#include "commands.hpp"
+
+#include <hetmesh/afd/job.hpp>
+#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/core/error.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace hetmesh::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using afd::Dtype;
+using afd::JobConfig;
+
+// CPUs per instance when the instances are pinned, or 0: with --pin auto, only where every
+// instance gets at least 4 (its comm thread, a sender per peer and the caller), and a job's
+// [affinity] section does not say otherwise.
+int cpu_block_size(const JobConfig& c, const std::string& pin) {
+  int instances = c.job.attention + c.job.ffn;
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  int size = instances > 0 ? cpus / instances : 0;
+  if (pin == "off" || size < 1) return 0;
+  if (pin == "auto" && (size < 4 || !c.affinity.comm_cpus.empty())) return 0;
+  return size;
+}
+
+JobConfig stepmesh_shape() {
+  JobConfig c;
+  c.job.attention = 2;
+  c.job.ffn = 2;
+  c.job.micro_batches = 3;
+  c.model.tokens = 128;
+  c.model.hidden = 7168;
+  c.model.experts = 8;
+  c.model.top_k = 8;
+  c.model.a2f_dtype = Dtype::fp8;
+  c.model.f2a_dtype = Dtype::bf16;
+  c.devices.attention.assign(2, "cpu:0");
+  c.devices.ffn.assign(2, "cpu:0");
+  return c;
+}
+
+// The invocation's view of the job: what runs here, where the instances meet and leave results.
+struct BenchRun {
+  const JobConfig& config;
+  const AfdBenchOptions& options;
+  afd::LocalInstances local;
+  std::string store;
+  fs::path dir;
+  int cpu_block_size;
+};
+
+// Runs this host's instances of one job (the engine's, or with prefix "bare-" the bare
+// transport's) to completion; throws naming the instances that failed.
+void run_instances(const BenchRun& run, const std::string& prefix) {
+  const AfdBenchOptions& o = run.options;
+  afd::LocalJob job({"bench", "afd", "--config", (run.dir / "job.toml").string()}, run.store,
+                    run.dir.string());
+  int block = 0;  // instances on this host, in order: attention first, as in CPU numbering
+  auto start = [&](const std::string& role, int rank) {
+    job.start(prefix + role, rank,
+              {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup),
+               "--cpu-block", std::to_string(block++), "--cpu-block-size",
+               std::to_string(run.cpu_block_size)});
+  };
+  for (int a : run.local.attention)
+    start("attention", a);
+  for (int f : run.local.ffn)
+    start("ffn", f);
+  std::vector<afd::InstanceFailure> failures =
+      job.wait(std::chrono::duration_cast<std::chrono::milliseconds>(run.config.job.timeout * 10));
+  std::vector<std::string> failed;
+  for (const afd::InstanceFailure& failure : failures)
+    failed.push_back(failure.describe());
+  if (!failed.empty())
+    throw Error(HM_ERR_INTERNAL, fmt::format("bench afd: {}", fmt::join(failed, "; ")));
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  return nlohmann::json::parse(std::ifstream(path));
+}
+
+// What the instances left in run.dir: the engine's round trips (also written as a Chrome trace
+// with --trace), throughput, registered memory and the bare transport's round trips; then the
+// memcpy baselines, measured here.
+AfdBenchResults collect(const BenchRun& run) {
+  const JobConfig& c = run.config;
+  const AfdBenchOptions& o = run.options;
+  AfdBenchResults r;
+  const afd::EngineSpec spec = afd::engine_spec(c, afd::Role::attention, 0);
+  r.a2f_bytes = spec.a2f_slot_bytes();  // tokens and routing
+  r.f2a_bytes = spec.f2a_slot_bytes();
+  r.bytes_per_round_trip = uint64_t(c.job.ffn) * (r.a2f_bytes + r.f2a_bytes);
+  r.all_instances = run.local.everything(c);
+  r.cpu_block_size = run.cpu_block_size;
+
+  std::vector<afd::AttentionTrace> traces;
+  std::vector<double> bare;
+  for (int a : run.local.attention) {
+    std::ifstream in(run.dir / fmt::format("attention{}.trace.json", a));
+    traces.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
+    auto info = read_json(run.dir / fmt::format("attention{}.info.json", a));
+    r.registered += info["registered"].get<uint64_t>();
+    double span = info["span_ns"].get<double>();
+    r.throughput_gbps += 8.0 * static_cast<double>(r.bytes_per_round_trip) *
+                         static_cast<double>(traces.back().trips.size()) / span;
+    if (o.bare) {
+      auto trips =
+          read_json(run.dir / fmt::format("bare-attention{}.json", a)).get<std::vector<double>>();
+      bare.insert(bare.end(), trips.begin(), trips.end());
+    }
+  }
+  for (int f : run.local.ffn)
+    r.registered +=
+        read_json(run.dir / fmt::format("ffn{}.info.json", f))["registered"].get<uint64_t>();
+
+  // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
+  r.metrics = afd::compute_metrics(traces, r.all_instances, c.tracing.straggler_factor);
+  if (!o.trace.empty()) afd::write_chrome_trace(o.trace, traces);
+  r.memcpy_us = c.job.ffn * (memcpy_p50_us(r.a2f_bytes, 200) + memcpy_p50_us(r.f2a_bytes, 200));
+  r.memcpy_parallel_us = memcpy_parallel_p50_us(spec, 200);
+  if (o.bare) r.bare = afd::percentiles(bare);
+  return r;
+}
+
+int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
+  fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-bench-afd-{}", getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir / "job.toml") << afd::to_toml(c);
+  const afd::LocalInstances local = afd::parse_instances(o.instances, c);
+  afd::JobStore store(c, o.store);
+  if (!local.everything(c)) {
+    fmt::print(
+        "here: attention {}, ffn {}; rendezvous store {} ({})\n",
+        local.attention.empty() ? "none" : fmt::format("{}", fmt::join(local.attention, ",")),
+        local.ffn.empty() ? "none" : fmt::format("{}", fmt::join(local.ffn, ",")), store.address(),
+        store.hosted() ? "hosted here" : "joined");
+    std::fflush(stdout);  // an invocation on another host needs the store's address now
+  }
+  const BenchRun run{c, o, local, store.address(), dir, cpu_block_size(c, o.pin)};
+  run_instances(run, "");
+  if (o.bare) run_instances(run, "bare-");
+  if (local.attention.empty()) {
+    fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",
+               fmt::join(local.ffn, ","));
+    fs::remove_all(dir);
+    return 0;
+  }
+  AfdBenchResults results = collect(run);
+  fs::remove_all(dir);
+  report(c, o, results);
+  return 0;
+}
+
+int run_role(const JobConfig& c, const AfdBenchOptions& o) {
+  if (o.role == "attention") return run_attention(c, o);
+  if (o.role == "ffn") return run_ffn(c, o);
+  if (o.role == "bare-attention") return run_bare_attention(c, o);
+  if (o.role == "bare-ffn") return run_bare_ffn(c, o);
+  return run_bench(c, o);
+}
+
+}  // namespace
+
+void add_bench_afd_command(CLI::App& bench) {
+  auto o = std::make_shared<AfdBenchOptions>();
+  CLI::App* cmd = bench.add_subcommand("afd", "AFD round trips, StepMesh's shape by default");
+  cmd->add_option("--config", o->config, "job config (TOML); default: StepMesh's 2A2F shape");
+  cmd->add_option("--iterations", o->iterations, "measured round trips per micro-batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--warmup", o->warmup, "unmeasured round trips first")->capture_default_str();
+  cmd->add_option("--json", o->json, "also write the results here");
+  cmd->add_option("--trace", o->trace,
+                  "write the engine's round trips here as a Chrome trace (Perfetto)");
+  cmd->add_option("--pin", o->pin,
+                  "pin each instance (engine and bare transport) to a block of CPUs: auto (when "
+                  "each gets 4 or more), on, off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  cmd->add_flag("!--no-bare", o->bare,
+                "skip the bare-transport baseline (it runs the job a second time)");
+  cmd->add_option("--instances", o->instances,
+                  "start only these instances here: attention, ffn, attention:0,1, ffn:2-3 "
+                  "(default: all); for jobs on several hosts, see docs/launching.md");
+  cmd->add_option("--store", o->store,
+                  "join the rendezvous store at HOST:PORT instead of hosting it");
+  cmd->add_option("--role", o->role, "internal")->group("");
+  cmd->add_option("--cpu-block", o->cpu_block, "internal")->group("");
+  cmd->add_option("--cpu-block-size", o->cpu_block_size, "internal")->group("");
+  cmd->add_option("--rank", o->rank, "internal")->group("");
+  cmd->add_option("--out", o->out, "internal")->group("");
+  cmd->callback([o] {
+    JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);
+    if (int rc = run_role(c, *o); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace hetmesh::cli
