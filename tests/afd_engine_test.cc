@@ -129,22 +129,25 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
 }
 
 int child_main(int argc, char** argv) {
-  // --role ROLE RANK ATTENTION FFN GATHER TRANSPORT STORE [ROUNDS AFTER | DEFECT]
+  // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN GATHER TRANSPORT
+  //   [ROUNDS [AFTER] | DEFECT]                      (LocalJob's arguments, then the test's)
+  if (argc < 13) return 2;
   std::string role = argv[2];
-  int rank = std::stoi(argv[3]);
-  EngineSpec spec = small_spec(std::stoi(argv[4]), std::stoi(argv[5]),
-                               std::string(argv[6]) == "eager" ? Gather::eager : Gather::all,
-                               parse_transport_kind(argv[7]));
+  int rank = std::stoi(argv[4]);
+  EngineSpec spec = small_spec(std::stoi(argv[9]), std::stoi(argv[10]),
+                               std::string(argv[11]) == "eager" ? Gather::eager : Gather::all,
+                               parse_transport_kind(argv[12]));
   spec.rank = rank;
   try {
-    auto store = connect_tcp_store(argv[8], kTimeout);
+    auto store = connect_tcp_store(argv[6], kTimeout);
     if (role == "ffn") {
       spec.role = Role::ffn;
       return run_ffn(spec, *store);
     }
     spec.role = Role::attention;
-    if (role == "rogue") return run_rogue(spec, *store, argv[9]);
-    return run_attention(spec, *store, std::stoi(argv[9]), argc > 10 ? argv[10] : "");
+    if (argc < 14) return 2;
+    if (role == "rogue") return run_rogue(spec, *store, argv[13]);
+    return run_attention(spec, *store, std::stoi(argv[13]), argc > 14 ? argv[14] : "");
   } catch (const Error& e) {
     std::cout << "error " << status_name(e.status()) << ": " << e.what() << std::endl;
     return 1;
@@ -153,18 +156,17 @@ int child_main(int argc, char** argv) {
 
 // ---- the tests ----
 
+// A job of this binary's child roles, started by the launcher that `hetmesh demo` uses.
 struct Job {
   TcpStoreServer store{"127.0.0.1:0"};
-  std::vector<std::unique_ptr<ChildProcess>> children;
+  LocalJob instances{{}, store.address(), testing::TempDir()};
+  std::vector<ChildProcess*> children;
 
   ChildProcess& spawn(const std::string& role, int rank, int a, int f, const char* gather,
                       TransportKind kind, std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {
-        self_executable(), "--role",          role,   std::to_string(rank),
-        std::to_string(a), std::to_string(f), gather, to_string(kind),
-        store.address()};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    children.push_back(std::make_unique<ChildProcess>(argv));
+    std::vector<std::string> args = {std::to_string(a), std::to_string(f), gather, to_string(kind)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    children.push_back(&instances.start(role, rank, args));
     return *children.back();
   }
 };

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace hetmesh {
+namespace hetmesh::afd {
 namespace {
 
 // The message of the Error that parsing `text` throws; fails the test if it parses.
@@ -32,7 +32,7 @@ TEST(ConfigTest, EmptyFileIsA1A1FJobOnCpuOverAutoTransport) {
   EXPECT_EQ(c.job.ffn, 1);
   EXPECT_EQ(c.devices.attention, std::vector<std::string>{"cpu:0"});
   EXPECT_EQ(c.devices.ffn, std::vector<std::string>{"cpu:0"});
-  EXPECT_EQ(c.transport.kind, TransportChoice::automatic);
+  EXPECT_EQ(c.transport.kind, std::nullopt);  // "auto"
   EXPECT_EQ(c.rendezvous.kind, RendezvousKind::tcp);
   EXPECT_EQ(c.job.timeout, std::chrono::milliseconds(10000));
   EXPECT_LE(c.model.top_k, c.model.experts);
@@ -80,7 +80,7 @@ poller_cpu = 4
 )",
                              "full.toml");
   EXPECT_EQ(c.job.attention, 2);
-  EXPECT_EQ(c.job.gather, GatherMode::eager);
+  EXPECT_EQ(c.job.gather, Gather::eager);
   EXPECT_EQ(c.job.timeout, std::chrono::milliseconds(2500));
   EXPECT_EQ(c.model.hidden, 7168);
   EXPECT_EQ(c.model.f2a_dtype, Dtype::fp32);
@@ -92,7 +92,7 @@ poller_cpu = 4
   EXPECT_EQ(c.plugins.options.at("asic_stub"),
             "copy_bandwidth_gbps=32.5;copy_latency_us=2;trace=true");
   EXPECT_EQ(c.plugins.options.at("cpu"), "threads=4;pin=false");
-  EXPECT_EQ(c.transport.kind, TransportChoice::verbs);
+  EXPECT_EQ(c.transport.kind, TransportKind::verbs);
   EXPECT_EQ(c.transport.rdma_device, "mlx5_0");
   EXPECT_EQ(c.transport.gid_index, 3);
   EXPECT_EQ(c.rendezvous.address, "[::1]:29500");
@@ -109,7 +109,7 @@ TEST(ConfigTest, DtypeSizes) {
   EXPECT_EQ(dtype_bytes(Dtype::fp16), 2u);
   EXPECT_EQ(dtype_bytes(Dtype::fp32), 4u);
   EXPECT_STREQ(to_string(Dtype::bf16), "bf16");
-  EXPECT_STREQ(to_string(TransportChoice::automatic), "auto");
+  EXPECT_STREQ(to_string(std::optional<TransportKind>()), "auto");
 }
 
 TEST(ConfigTest, UnknownKeySuggestsTheClosestOne) {
@@ -286,13 +286,13 @@ TEST(ConfigTest, LoadConfigReportsTheFilePath) {
 TEST(ConfigTest, ToTomlReadsBackToTheSameConfig) {
   JobConfig c;
   c.job.attention = 3;
-  c.job.gather = GatherMode::eager;
+  c.job.gather = Gather::eager;
   c.model.experts = 6;
   c.model.a2f_dtype = Dtype::fp16;
   c.devices.attention = {"cpu:0", "asic_stub:1", "cpu:0"};  // not uniform: printed as an array
   c.plugins.paths = {"/tmp/a \"quoted\" path\\x.so"};
   c.plugins.options["asic_stub"] = "copy_latency_us=2";
-  c.transport.kind = TransportChoice::tcp;
+  c.transport.kind = TransportKind::tcp;
   c.tracing.straggler_factor = 2.0;
   c.tracing.chrome_trace = "trace\tfile.json";
   c.affinity.comm_cpus = {0, 5};
@@ -332,4 +332,4 @@ TEST(ConfigExamples, StepMeshShape) {
 }
 
 }  // namespace
-}  // namespace hetmesh
+}  // namespace hetmesh::afd

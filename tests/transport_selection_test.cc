@@ -160,14 +160,12 @@ TEST(ChooseTransport, ThisHostAgreesWithSysfs) {
 
 // The AFD job config goes through the same function: `auto` is ipc (one host), a named one wins.
 TEST(ChooseTransport, SingleHostJobUsesIt) {
-  JobConfig config;
+  afd::JobConfig config;
   TransportSelection choice = afd::single_host_transport_choice(config);
   EXPECT_EQ(choice.kind, TransportKind::ipc) << choice.reason;
   EXPECT_TRUE(contains(choice.reason, "this node")) << choice.reason;
-  for (auto [named, kind] : {std::pair{TransportChoice::tcp, TransportKind::tcp},
-                             std::pair{TransportChoice::verbs, TransportKind::verbs},
-                             std::pair{TransportChoice::ipc, TransportKind::ipc}}) {
-    config.transport.kind = named;
+  for (TransportKind kind : {TransportKind::tcp, TransportKind::verbs, TransportKind::ipc}) {
+    config.transport.kind = kind;
     EXPECT_EQ(afd::single_host_transport(config), kind);
     EXPECT_EQ(afd::engine_spec(config, afd::Role::attention, 0).transport.kind, kind);
   }

@@ -1,24 +1,11 @@
+// From a job config to an instance's engine spec and the plugins it loads (job.hpp).
 #include <hetmesh/afd/job.hpp>
 
 namespace hetmesh::afd {
 
 TransportSelection single_host_transport_choice(const JobConfig& c) {
-  std::optional<TransportKind> forced;
-  switch (c.transport.kind) {
-    case TransportChoice::automatic:
-      break;
-    case TransportChoice::ipc:
-      forced = TransportKind::ipc;
-      break;
-    case TransportChoice::tcp:
-      forced = TransportKind::tcp;
-      break;
-    case TransportChoice::verbs:
-      forced = TransportKind::verbs;
-      break;
-  }
   // Every instance of a single-host job is a process of this host, so its peers share the node.
-  return choose_transport(forced, /*same_node=*/true, c.transport.rdma_device);
+  return choose_transport(c.transport.kind, /*same_node=*/true, c.transport.rdma_device);
 }
 
 TransportKind single_host_transport(const JobConfig& c) {
@@ -37,7 +24,7 @@ EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
   spec.top_k = static_cast<uint32_t>(c.model.top_k);
   spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
   spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
-  spec.gather = c.job.gather == GatherMode::eager ? Gather::eager : Gather::all;
+  spec.gather = c.job.gather;
   spec.timeout = c.job.timeout;
   spec.transport.kind = single_host_transport(c);
   spec.transport.listen_host = c.transport.listen_host;

@@ -34,6 +34,7 @@ namespace hetmesh::demo {
 namespace {
 
 namespace fs = std::filesystem;
+using afd::JobConfig;
 
 // Final results must match the reference exactly (both apply the same quantization in the same
 // order); the tolerance only absorbs a compiler contracting a multiply-add differently.
@@ -152,52 +153,24 @@ std::vector<float> read_floats(const fs::path& path, size_t count) {
   return v;
 }
 
-int run_job(const JobConfig& c, const DemoOptions& o) {
-  const afd::LocalInstances local = afd::parse_instances(o.instances, c);
-  fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", getpid());
-  fs::create_directories(dir);
-  fs::path config_file = dir / "job.toml";
-  std::ofstream(config_file) << to_toml(c);
-
-  afd::JobStore store(c, o.store);
-  fmt::print(
-      "hetmesh demo: {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
-      "hidden {}, A on {}, F on {}, transport {}\n",
-      c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
-      c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
-  if (!local.everything(c))
-    fmt::print(
-        "here: attention {}, ffn {}; rendezvous store {} ({})\n",
-        local.attention.empty() ? "none" : fmt::format("{}", fmt::join(local.attention, ",")),
-        local.ffn.empty() ? "none" : fmt::format("{}", fmt::join(local.ffn, ",")), store.address(),
-        store.hosted() ? "hosted here" : "joined");
-  std::fflush(stdout);  // an invocation on another host needs the store's address now
-  struct Child {
-    const char* role;
-    int rank;
-    std::unique_ptr<ChildProcess> process;
-  };
-  std::vector<Child> children;
-  auto spawn = [&](const char* role, int rank) {
-    children.push_back(
-        {role, rank,
-         std::make_unique<ChildProcess>(std::vector<std::string>{
-             self_executable(), "demo", "--config", config_file.string(), "--role", role, "--rank",
-             std::to_string(rank), "--store", store.address(), "--out", dir.string()})});
-  };
+// Starts this host's instances, shows attention 0's progress if it runs here, and waits for them
+// all; says which failed, if any.
+bool run_instances(const JobConfig& c, const afd::LocalInstances& local, const std::string& store,
+                   const fs::path& dir) {
+  afd::LocalJob job({"demo", "--config", (dir / "job.toml").string()}, store, dir.string());
   for (int f : local.ffn)
-    spawn("ffn", f);
-  for (int a : local.attention)
-    spawn("attention", a);
-
-  // Progress from attention 0 if it runs here, until its output closes.
-  auto limit = c.job.timeout * (c.job.layers + 2);
-  if (!local.attention.empty() && local.attention.front() == 0) {
-    ChildProcess& first_attention = *children[local.ffn.size()].process;
+    job.start("ffn", f);
+  ChildProcess* first_attention = nullptr;
+  for (int a : local.attention) {
+    ChildProcess& child = job.start("attention", a);
+    if (a == 0) first_attention = &child;
+  }
+  auto limit =
+      std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * (c.job.layers + 2));
+  if (first_attention) {  // until its output closes
     try {
       for (;;) {
-        std::string line =
-            first_attention.read_line(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
+        std::string line = first_attention->read_line(limit);
         int done = 0, total = 0;
         if (std::sscanf(line.c_str(), "progress %d %d", &done, &total) == 2 && total >= 8)
           fmt::print("  layer {}/{}\n", done, total);
@@ -205,24 +178,15 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
     } catch (const Error&) {
     }
   }
-  bool failed = false;
-  for (Child& child : children) {
-    ProcessResult r =
-        child.process->wait(std::chrono::duration_cast<std::chrono::milliseconds>(limit));
-    if (r.exit_code != 0) {
-      fmt::print(stderr, "hetmesh demo: {} {} failed ({})\n", child.role, child.rank, r.describe());
-      failed = true;
-    }
-  }
-  if (failed) return 1;
-  if (local.attention.empty()) {
-    fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",
-               fmt::join(local.ffn, ","));
-    fs::remove_all(dir);
-    return 0;
-  }
+  std::vector<afd::InstanceFailure> failures = job.wait(limit);
+  for (const afd::InstanceFailure& failure : failures)
+    fmt::print(stderr, "hetmesh demo: {}\n", failure.describe());
+  return failures.empty();
+}
 
-  // Verify against the single-process reference.
+// Compares the final hidden states of this host's attention instances with the single-process
+// reference, and says whether they match.
+bool verify(const JobConfig& c, const afd::LocalInstances& local, const fs::path& dir) {
   TinyMoe model(model_shape(c));
   const size_t n = size_t{model.shape().tokens} * model.shape().hidden;
   double worst = 0;
@@ -247,13 +211,17 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
                "hetmesh demo: MISMATCH against the single-process reference: max |diff| "
                "{:.3g} > tolerance {:.1g} at {}\n",
                worst, kTolerance, where);
-    return 1;
+    return false;
   }
   fmt::print(
       "verified: final hidden states of {} attention x {} micro-batches match the "
       "single-process reference (max |diff| {:.3g}, tolerance {:.1g})\n",
       local.attention.size(), c.job.micro_batches, worst, kTolerance);
+  return true;
+}
 
+// The latency breakdown of this host's attention instances, and their Chrome trace.
+void report(const JobConfig& c, const afd::LocalInstances& local, const fs::path& dir) {
   std::vector<afd::AttentionTrace> traces;
   for (int a : local.attention) {
     std::ifstream in(dir / fmt::format("attention{}.trace.json", a));
@@ -276,6 +244,36 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
     fmt::print("\ntrace: {} (open in https://ui.perfetto.dev or chrome://tracing)\n",
                fs::absolute(c.tracing.chrome_trace).string());
   }
+}
+
+int run_job(const JobConfig& c, const DemoOptions& o) {
+  const afd::LocalInstances local = afd::parse_instances(o.instances, c);
+  fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir / "job.toml") << afd::to_toml(c);
+
+  afd::JobStore store(c, o.store);
+  fmt::print(
+      "hetmesh demo: {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
+      "hidden {}, A on {}, F on {}, transport {}\n",
+      c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
+      c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
+  if (!local.everything(c))
+    fmt::print(
+        "here: attention {}, ffn {}; rendezvous store {} ({})\n",
+        local.attention.empty() ? "none" : fmt::format("{}", fmt::join(local.attention, ",")),
+        local.ffn.empty() ? "none" : fmt::format("{}", fmt::join(local.ffn, ",")), store.address(),
+        store.hosted() ? "hosted here" : "joined");
+  std::fflush(stdout);  // an invocation on another host needs the store's address now
+
+  if (!run_instances(c, local, store.address(), dir)) return 1;
+  if (local.attention.empty())
+    fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",
+               fmt::join(local.ffn, ","));
+  else if (verify(c, local, dir))
+    report(c, local, dir);
+  else
+    return 1;
   fs::remove_all(dir);
   return 0;
 }
@@ -297,7 +295,7 @@ void add_demo_command(CLI::App& app) {
   demo->add_option("--rank", o->rank, "internal")->group("");
   demo->add_option("--out", o->out, "internal")->group("");
   demo->callback([o] {
-    JobConfig config = o->config.empty() ? JobConfig{} : load_config(o->config);
+    JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
     int rc;
     if (o->role == "attention")
       rc = run_attention(config, *o);

@@ -9,7 +9,7 @@
 
 namespace hetmesh::demo {
 
-using hetmesh::Dtype;
+using afd::Dtype;
 
 // Stores `value` as element `index` of an array of `t` at `base`, and loads it back as float.
 void store(Dtype t, void* base, size_t index, float value);

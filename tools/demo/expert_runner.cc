@@ -88,7 +88,7 @@ static_assert(HM_DEMO_FP8 == static_cast<int>(Dtype::fp8) &&
                   HM_DEMO_BF16 == static_cast<int>(Dtype::bf16) &&
                   HM_DEMO_FP16 == static_cast<int>(Dtype::fp16) &&
                   HM_DEMO_FP32 == static_cast<int>(Dtype::fp32),
-              "the CUDA kernel's element type codes are hetmesh::Dtype's");
+              "the CUDA kernel's element type codes are hetmesh::afd::Dtype's");
 
 // cuda: the kernel is in libhetmesh-demo-cuda.so (built by nvcc, installed beside the plugins),
 // launched on the plugin's own CUDA stream through the cuda plugin's "hm.cuda.native" extension.

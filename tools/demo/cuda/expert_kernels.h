@@ -16,7 +16,7 @@ extern "C" {
 
 #define HM_DEMO_CUDA_RUN_EXPERTS "hm_demo_cuda_run_experts"
 
-/* Element types, in hetmesh::Dtype's order. */
+/* Element types, in hetmesh::afd::Dtype's order. */
 enum { HM_DEMO_FP8 = 0, HM_DEMO_BF16 = 1, HM_DEMO_FP16 = 2, HM_DEMO_FP32 = 3 };
 
 typedef struct hm_demo_expert_args {

@@ -31,7 +31,11 @@ class KeyValueStore;
 namespace hetmesh::afd {
 
 enum class Role { attention, ffn };
-enum class Gather { all, eager };
+// How an F instance gathers a micro-batch.
+enum class Gather {
+  all,   // wait for every A instance's tokens, then run the experts once
+  eager  // serve each A as it arrives, so one slow A does not stall the others
+};
 
 struct EngineSpec {
   Role role = Role::attention;

@@ -10,32 +10,32 @@
 // Plugin names in device selectors are checked later, by the loader, not here.
 #pragma once
 
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/transport/transport.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace hetmesh {
+namespace hetmesh::afd {
 
 // Element types on the wire. Sizes: fp8 1, bf16 2, fp16 2, fp32 4 bytes.
 enum class Dtype { fp8, bf16, fp16, fp32 };
 size_t dtype_bytes(Dtype dtype);
 const char* to_string(Dtype dtype);  // "fp8", ...
 
-// How an F instance gathers a micro-batch.
-enum class GatherMode {
-  all,   // wait for every A instance's tokens, then run the experts once
-  eager  // serve each A as it arrives, so one slow A does not stall the others
-};
-const char* to_string(GatherMode mode);  // "all", "eager"
+// [job] gather: how an F instance gathers a micro-batch (Gather, engine.hpp).
+const char* to_string(Gather gather);  // "all", "eager"
 
-// The transport, or `automatic`: ipc when every peer shares this host, else verbs when an RDMA
-// device is usable, else tcp (decided by the engine, which knows where its peers are).
-enum class TransportChoice { automatic, ipc, tcp, verbs };
-const char* to_string(TransportChoice choice);  // "auto", "ipc", "tcp", "verbs"
+// [transport] kind: a transport, or "auto" (nullopt): ipc when every peer shares this host, else
+// verbs when an RDMA device is usable, else tcp (decided by choose_transport, which knows where the
+// peers are).
+const char* to_string(std::optional<TransportKind> kind);  // "auto", "ipc", "tcp", "verbs"
 
 // The key-value store used for rendezvous. "etcd" is a reserved name: rejected for now.
 enum class RendezvousKind { tcp };
@@ -46,7 +46,7 @@ struct JobSection {
   int ffn = 1;                               // F instances, 1..1024
   int micro_batches = 3;                     // in flight per A at once, 1..64
   int layers = 4;                            // demo model layers, 1..1024
-  GatherMode gather = GatherMode::all;       // "all" | "eager"
+  Gather gather = Gather::all;               // "all" | "eager"
   std::chrono::milliseconds timeout{10000};  // timeout_ms: bound on every wait, >= 1
   bool operator==(const JobSection&) const = default;
 };
@@ -83,7 +83,7 @@ struct PluginsSection {
 };
 
 struct TransportSection {
-  TransportChoice kind = TransportChoice::automatic;  // "auto" | "ipc" | "tcp" | "verbs"
+  std::optional<TransportKind> kind;      // "auto" (nullopt) | "ipc" | "tcp" | "verbs"
   std::string listen_host = "127.0.0.1";  // where tcp and the verbs out-of-band channel listen
   std::string rdma_device;                // verbs: "" = the first active RDMA device
   int gid_index = -1;                     // verbs: -1 = the first IPv4-mapped GID
@@ -131,4 +131,4 @@ JobConfig parse_config(std::string_view text, const std::string& source_name);
 // The effective configuration as TOML that parse_config reads back to an equal JobConfig.
 std::string to_toml(const JobConfig& config);
 
-}  // namespace hetmesh
+}  // namespace hetmesh::afd

@@ -1,0 +1,341 @@
+// Reading and validating the job configuration (job_config.hpp): the schema, its defaults and
+// its cross-checks, on the checked TOML reader of core (toml_reader.hpp), which rejects unknown
+// keys and prefixes every failure with "<file>:<line>:<column>: [table] key: ".
+#include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/toml_reader.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+
+namespace hetmesh::afd {
+namespace {
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+// Caps that keep every size the engine derives far from overflow.
+constexpr int64_t kMaxInstances = 1024;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxMicroBatches = 64;
+constexpr int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;  // a day; keeps deadlines representable
+constexpr uint64_t kMaxMicroBatchBytes = 4ULL << 30;   // tokens x hidden x dtype, one direction
+constexpr int64_t kMaxCpu = 1023;                      // CPU_SETSIZE - 1
+
+// The names in the file, indexed by the enums' values.
+constexpr std::array<std::string_view, 4> kDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
+constexpr std::array<std::string_view, 2> kGatherNames = {"all", "eager"};
+constexpr std::array<std::string_view, 1> kRendezvousNames = {"tcp"};
+// "auto", then the transports by name (parse_transport_kind).
+constexpr std::array<std::string_view, 4> kTransportNames = {"auto", "ipc", "tcp", "verbs"};
+
+// The plugin ABI's name grammar: [a-z0-9_]{1,32}.
+bool valid_plugin_name(std::string_view name) {
+  return !name.empty() && name.size() <= 32 && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// "name" or "name:index", normalised to "name:index".
+std::optional<std::string> normalize_selector(std::string_view text) {
+  size_t colon = text.find(':');
+  std::string_view name = text.substr(0, colon);
+  if (!valid_plugin_name(name)) return std::nullopt;
+  int index = 0;
+  if (colon != std::string_view::npos) {
+    std::string_view digits = text.substr(colon + 1);
+    if (digits.empty() || digits.size() > 6 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return std::nullopt;
+    std::from_chars(digits.data(), digits.data() + digits.size(), index);
+  }
+  return fmt::format("{}:{}", name, index);
+}
+
+// "host:port" with a numeric port; IPv6 hosts in brackets.
+bool valid_host_port(std::string_view text) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  std::string_view host = text.substr(0, colon), port = text.substr(colon + 1);
+  bool bracketed = host.front() == '[';
+  if (bracketed != (host.back() == ']') || (bracketed && host.size() < 3)) return false;
+  if (!bracketed && host.find(':') != std::string_view::npos) return false;
+  unsigned value = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  return !port.empty() && ec == std::errc() && end == port.data() + port.size() && value <= 65535;
+}
+
+// [devices] attention / ffn: one selector for every instance, or one per instance.
+std::vector<std::string> read_selectors(const TomlSection& s, std::string_view key, int count,
+                                        const char* role) {
+  const toml::table* table = s.raw();
+  const toml::node* n = table ? table->get(key) : nullptr;
+  if (!n) return std::vector<std::string>(static_cast<size_t>(count), "cpu:0");
+  auto bad = [&](const std::string& text) {
+    return fmt::format("bad device selector {} (expected name:index, e.g. \"cpu:0\")",
+                       toml_quote(text));
+  };
+  if (n->is_string()) {
+    auto selector = normalize_selector(n->as_string()->get());
+    if (!selector) s.fail(key, bad(n->as_string()->get()));
+    return std::vector<std::string>(static_cast<size_t>(count), *selector);
+  }
+  if (!n->is_array())
+    s.fail(key, fmt::format("expected a selector string or an array of them, got {}",
+                            toml_describe(*n)));
+  auto selectors = s.array<std::string>(key, "an array", [&](size_t i, const toml::node& e) {
+    if (!e.is_string())
+      s.fail_element(key, i, e,
+                     fmt::format("expected a selector string, got {}", toml_describe(e)));
+    auto selector = normalize_selector(e.as_string()->get());
+    if (!selector) s.fail_element(key, i, e, bad(e.as_string()->get()));
+    return *selector;
+  });
+  if (selectors.size() != static_cast<size_t>(count))
+    s.fail(key, fmt::format("{} selector(s) for {} {} instance(s) ([job] {} = {}); give one per "
+                            "instance or a single string for all",
+                            selectors.size(), count, role, key, count));
+  return selectors;
+}
+
+// A plugin's options as a "k=v;k=v" string: given so (checked for shape) or as a table of scalars.
+std::string read_plugin_options(const TomlReporter& reporter, const std::string& plugin,
+                                const toml::key& key, const toml::node& n) {
+  std::string label = fmt::format("[plugins.options] {}", plugin);
+  if (n.is_string()) {
+    const std::string& text = n.as_string()->get();
+    size_t start = 0;
+    while (start <= text.size()) {
+      size_t end = std::min(text.find(';', start), text.size());
+      std::string_view item(text.data() + start, end - start);
+      size_t eq = item.find('=');
+      if (!item.empty() && (eq == std::string_view::npos || eq == 0))
+        reporter.fail(key.source(),
+                      fmt::format("{}: option {} is not key=value", label, toml_quote(item)));
+      start = end + 1;
+    }
+    return text;
+  }
+  if (!n.is_table())
+    reporter.fail(key.source(),
+                  fmt::format("{}: expected a \"key=value;...\" string or a table, got {}", label,
+                              toml_describe(n)));
+  std::vector<std::string> items;
+  for (auto&& [option, value] : *n.as_table()) {
+    std::string where = fmt::format("[plugins.options.{}] {}", plugin, option.str());
+    if (option.str().find_first_of("=;") != std::string_view::npos)
+      reporter.fail(option.source(), where + ": option names cannot contain '=' or ';'");
+    std::string text;
+    if (value.is_string()) text = value.as_string()->get();
+    if (value.is_integer()) text = fmt::format("{}", value.as_integer()->get());
+    if (value.is_floating_point()) text = fmt::format("{}", value.as_floating_point()->get());
+    if (value.is_boolean()) text = value.as_boolean()->get() ? "true" : "false";
+    if (!value.is_value() || value.is_date() || value.is_time() || value.is_date_time())
+      reporter.fail(option.source(), fmt::format("{}: expected a string, number or boolean, got {}",
+                                                 where, toml_describe(value)));
+    if (text.find(';') != std::string::npos)
+      reporter.fail(option.source(), where + ": option values cannot contain ';'");
+    items.push_back(fmt::format("{}={}", option.str(), text));
+  }
+  return fmt::format("{}", fmt::join(items, ";"));
+}
+
+PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& root) {
+  static constexpr std::array<std::string_view, 2> kKeys = {"paths", "options"};
+  TomlSection s = root.table("plugins", kKeys);
+  PluginsSection out;
+  out.paths =
+      s.array<std::string>("paths", "an array of paths", [&](size_t i, const toml::node& e) {
+        if (!e.is_string() || e.as_string()->get().empty())
+          s.fail_element("paths", i, e,
+                         fmt::format("expected a non-empty path, got {}", toml_describe(e)));
+        return e.as_string()->get();
+      });
+  // Keys of [plugins.options] are plugin names, so it is read by hand rather than as a TomlSection.
+  const toml::node* options = s.raw() ? s.raw()->get("options") : nullptr;
+  if (!options) return out;
+  if (!options->is_table())
+    s.fail("options",
+           fmt::format("expected a table of plugin names, got {}", toml_describe(*options)));
+  for (auto&& [key, value] : *options->as_table()) {
+    std::string name(key.str());
+    if (!valid_plugin_name(name))
+      reporter.fail(key.source(), fmt::format("[plugins.options] {}: not a plugin name "
+                                              "([a-z0-9_], at most 32 characters)",
+                                              name));
+    out.options[name] = read_plugin_options(reporter, name, key, value);
+  }
+  return out;
+}
+
+void check_model_fits(const TomlSection& job, const TomlSection& model, const JobConfig& c) {
+  if (c.model.top_k > c.model.experts) {
+    if (model.has("top_k"))
+      model.fail("top_k",
+                 fmt::format("{} is more than experts ({})", c.model.top_k, c.model.experts));
+    model.fail("experts", fmt::format("{} is less than top_k ({}, the default)", c.model.experts,
+                                      c.model.top_k));
+  }
+  if (c.model.experts < c.job.ffn) {
+    if (model.has("experts") || !job.has("ffn"))
+      model.fail("experts", fmt::format("{} expert(s) cannot be split across {} F instances "
+                                        "([job] ffn); each F needs at least one",
+                                        c.model.experts, c.job.ffn));
+    job.fail("ffn",
+             fmt::format("{} F instances need at least {} experts, but [model] experts is {}",
+                         c.job.ffn, c.job.ffn, c.model.experts));
+  }
+  uint64_t widest = std::max(dtype_bytes(c.model.a2f_dtype), dtype_bytes(c.model.f2a_dtype));
+  uint64_t bytes =
+      static_cast<uint64_t>(c.model.tokens) * static_cast<uint64_t>(c.model.hidden) * widest;
+  if (bytes > kMaxMicroBatchBytes)
+    model.fail(model.has("hidden") ? "hidden" : "tokens",
+               fmt::format("tokens x hidden x {} bytes = {} bytes per micro-batch exceeds the "
+                           "{} GiB limit",
+                           widest, bytes, kMaxMicroBatchBytes >> 30));
+}
+
+JobConfig read_config(const TomlReporter& reporter, const toml::table& document) {
+  static constexpr std::array<std::string_view, 8> kTables = {
+      "job", "model", "devices", "plugins", "transport", "rendezvous", "tracing", "affinity"};
+  TomlSection root(reporter, document, kTables);
+  JobConfig c;
+
+  static constexpr std::array<std::string_view, 6> kJob = {"attention", "ffn",    "micro_batches",
+                                                           "layers",    "gather", "timeout_ms"};
+  TomlSection job = root.table("job", kJob);
+  c.job.attention = job.small_integer("attention", c.job.attention, 1, kMaxInstances);
+  c.job.ffn = job.small_integer("ffn", c.job.ffn, 1, kMaxInstances);
+  c.job.micro_batches =
+      job.small_integer("micro_batches", c.job.micro_batches, 1, kMaxMicroBatches);
+  c.job.layers = job.small_integer("layers", c.job.layers, 1, kMaxLayers);
+  c.job.gather = job.enumeration("gather", c.job.gather, kGatherNames);
+  c.job.timeout =
+      std::chrono::milliseconds(job.integer("timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
+
+  static constexpr std::array<std::string_view, 6> kModel = {"tokens", "hidden",    "experts",
+                                                             "top_k",  "a2f_dtype", "f2a_dtype"};
+  TomlSection model = root.table("model", kModel);
+  c.model.tokens = model.small_integer("tokens", c.model.tokens, 1, kIntMax);
+  c.model.hidden = model.small_integer("hidden", c.model.hidden, 1, kIntMax);
+  c.model.experts = model.small_integer("experts", c.model.experts, 1, kIntMax);
+  c.model.top_k = model.small_integer("top_k", c.model.top_k, 1, kIntMax);
+  c.model.a2f_dtype = model.enumeration("a2f_dtype", c.model.a2f_dtype, kDtypeNames);
+  c.model.f2a_dtype = model.enumeration("f2a_dtype", c.model.f2a_dtype, kDtypeNames);
+  check_model_fits(job, model, c);
+
+  static constexpr std::array<std::string_view, 2> kDevices = {"attention", "ffn"};
+  TomlSection devices = root.table("devices", kDevices);
+  c.devices.attention = read_selectors(devices, "attention", c.job.attention, "A");
+  c.devices.ffn = read_selectors(devices, "ffn", c.job.ffn, "F");
+
+  c.plugins = read_plugins(reporter, root);
+
+  static constexpr std::array<std::string_view, 4> kTransport = {"kind", "listen_host",
+                                                                 "rdma_device", "gid_index"};
+  TomlSection transport = root.table("transport", kTransport);
+  if (size_t kind = transport.choice("kind", 0, kTransportNames); kind != 0)
+    c.transport.kind = parse_transport_kind(std::string(kTransportNames[kind]));
+  c.transport.listen_host = transport.string("listen_host", c.transport.listen_host, false);
+  c.transport.rdma_device = transport.string("rdma_device", c.transport.rdma_device);
+  c.transport.gid_index = transport.small_integer("gid_index", c.transport.gid_index, -1, 65535);
+
+  static constexpr std::array<std::string_view, 2> kRendezvous = {"kind", "address"};
+  TomlSection rendezvous = root.table("rendezvous", kRendezvous);
+  // "etcd" is a known name, so it gets "not supported yet" rather than "unknown value".
+  static constexpr std::array<std::string_view, 2> kRendezvousKinds = {"tcp", "etcd"};
+  if (rendezvous.choice("kind", 0, kRendezvousKinds) != 0)
+    rendezvous.fail("kind", "\"etcd\" is not supported yet (use \"tcp\", the embedded store)");
+  c.rendezvous.kind = RendezvousKind::tcp;
+  c.rendezvous.address = rendezvous.string("address", c.rendezvous.address);
+  if (!valid_host_port(c.rendezvous.address))
+    rendezvous.fail("address", fmt::format("expected host:port (IPv6 as [addr]:port), got {}",
+                                           toml_quote(c.rendezvous.address)));
+
+  static constexpr std::array<std::string_view, 3> kTracing = {"enabled", "chrome_trace",
+                                                               "straggler_factor"};
+  TomlSection tracing = root.table("tracing", kTracing);
+  c.tracing.enabled = tracing.boolean("enabled", c.tracing.enabled);
+  c.tracing.chrome_trace = tracing.string("chrome_trace", c.tracing.chrome_trace);
+  c.tracing.straggler_factor =
+      tracing.number_above("straggler_factor", c.tracing.straggler_factor, 1.0);
+
+  static constexpr std::array<std::string_view, 2> kAffinity = {"comm_cpus", "poller_cpu"};
+  TomlSection affinity = root.table("affinity", kAffinity);
+  c.affinity.comm_cpus =
+      affinity.array<int>("comm_cpus", "an array of CPU ids", [&](size_t i, const toml::node& e) {
+        std::optional<int64_t> cpu =
+            e.is_integer() ? e.as_integer()->get() : std::optional<int64_t>();
+        if (!cpu || *cpu < 0 || *cpu > kMaxCpu)
+          affinity.fail_element("comm_cpus", i, e,
+                                fmt::format("expected a CPU id in 0..{}, got {}", kMaxCpu,
+                                            cpu ? fmt::format("{}", *cpu) : toml_describe(e)));
+        return static_cast<int>(*cpu);
+      });
+  c.affinity.poller_cpu = affinity.small_integer("poller_cpu", c.affinity.poller_cpu, -1, kMaxCpu);
+  return c;
+}
+
+template <size_t N>
+const char* name_of(const std::array<std::string_view, N>& names, size_t index) {
+  return index < N ? names[index].data() : "?";  // the arrays hold literals: NUL-terminated
+}
+
+}  // namespace
+
+size_t dtype_bytes(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::fp8:
+      return 1;
+    case Dtype::bf16:
+    case Dtype::fp16:
+      return 2;
+    case Dtype::fp32:
+      return 4;
+  }
+  return 0;
+}
+
+const char* to_string(Dtype dtype) {
+  return name_of(kDtypeNames, static_cast<size_t>(dtype));
+}
+const char* to_string(Gather gather) {
+  return name_of(kGatherNames, static_cast<size_t>(gather));
+}
+const char* to_string(std::optional<TransportKind> kind) {
+  return kind ? hetmesh::to_string(*kind) : kTransportNames[0].data();
+}
+const char* to_string(RendezvousKind kind) {
+  return name_of(kRendezvousNames, static_cast<size_t>(kind));
+}
+
+JobConfig parse_config(std::string_view text, const std::string& source_name) {
+  TomlReporter reporter(source_name);
+  return read_config(reporter, parse_toml(reporter, text, source_name));
+}
+
+JobConfig load_config(const std::string& path) {
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!file)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("cannot read config {}: {}", path, std::strerror(errno)));
+  std::string text;
+  char buffer[65536];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, file.get())) > 0)
+    text.append(buffer, n);
+  if (std::ferror(file.get()))  // e.g. EISDIR: fopen succeeds on a folder, reading fails
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("cannot read config {}: {}", path, std::strerror(errno)));
+  return parse_config(text, path);
+}
+
+}  // namespace hetmesh::afd

@@ -1,0 +1,71 @@
+// Writing the job configuration (job_config.hpp) as TOML: every key with its effective value, in
+// the syntax that parse_config reads back to an equal JobConfig.
+#include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/toml_reader.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace hetmesh::afd {
+namespace {
+
+std::string toml_list(const std::vector<std::string>& items) {
+  std::vector<std::string> quoted;
+  for (const auto& item : items)
+    quoted.push_back(toml_quote(item));
+  return fmt::format("[{}]", fmt::join(quoted, ", "));
+}
+
+std::string toml_selectors(const std::vector<std::string>& selectors) {
+  bool uniform = std::all_of(selectors.begin(), selectors.end(),
+                             [&](const std::string& s) { return s == selectors.front(); });
+  return uniform && !selectors.empty() ? toml_quote(selectors.front()) : toml_list(selectors);
+}
+
+// Shortest text that reads back to the same double, always with a fraction or exponent so TOML
+// reads a float.
+std::string toml_float(double value) {
+  std::string text = fmt::format("{}", value);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  return text;
+}
+
+}  // namespace
+
+std::string to_toml(const JobConfig& c) {
+  std::string out = "# hetmesh job configuration (effective values)\n";
+  out += fmt::format(
+      "\n[job]\nattention = {}\nffn = {}\nmicro_batches = {}\nlayers = {}\ngather = {}\n"
+      "timeout_ms = {}\n",
+      c.job.attention, c.job.ffn, c.job.micro_batches, c.job.layers,
+      toml_quote(to_string(c.job.gather)), c.job.timeout.count());
+  out += fmt::format(
+      "\n[model]\ntokens = {}\nhidden = {}\nexperts = {}\ntop_k = {}\na2f_dtype = {}\n"
+      "f2a_dtype = {}\n",
+      c.model.tokens, c.model.hidden, c.model.experts, c.model.top_k,
+      toml_quote(to_string(c.model.a2f_dtype)), toml_quote(to_string(c.model.f2a_dtype)));
+  out += fmt::format("\n[devices]\nattention = {}\nffn = {}\n", toml_selectors(c.devices.attention),
+                     toml_selectors(c.devices.ffn));
+  out += fmt::format("\n[plugins]\npaths = {}\n", toml_list(c.plugins.paths));
+  if (!c.plugins.options.empty()) {
+    out += "\n[plugins.options]\n";
+    for (const auto& [name, options] : c.plugins.options)
+      out += fmt::format("{} = {}\n", name, toml_quote(options));
+  }
+  out +=
+      fmt::format("\n[transport]\nkind = {}\nlisten_host = {}\nrdma_device = {}\ngid_index = {}\n",
+                  toml_quote(to_string(c.transport.kind)), toml_quote(c.transport.listen_host),
+                  toml_quote(c.transport.rdma_device), c.transport.gid_index);
+  out += fmt::format("\n[rendezvous]\nkind = {}\naddress = {}\n",
+                     toml_quote(to_string(c.rendezvous.kind)), toml_quote(c.rendezvous.address));
+  out += fmt::format("\n[tracing]\nenabled = {}\nchrome_trace = {}\nstraggler_factor = {}\n",
+                     c.tracing.enabled, toml_quote(c.tracing.chrome_trace),
+                     toml_float(c.tracing.straggler_factor));
+  out += fmt::format("\n[affinity]\ncomm_cpus = [{}]\npoller_cpu = {}\n",
+                     fmt::join(c.affinity.comm_cpus, ", "), c.affinity.poller_cpu);
+  return out;
+}
+
+}  // namespace hetmesh::afd

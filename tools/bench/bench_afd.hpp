@@ -1,0 +1,75 @@
+// `hetmesh bench afd`, shared by its files: the options, the instance roles (the engine's and the
+// bare transport's, each a child process), the memcpy baselines and the report.
+//   bench_afd.cc            the command: options, starting the jobs, collecting their results
+//   bench_afd_roles.cc      the engine's attention and FFN instances
+//   bench_afd_bare.cc       the bare-transport baseline's instances: the same writes, no engine
+//   bench_afd_memcpy.cc     the memcpy baselines
+//   bench_afd_report.cc     the table and the JSON
+#pragma once
+
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/afd/metrics.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hetmesh::cli {
+
+struct AfdBenchOptions {
+  std::string config;
+  int iterations = 200;
+  int warmup = 20;
+  std::string json;
+  std::string trace;                   // Chrome trace of the engine's round trips
+  std::string pin = "auto";            // auto, on, off: a block of CPUs per instance
+  bool bare = true;                    // also run the bare-transport baseline
+  std::vector<std::string> instances;  // the instances started here; none = all
+  std::string role;                    // internal: attention, ffn, bare-attention, bare-ffn
+  int rank = 0;
+  std::string store, out;
+  int cpu_block = 0;  // internal: this instance's CPUs are [block * size, +size); size 0: unpinned
+  int cpu_block_size = 0;
+};
+
+// ---- the instances (child processes), each writing its results under o.out ----
+
+// The engine's: attention<rank>.trace.json and .info.json (registered bytes, measured span);
+// ffn<rank>.info.json (registered bytes).
+int run_attention(const afd::JobConfig& c, const AfdBenchOptions& o);
+int run_ffn(const afd::JobConfig& c, const AfdBenchOptions& o);
+// The bare transport's: bare-attention<rank>.json (its round trips, us).
+int run_bare_attention(const afd::JobConfig& c, const AfdBenchOptions& o);
+int run_bare_ffn(const afd::JobConfig& c, const AfdBenchOptions& o);
+
+// Pins this process (every thread it starts from now on) to its block of CPUs, and gives the
+// engine's comm thread and senders one CPU each of that block.
+afd::EngineSpec pinned(afd::EngineSpec spec, const AfdBenchOptions& o);
+
+// ---- the memcpy baselines, in this process ----
+
+// p50 of one memcpy of `bytes`, the same two buffers every time (cache-hot).
+double memcpy_p50_us(uint64_t bytes, int samples);
+// p50 of one A's round trip done as memcpys with the engine's parallelism and slot layout.
+double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples);
+
+// ---- the report ----
+
+struct AfdBenchResults {
+  afd::Metrics metrics;                   // the engine's round trips
+  uint64_t a2f_bytes = 0, f2a_bytes = 0;  // one A to one F, and back, per round trip
+  uint64_t bytes_per_round_trip = 0;      // per A: ffn x (a2f + f2a)
+  double memcpy_us = 0, memcpy_parallel_us = 0;
+  std::optional<afd::Percentiles> bare;  // the bare transport's round trips, unless --no-bare
+  double throughput_gbps = 0;            // all A, both directions
+  uint64_t registered = 0;               // bytes, the instances on this host
+  bool all_instances = true;             // every instance of the job ran on this host
+  int cpu_block_size = 0;                // CPUs per pinned instance; 0 = not pinned
+};
+
+// The table on stdout; with o.json, the same as JSON there (ci/bench.sh, ci/gpu/afd_summary.py).
+void report(const afd::JobConfig& c, const AfdBenchOptions& o, AfdBenchResults& results);
+
+}  // namespace hetmesh::cli

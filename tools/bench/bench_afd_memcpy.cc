@@ -1,0 +1,88 @@
+// `hetmesh bench afd`: the memcpy baselines, run in the command's own process with the same bytes
+// as one A's round trip:
+//   - serial and hot: one thread copies the round trip's buffers one after another, the same small
+//     buffers every time (cache-hot): the strictest, and the target;
+//   - parallel over the slots: one thread per (A, F) pair, every pair at once, through buffers laid
+//     out and sized like the engine's slots (so the same cache footprint).
+#include "bench_afd.hpp"
+
+#include <algorithm>
+#include <barrier>
+#include <cstring>
+#include <thread>
+
+namespace hetmesh::cli {
+
+using afd::now_ns;
+
+// The same bytes as one A's round trip with the engine's parallelism and footprint: a thread per
+// (A, F) pair copies A's tokens and routing for micro-batch mb into F's slot for (A, mb), then F's
+// outputs for (A, mb) into A's slot for (mb, F); every pair at once; buffers laid out as the
+// engine's slots, cycling over the micro-batches. One round trip per A at a time. Returns the p50
+// over As and iterations of the time until an A's last pair is done.
+double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples) {
+  const int A = spec.attention, F = spec.ffn, M = spec.micro_batches;
+  const uint64_t a2f = spec.a2f_slot_bytes(), f2a = spec.f2a_slot_bytes();
+  auto buffers = [](int count, uint64_t bytes, uint8_t fill) {
+    std::vector<std::vector<uint8_t>> v;
+    for (int i = 0; i < count; ++i)
+      v.emplace_back(bytes, static_cast<uint8_t>(fill + i));
+    return v;
+  };
+  auto a_send = buffers(A, M * a2f, 1), a_receive = buffers(A, uint64_t(M) * F * f2a, 2);
+  auto f_receive = buffers(F, uint64_t(A) * M * a2f, 3),
+       f_send = buffers(F, uint64_t(A) * M * f2a, 4);
+  const int warmup = 5, total = warmup + samples;
+  std::vector<int64_t> end(static_cast<size_t>(A * F));
+  std::vector<double> us;
+  int64_t start = 0;
+  int phase = 0;
+  auto on_phase = [&]() noexcept {
+    if (phase % 2 == 0) {
+      start = now_ns();
+    } else if (phase / 2 >= warmup) {
+      for (int a = 0; a < A; ++a) {
+        int64_t last = 0;
+        for (int f = 0; f < F; ++f)
+          last = std::max(last, end[static_cast<size_t>(a * F + f)]);
+        us.push_back(static_cast<double>(last - start) / 1e3);
+      }
+    }
+    ++phase;
+  };
+  std::barrier sync(A * F, on_phase);
+  std::vector<std::thread> threads;
+  for (int a = 0; a < A; ++a)
+    for (int f = 0; f < F; ++f)
+      threads.emplace_back([&, a, f] {
+        auto ua = static_cast<size_t>(a), uf = static_cast<size_t>(f);
+        for (int it = 0; it < total; ++it) {
+          const uint64_t mb = static_cast<uint64_t>(it % M);
+          sync.arrive_and_wait();
+          std::memcpy(f_receive[uf].data() + (ua * M + mb) * a2f, a_send[ua].data() + mb * a2f,
+                      a2f);
+          std::memcpy(a_receive[ua].data() + (mb * F + uf) * f2a,
+                      f_send[uf].data() + (ua * M + mb) * f2a, f2a);
+          end[ua * F + uf] = now_ns();
+          sync.arrive_and_wait();
+        }
+      });
+  for (auto& t : threads)
+    t.join();
+  return afd::percentiles(us).p50;
+}
+
+double memcpy_p50_us(uint64_t bytes, int samples) {
+  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
+  std::vector<double> us;
+  for (int i = 0; i < samples + 5; ++i) {
+    int64_t t0 = now_ns();
+    std::memcpy(b.data(), a.data(), bytes);
+    int64_t t1 = now_ns();
+    if (i >= 5) us.push_back(static_cast<double>(t1 - t0) / 1e3);
+    a[static_cast<size_t>(i) % bytes] ^= b[bytes / 2];
+  }
+  return afd::percentiles(us).p50;
+}
+
+}  // namespace hetmesh::cli

@@ -1,0 +1,92 @@
+// `hetmesh bench afd`: the engine's instances. Attention keeps every micro-batch in flight for
+// warmup + iterations rounds with no compute; FFN answers each batch at once.
+#include "bench_afd.hpp"
+
+#include <hetmesh/afd/job.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sched.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace hetmesh::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using afd::JobConfig;
+using afd::now_ns;
+
+uint64_t total(const std::vector<std::pair<std::string, uint64_t>>& regions) {
+  uint64_t sum = 0;
+  for (const auto& [name, bytes] : regions)
+    sum += bytes;
+  return sum;
+}
+
+}  // namespace
+
+afd::EngineSpec pinned(afd::EngineSpec spec, const AfdBenchOptions& o) {
+  if (o.cpu_block_size <= 0) return spec;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  spec.comm_cpus.clear();
+  for (int i = 0; i < o.cpu_block_size; ++i) {
+    CPU_SET(o.cpu_block * o.cpu_block_size + i, &set);
+    spec.comm_cpus.push_back(o.cpu_block * o.cpu_block_size + i);
+  }
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    throw Error(HM_ERR_INTERNAL, fmt::format("cannot pin to CPUs {}-{}: {}", spec.comm_cpus.front(),
+                                             spec.comm_cpus.back(), std::strerror(errno)));
+  return spec;
+}
+
+int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
+  Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
+  auto store = connect_tcp_store(o.store, c.job.timeout);
+  afd::AttentionEngine engine(pinned(afd::engine_spec(c, afd::Role::attention, o.rank), o), device,
+                              *store);
+  const int M = c.job.micro_batches;
+  std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
+  afd::AttentionTrace trace{o.rank, {}};
+  int64_t measured_start = 0, measured_end = 0;
+  for (int it = 0; it < o.warmup + o.iterations; ++it) {
+    if (it == o.warmup) measured_start = now_ns();
+    for (int mb = 0; mb < M; ++mb) {
+      if (it > 0) {
+        auto trip = engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout);
+        if (it > o.warmup) trace.trips.push_back(trip);
+      }
+      handles[static_cast<size_t>(mb)] =
+          engine.push_pull(mb, static_cast<uint32_t>(c.model.tokens), {}, now_ns());
+    }
+  }
+  for (int mb = 0; mb < M; ++mb)
+    trace.trips.push_back(engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout));
+  measured_end = now_ns();
+  std::ofstream(fs::path(o.out) / fmt::format("attention{}.trace.json", o.rank))
+      << afd::trace_to_json(trace);
+  std::ofstream(fs::path(o.out) / fmt::format("attention{}.info.json", o.rank)) << nlohmann::json{
+      {"registered", total(engine.registered())},
+      {"span_ns", measured_end - measured_start}}.dump();
+  return 0;
+}
+
+int run_ffn(const JobConfig& c, const AfdBenchOptions& o) {
+  Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
+  auto store = connect_tcp_store(o.store, c.job.timeout);
+  afd::FfnEngine engine(pinned(afd::engine_spec(c, afd::Role::ffn, o.rank), o), device, *store);
+  std::ofstream(fs::path(o.out) / fmt::format("ffn{}.info.json", o.rank))
+      << nlohmann::json{{"registered", total(engine.registered())}}.dump();
+  while (auto batch = engine.get_batch(c.job.timeout))
+    engine.respond(*batch, nullptr, now_ns());
+  return 0;
+}
+
+}  // namespace hetmesh::cli
