@@ -34,11 +34,13 @@ std::string refusal_of(const std::string& path, bool isolate) {
 struct BrokenCase {
   const char* plugin;
   const char* reason;  // a substring the refusal must contain
+  const char* rule;    // the ABI rule the plugin breaks
 };
 
 class AbiRefusal : public testing::TestWithParam<BrokenCase> {};
 
 TEST_P(AbiRefusal, IsRefusedWithItsReason) {
+  HM_RULE(GetParam().rule);
   std::string reason = refusal_of(broken_plugin(GetParam().plugin), /*isolate=*/false);
   EXPECT_NE(reason.find(GetParam().reason), std::string::npos)
       << "refusal was: " << reason << "\nexpected it to mention: " << GetParam().reason;
@@ -46,27 +48,31 @@ TEST_P(AbiRefusal, IsRefusedWithItsReason) {
 
 INSTANTIATE_TEST_SUITE_P(
     Abi, AbiRefusal,
-    testing::Values(BrokenCase{"abi_wrong_major", "ABI major version 2 is not supported"},
-                    BrokenCase{"abi_short_table", "is shorter than the"},
-                    BrokenCase{"abi_missing_slot", "required slot 'memcpy_async' is NULL"},
-                    BrokenCase{"abi_init_fails", "initialize() failed with HM_ERR_BACKEND"},
-                    BrokenCase{"abi_no_entry", "does not export hm_device_plugin_v1"}),
+    testing::Values(BrokenCase{"abi_wrong_major", "ABI major version 2 is not supported", "HM-R3"},
+                    BrokenCase{"abi_short_table", "is shorter than the", "HM-R4"},
+                    BrokenCase{"abi_missing_slot", "required slot 'memcpy_async' is NULL", "HM-R4"},
+                    BrokenCase{"abi_init_fails", "initialize() failed with HM_ERR_BACKEND",
+                               "HM-R7"},
+                    BrokenCase{"abi_no_entry", "does not export hm_device_plugin_v1", "HM-R1"}),
     [](const testing::TestParamInfo<BrokenCase>& param) {
       return std::string(param.param.plugin);
     });
 
 TEST(Abi, CrashInInitializeIsRefusedWhenIsolated) {
+  HM_RULE("HM-R10");
   std::string reason = refusal_of(broken_plugin("abi_init_crashes"), /*isolate=*/true);
   EXPECT_NE(reason.find("crashed"), std::string::npos) << reason;
   EXPECT_NE(reason.find("signal 11"), std::string::npos) << reason;
 }
 
 TEST(Abi, MissingFileIsRefusedWithDlerror) {
+  HM_RULE("HM-R1");
   std::string reason = refusal_of("/nonexistent/libhetmesh-device-nothing.so", false);
   EXPECT_NE(reason.find("dlopen failed"), std::string::npos) << reason;
 }
 
 TEST(Abi, NewerMinorLoadsWithNegotiatedMinor) {
+  HM_RULE("HM-R3");
   PluginLoadOptions options;
   options.explicit_paths = {broken_plugin("abi_newer_minor")};
   options.search = false;

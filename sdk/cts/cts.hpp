@@ -4,6 +4,10 @@
 // --plugin), and over every ordered pair of them. Optional operations are gated by capability
 // bits: a test needing a bit skips without it, and a companion test checks that the operation then
 // really answers HM_ERR_NOT_SUPPORTED (or that its slot is NULL).
+//
+// Every test starts with HM_RULE("HM-R<n>"), the ABI rule (sdk/include/hetmesh/device_plugin.h)
+// its checks verify; a test that checks several rules names the next one before its checks. A
+// failing check is reported with the rule that was named last.
 #pragma once
 
 #include <hetmesh/core/device.hpp>
@@ -40,6 +44,9 @@ std::vector<PairParam> pair_params();
 std::string param_name(const testing::TestParamInfo<DeviceParam>& info);
 std::string pair_name(const testing::TestParamInfo<PairParam>& info);
 
+// Names the ABI rule that the running test's next checks verify (HM_RULE).
+void check_rule(const char* id);
+
 // "status HM_ERR_X, last_error: ..." for assertion messages.
 std::string describe(const Device& device, hm_status status);
 
@@ -73,6 +80,9 @@ void fill_pattern(void* data, uint64_t size, uint32_t seed);
 int64_t find_mismatch(const void* data, uint64_t size, uint32_t seed);
 
 }  // namespace hetmesh::cts
+
+// The ABI rule, "HM-R<n>", that the checks after it verify.
+#define HM_RULE(id) ::hetmesh::cts::check_rule(id)
 
 // Skips the current test unless the device has every bit in `caps`.
 #define HM_REQUIRE(caps, what) \

@@ -1,6 +1,10 @@
 // Properties, argument checking and memory: allocation, pointer queries, copies and fills.
 #include "cts.hpp"
 
+#include <hetmesh/core/subprocess.hpp>
+
+#include <unistd.h>
+
 #include <cstring>
 #include <thread>
 
@@ -10,6 +14,7 @@ namespace {
 constexpr hm_capabilities kKnownCapabilities = (HM_CAP_PEER_COPY << 1) - 1;
 
 TEST_P(DeviceTest, PropertiesAreComplete) {
+  HM_RULE("HM-R15");
   const hm_device_properties& p = device().properties();
   EXPECT_GT(std::strlen(p.name), 0u) << "name is empty";
   EXPECT_GT(std::strlen(p.vendor), 0u) << "vendor is empty";
@@ -31,16 +36,20 @@ TEST_P(DeviceTest, PropertiesAreComplete) {
 }
 
 TEST_P(DeviceTest, RejectsTooSmallStructSize) {
+  HM_RULE("HM-R6");
   hm_device_properties props{};
   props.struct_size = sizeof(size_t);
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().device_properties(index(), &props));
+  HM_RULE("HM-R11");
   EXPECT_STRNE(api().last_error(), "") << "a failure must leave a last_error message";
+  HM_RULE("HM-R6");
   hm_pointer_info info{};
   info.struct_size = sizeof(size_t);
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().pointer_query(&info, &info));
 }
 
 TEST_P(DeviceTest, AcceptsLargerStructSize) {
+  HM_RULE("HM-R6");
   // A newer host passes bigger structs; the plugin must fill what it knows and accept the rest.
   struct {
     hm_device_properties props;
@@ -52,6 +61,7 @@ TEST_P(DeviceTest, AcceptsLargerStructSize) {
 }
 
 TEST_P(DeviceTest, RejectsInvalidDeviceIndex) {
+  HM_RULE("HM-R12");
   int32_t count = device().plugin().device_count();
   hm_device_properties props{};
   props.struct_size = sizeof props;
@@ -67,6 +77,7 @@ TEST_P(DeviceTest, RejectsInvalidDeviceIndex) {
 }
 
 TEST_P(DeviceTest, DeviceMemoryAllocFree) {
+  HM_RULE("HM-R21");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   for (uint64_t size : {1ull, 4096ull, 3ull << 20}) {
     void* ptr = nullptr;
@@ -78,6 +89,7 @@ TEST_P(DeviceTest, DeviceMemoryAllocFree) {
 }
 
 TEST_P(DeviceTest, DeviceMemoryNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_DEVICE_MEMORY)) GTEST_SKIP() << "device has device memory";
   void* ptr = nullptr;
   HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
@@ -85,6 +97,7 @@ TEST_P(DeviceTest, DeviceMemoryNotSupportedWithoutCapability) {
 }
 
 TEST_P(DeviceTest, PinnedMemoryIsHostAccessible) {
+  HM_RULE("HM-R22");
   HM_REQUIRE(HM_CAP_PINNED_HOST_MEMORY, "pinned host memory");
   void* ptr = nullptr;
   HM_ASSERT_OK(device(), api().mem_alloc(index(), 8192, HM_MEM_PINNED_HOST, &ptr));
@@ -94,6 +107,7 @@ TEST_P(DeviceTest, PinnedMemoryIsHostAccessible) {
 }
 
 TEST_P(DeviceTest, PinnedMemoryNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_PINNED_HOST_MEMORY)) GTEST_SKIP() << "device has pinned memory";
   void* ptr = nullptr;
   HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
@@ -101,6 +115,7 @@ TEST_P(DeviceTest, PinnedMemoryNotSupportedWithoutCapability) {
 }
 
 TEST_P(DeviceTest, AllocRejectsBadArguments) {
+  HM_RULE("HM-R12");
   void* ptr = nullptr;
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
                    api().mem_alloc(index(), 0, HM_MEM_DEVICE, &ptr));
@@ -110,6 +125,7 @@ TEST_P(DeviceTest, AllocRejectsBadArguments) {
 }
 
 TEST_P(DeviceTest, AllocBeyondCapacityIsOutOfMemory) {
+  HM_RULE("HM-R21");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   uint64_t total = device().properties().total_memory;
   if (total == 0) GTEST_SKIP() << "device reports no memory size";
@@ -119,6 +135,7 @@ TEST_P(DeviceTest, AllocBeyondCapacityIsOutOfMemory) {
 }
 
 TEST_P(DeviceTest, FreeRejectsInteriorPointerAndAcceptsNull) {
+  HM_RULE("HM-R23");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   Buffer buffer = device().allocate(4096);
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
@@ -127,6 +144,7 @@ TEST_P(DeviceTest, FreeRejectsInteriorPointerAndAcceptsNull) {
 }
 
 TEST_P(DeviceTest, PointerQueryFindsInteriorPointers) {
+  HM_RULE("HM-R24");
   for (MemoryKind kind : {MemoryKind::device, MemoryKind::pinned_host}) {
     hm_capabilities cap =
         kind == MemoryKind::device ? HM_CAP_DEVICE_MEMORY : HM_CAP_PINNED_HOST_MEMORY;
@@ -147,6 +165,7 @@ TEST_P(DeviceTest, PointerQueryFindsInteriorPointers) {
 }
 
 TEST_P(DeviceTest, PointerQueryOfForeignMemoryIsUnknown) {
+  HM_RULE("HM-R24");
   std::vector<uint8_t> heap(256);
   int on_stack = 0;
   for (const void* ptr :
@@ -159,8 +178,43 @@ TEST_P(DeviceTest, PointerQueryOfForeignMemoryIsUnknown) {
   }
 }
 
+// Plain heap memory is not this plugin's: every slot that needs memory of the plugin refuses it as
+// an invalid argument (not as an invalid handle, which is for streams and events).
+TEST_P(DeviceTest, ForeignPointersAreInvalidArguments) {
+  HM_RULE("HM-R12");
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<uint8_t> heap(3 * page);
+  auto* foreign = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(heap.data()) + page - 1) /
+                                             page * page);  // page-aligned
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().mem_free(foreign));
+  // A NULL slot under a set bit fails its own gated test; here only the answers count.
+  if (has(HM_CAP_HOST_REGISTER) && api().host_unregister)
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().host_unregister(foreign));
+  if (has(HM_CAP_IPC) && api().ipc_export) {
+    hm_ipc_handle handle{};
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_export(foreign, &handle));
+  }
+  if (has(HM_CAP_IPC) && api().ipc_close)
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_close(foreign));
+  if (has(HM_CAP_DMABUF_EXPORT) && api().dmabuf_export) {
+    hm_dmabuf dmabuf{};
+    dmabuf.struct_size = sizeof dmabuf;
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                     api().dmabuf_export(foreign, page, &dmabuf));
+  }
+  if (has(HM_CAP_STREAM_MEMOPS) && api().stream_write_value32 && api().stream_wait_value32) {
+    Stream stream = device().create_stream();
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                     api().stream_write_value32(stream.native(), foreign, 1, 0));
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                     api().stream_wait_value32(stream.native(), foreign, 0, HM_WAIT_GEQ, 0));
+    stream.synchronize();
+  }
+}
+
 // Copies host -> device -> device -> host with odd sizes and offsets and checks every byte.
 TEST_P(DeviceTest, CopyRoundTripsAtOddSizesAndOffsets) {
+  HM_RULE("HM-R25");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   Stream stream = device().create_stream();
   for (uint64_t size : {uint64_t{1}, uint64_t{3}, uint64_t{4096 + 7}, uint64_t{(1 << 20) + 13}}) {
@@ -185,6 +239,7 @@ TEST_P(DeviceTest, CopyRoundTripsAtOddSizesAndOffsets) {
 }
 
 TEST_P(DeviceTest, CopyOfZeroBytesIsANoOp) {
+  HM_RULE("HM-R25");
   Stream stream = device().create_stream();
   uint8_t a = 1, b = 2;
   HM_EXPECT_STATUS(device(), HM_OK, api().memcpy_async(stream.native(), &a, &b, 0));
@@ -194,6 +249,7 @@ TEST_P(DeviceTest, CopyOfZeroBytesIsANoOp) {
 }
 
 TEST_P(DeviceTest, FillSetsExactlyTheRange) {
+  HM_RULE("HM-R25");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   Stream stream = device().create_stream();
   const uint64_t size = 10000;
@@ -211,6 +267,7 @@ TEST_P(DeviceTest, FillSetsExactlyTheRange) {
 }
 
 TEST_P(DeviceTest, HostAddressableDeviceMemoryIsReadableByTheHost) {
+  HM_RULE("HM-R18");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY | HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY, "host access");
   Stream stream = device().create_stream();
   Buffer buffer = device().allocate(4096);
@@ -225,8 +282,10 @@ TEST_P(DeviceTest, HostAddressableDeviceMemoryIsReadableByTheHost) {
 }
 
 TEST_P(DeviceTest, HostRegisterMakesMemoryKnown) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_HOST_REGISTER, "host_register");
   ASSERT_NE(api().host_register, nullptr) << "capability set but slot is NULL";
+  HM_RULE("HM-R26");
   std::vector<uint8_t> memory(1 << 16);
   HM_ASSERT_OK(device(), api().host_register(memory.data(), memory.size()));
   hm_pointer_info info{};
@@ -237,6 +296,7 @@ TEST_P(DeviceTest, HostRegisterMakesMemoryKnown) {
 }
 
 TEST_P(DeviceTest, HostRegisterNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_HOST_REGISTER)) GTEST_SKIP() << "device can register host memory";
   if (api().host_register == nullptr)
     SUCCEED() << "slot is NULL";
@@ -248,15 +308,31 @@ TEST_P(DeviceTest, HostRegisterNotSupportedWithoutCapability) {
 }
 
 TEST_P(DeviceTest, UnknownExtensionIsNotSupported) {
+  HM_RULE("HM-R41");
   if (api().get_extension == nullptr) GTEST_SKIP() << "plugin has no extensions";
   const void* table = nullptr;
   HM_EXPECT_STATUS(device(), HM_ERR_NOT_SUPPORTED,
                    api().get_extension("hm.cts.no_such_extension", 1, &table));
 }
 
+// initialize() runs once per process, so a fresh one, the loader's probe, offers the option.
+TEST_P(DeviceTest, UnknownOptionFailsInitialize) {
+  HM_RULE("HM-R8");
+  if (index() != 0) GTEST_SKIP() << "checked once per plugin, on its device 0";
+  const std::string key = "hm_cts_no_such_option";
+  ProcessResult r = run_process({plugin_probe_path(), device().plugin().path(), key + "=1"},
+                                std::chrono::seconds(60));
+  ASSERT_FALSE(r.timed_out) << "the probe hung";
+  EXPECT_EQ(r.exit_code, 1) << "initialize accepted the unknown option " << key << " ("
+                            << r.describe() << "): " << r.out << r.err;
+  EXPECT_NE(r.out.find("HM_ERR_INVALID_ARGUMENT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(key), std::string::npos) << "the refusal does not name the key: " << r.out;
+}
+
 // Several threads allocate, touch and free concurrently; every pointer stays distinct and
 // queryable, and nothing fails.
 TEST_P(DeviceTest, AllocFreeStormFromManyThreads) {
+  HM_RULE("HM-R19");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   constexpr int kThreads = 8, kRounds = 40, kLive = 6;
   std::atomic<int> failures{0};

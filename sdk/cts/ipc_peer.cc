@@ -85,8 +85,8 @@ int run_ipc_peer(int argc, char** argv) {
     if (host_pointer) {
       if (int64_t bad = find_mismatch(mapping.data(), size, seed); bad >= 0) {
         std::printf(
-            "IPC_MAPPED_HOST: the host reads other bytes than the exporter's at offset "
-            "%lld\n",
+            "IPC_MAPPED_HOST (HM-R38): the host reads other bytes than the exporter's at "
+            "offset %lld\n",
             static_cast<long long>(bad));
         return 5;
       }

@@ -26,6 +26,7 @@ MemoryKind scratch_kind(const Device& d) {
 }
 
 TEST_P(PairTest, CopyThroughHostStaging) {
+  HM_RULE("HM-R25");
   const uint64_t size = (2 << 20) + 333;
   std::vector<uint8_t> fallback_a, fallback_b;
   Buffer stage_a = staging_for(a(), size, &fallback_a);
@@ -49,6 +50,7 @@ TEST_P(PairTest, CopyThroughHostStaging) {
 }
 
 TEST_P(PairTest, IpcBetweenDevicesOfOnePlugin) {
+  HM_RULE("HM-R37");
   if (!same_plugin()) GTEST_SKIP() << "IPC handles are plugin-specific";
   hm_capabilities need = HM_CAP_IPC | HM_CAP_DEVICE_MEMORY;
   if (!a().has(need) || !b().has(need)) GTEST_SKIP() << "a device lacks IPC";
@@ -58,6 +60,7 @@ TEST_P(PairTest, IpcBetweenDevicesOfOnePlugin) {
 // Work on b must not start before an event on a. Within one plugin the stream waits on the event;
 // across plugins the host waits on it, the only ordering two drivers share.
 TEST_P(PairTest, EventOnOneDeviceOrdersWorkOnAnother) {
+  HM_RULE("HM-R30");
   if (!a().has(HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY))
     GTEST_SKIP() << a().selector() << " cannot hold a stream back (no stream memops)";
   Buffer gate = a().allocate(4096, MemoryKind::pinned_host);
@@ -98,6 +101,7 @@ TEST_P(PairTest, EventOnOneDeviceOrdersWorkOnAnother) {
 // a's stream writes a flag that b's stream waits on. Within a plugin the flag lives in a's pinned
 // memory; across plugins it must be memory b knows too, so b registers a's pinned page.
 TEST_P(PairTest, StreamFlagWriteAndWaitBetweenDevices) {
+  HM_RULE("HM-R35");
   const hm_capabilities memops = HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY;
   if (!a().has(memops) || !b().has(memops)) GTEST_SKIP() << "a device lacks stream memops";
   if (!same_plugin() && !b().has(HM_CAP_HOST_REGISTER))
@@ -107,9 +111,12 @@ TEST_P(PairTest, StreamFlagWriteAndWaitBetweenDevices) {
   *flag = 0;
   bool registered = false;
   if (!same_plugin()) {
+    HM_RULE("HM-R16");
     ASSERT_NE(b().api().host_register, nullptr) << "capability set but slot is NULL";
+    HM_RULE("HM-R26");
     ASSERT_EQ(b().api().host_register(flag_page.data(), 4096), HM_OK) << b().api().last_error();
     registered = true;
+    HM_RULE("HM-R35");
   }
   Buffer marker_page = b().allocate(4096, MemoryKind::pinned_host);
   auto* marker = static_cast<uint32_t*>(marker_page.data());
@@ -135,6 +142,7 @@ TEST_P(PairTest, StreamFlagWriteAndWaitBetweenDevices) {
 }
 
 TEST_P(PairTest, AllocFreeStormOnBothDevices) {
+  HM_RULE("HM-R19");
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 6; ++t) {

@@ -1,20 +1,67 @@
 #include "report.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <fnmatch.h>
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <set>
 
 namespace hetmesh::cts {
+namespace {
+
+// The rules the running test named. Checks may fail on a test's worker threads, hence the lock.
+struct RuleLog {
+  std::mutex mutex;
+  std::vector<std::string> named;
+};
+
+RuleLog& rule_log() {
+  static RuleLog* log = new RuleLog;
+  return *log;
+}
+
+std::string current_rule() {
+  std::lock_guard lock(rule_log().mutex);
+  return rule_log().named.empty() ? std::string() : rule_log().named.back();
+}
+
+void add_unique(std::vector<std::string>* list, const std::string& item) {
+  if (std::find(list->begin(), list->end(), item) == list->end()) list->push_back(item);
+}
+
+}  // namespace
+
+void check_rule(const char* id) {
+  std::lock_guard lock(rule_log().mutex);
+  rule_log().named.push_back(id);
+}
+
+std::string TestRecord::rule_tag() const {
+  const std::vector<std::string>& shown = failed_rules.empty() ? rules : failed_rules;
+  if (shown.empty()) return "[no rule]";
+  std::vector<std::string> unique;
+  for (const auto& rule : shown)
+    add_unique(&unique, rule);
+  return fmt::format("[{}]", fmt::join(unique, ", "));
+}
+
+void Recorder::OnTestStart(const testing::TestInfo&) {
+  std::lock_guard lock(rule_log().mutex);
+  rule_log().named.clear();
+}
 
 void Recorder::OnTestPartResult(const testing::TestPartResult& part) {
   if (part.failed() || part.skipped()) {
     if (!pending_message_.empty()) pending_message_ += "\n";
-    pending_message_ += fmt::format("{}:{}: {}", part.file_name() ? part.file_name() : "?",
-                                    part.line_number(), part.message());
+    std::string rule = part.failed() ? current_rule() : std::string();
+    if (part.failed()) add_unique(&pending_failed_rules_, rule.empty() ? "no rule" : rule);
+    pending_message_ +=
+        fmt::format("{}{}:{}: {}", rule.empty() ? "" : "[" + rule + "] ",
+                    part.file_name() ? part.file_name() : "?", part.line_number(), part.message());
   }
 }
 
@@ -29,6 +76,13 @@ void Recorder::OnTestEnd(const testing::TestInfo& info) {
   record.seconds = static_cast<double>(result->elapsed_time()) / 1000.0;
   record.message = std::move(pending_message_);
   pending_message_.clear();
+  record.failed_rules = std::move(pending_failed_rules_);
+  pending_failed_rules_.clear();
+  {
+    std::lock_guard lock(rule_log().mutex);
+    for (const auto& rule : rule_log().named)
+      add_unique(&record.rules, rule);
+  }
   records_.push_back(std::move(record));
 }
 
@@ -106,6 +160,7 @@ Verdict judge(const std::vector<TestRecord>& records, const Expectations& expect
     auto plugins = plugins_in_test(r.full_name());
     std::string group = plugins.empty() ? "loader" : plugins.size() > 1 ? "pairs" : plugins[0];
     v.by_group[group][o]++;
+    if (r.rules.empty()) v.unruled.push_back(r.full_name());
   }
   return v;
 }
@@ -180,13 +235,14 @@ void write_junit(const std::string& path, const std::vector<TestRecord>& records
           out << fmt::format("      <system-out>{}</system-out>\n", xml_escape(r.message));
           break;
         case Outcome::fail:
-          out << fmt::format(">\n      <failure message=\"failed\">{}</failure>\n",
-                             xml_escape(r.message));
+          out << fmt::format(">\n      <failure message=\"failed {}\">{}</failure>\n",
+                             xml_escape(r.rule_tag()), xml_escape(r.message));
           break;
         case Outcome::unexpected_pass:
           out << fmt::format(
-              ">\n      <failure message=\"unexpectedly passed: {}; remove it from the list\"/>\n",
-              xml_escape(verdict.notes[i]));
+              ">\n      <failure message=\"unexpectedly passed {}: {}; remove it from the "
+              "list\"/>\n",
+              xml_escape(r.rule_tag()), xml_escape(verdict.notes[i]));
           break;
       }
       out << "    </testcase>\n";
@@ -226,15 +282,19 @@ void print_summary(const Environment& env, const std::vector<TestRecord>& record
   fmt::print("{:<14} {:>6} {:>6} {:>14} {:>6} {:>16}\n", "total", verdict.count(Outcome::pass),
              verdict.count(Outcome::skip), verdict.count(Outcome::expected_fail),
              verdict.count(Outcome::fail), verdict.count(Outcome::unexpected_pass));
+  // Each line names the test, then the ABI rules (device_plugin.h) its failing checks verify.
   for (size_t i = 0; i < verdict.outcomes.size(); ++i) {
+    const TestRecord& r = records[i];
     if (verdict.outcomes[i] == Outcome::fail)
-      fmt::print("FAILED            {}\n", records[i].full_name());
+      fmt::print("FAILED            {} {}\n", r.full_name(), r.rule_tag());
     if (verdict.outcomes[i] == Outcome::unexpected_pass)
-      fmt::print("UNEXPECTED PASS   {} ({}): remove it from the known-failure list\n",
-                 records[i].full_name(), verdict.notes[i]);
+      fmt::print("UNEXPECTED PASS   {} {} ({}): remove it from the known-failure list\n",
+                 r.full_name(), r.rule_tag(), verdict.notes[i]);
     if (verdict.outcomes[i] == Outcome::expected_fail)
-      fmt::print("expected failure  {} ({})\n", records[i].full_name(), verdict.notes[i]);
+      fmt::print("expected failure  {} {} ({})\n", r.full_name(), r.rule_tag(), verdict.notes[i]);
   }
+  for (const auto& name : verdict.unruled)
+    fmt::print("NO RULE           {}: the test names no ABI rule (a bug of hetmesh-cts)\n", name);
   fmt::print("\nverdict: {}\n", verdict.conformant() ? "CONFORMANT" : "NOT CONFORMANT");
 }
 

@@ -1,4 +1,5 @@
-// Outcome bookkeeping for hetmesh-cts: known failures, the verdict, JUnit XML and the summary.
+// Outcome bookkeeping for hetmesh-cts: the ABI rule each check verifies, known failures, the
+// verdict, JUnit XML and the summary.
 #pragma once
 
 #include "cts.hpp"
@@ -13,20 +14,26 @@ struct TestRecord {
   std::string suite;  // "Device/DeviceTest"
   std::string name;   // "CopyRoundTrips/cpu_0"
   enum Result { passed, skipped, failed } result = passed;
-  std::string message;  // failure or skip text
+  std::string message;  // failure or skip text, each failure led by its rule: "[HM-R12] ..."
   double seconds = 0;
+  std::vector<std::string> rules;         // every rule the test named (HM_RULE), in order
+  std::vector<std::string> failed_rules;  // the rules of its failing checks
   std::string full_name() const { return suite + "." + name; }
+  // "[HM-R12]": the rules of the failing checks, else every rule the test named.
+  std::string rule_tag() const;
 };
 
 // Collects results as GoogleTest reports them.
 class Recorder : public testing::EmptyTestEventListener {
  public:
+  void OnTestStart(const testing::TestInfo& info) override;
   void OnTestPartResult(const testing::TestPartResult& part) override;
   void OnTestEnd(const testing::TestInfo& info) override;
   const std::vector<TestRecord>& records() const { return records_; }
 
  private:
   std::string pending_message_;
+  std::vector<std::string> pending_failed_rules_;
   std::vector<TestRecord> records_;
 };
 
@@ -52,9 +59,10 @@ struct Verdict {
   std::vector<Outcome> outcomes;                           // parallel to the records
   std::vector<std::string> notes;                          // parallel: reason for expected failures
   std::map<std::string, std::map<Outcome, int>> by_group;  // plugin name, "pairs", "loader"
+  std::vector<std::string> unruled;  // tests that named no rule: a bug of the kit itself
   int count(Outcome o) const;
   bool conformant() const {
-    return count(Outcome::fail) == 0 && count(Outcome::unexpected_pass) == 0;
+    return count(Outcome::fail) == 0 && count(Outcome::unexpected_pass) == 0 && unruled.empty();
   }
 };
 

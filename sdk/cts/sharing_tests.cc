@@ -14,20 +14,28 @@ namespace hetmesh::cts {
 namespace {
 
 TEST_P(DeviceTest, IpcHandleOpensInAnotherProcess) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_IPC | HM_CAP_DEVICE_MEMORY, "IPC");
   ASSERT_TRUE(api().ipc_export && api().ipc_open && api().ipc_close)
       << "capability set but an IPC slot is NULL";
+  HM_RULE("HM-R37");
   expect_ipc_round_trip(device(), device());
 }
 
 TEST_P(DeviceTest, IpcHandleOfPinnedMemoryOpensInAnotherProcess) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_IPC | HM_CAP_PINNED_HOST_MEMORY, "IPC of pinned host memory");
+  ASSERT_TRUE(api().ipc_export && api().ipc_open && api().ipc_close)
+      << "capability set but an IPC slot is NULL";
+  HM_RULE("HM-R37");
   expect_ipc_round_trip(device(), device(), MemoryKind::pinned_host);
 }
 
 TEST_P(DeviceTest, IpcExportRejectsForeignMemory) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_IPC, "IPC");
   ASSERT_NE(api().ipc_export, nullptr) << "capability set but slot is NULL";
+  HM_RULE("HM-R36");
   std::vector<uint8_t> heap(4096);
   hm_ipc_handle handle{};
   hm_status status = api().ipc_export(heap.data(), &handle);
@@ -35,17 +43,21 @@ TEST_P(DeviceTest, IpcExportRejectsForeignMemory) {
 }
 
 TEST_P(DeviceTest, IpcOpenRejectsGarbageHandle) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_IPC, "IPC");
   ASSERT_NE(api().ipc_open, nullptr) << "capability set but slot is NULL";
+  HM_RULE("HM-R37");
   hm_ipc_handle garbage;
   std::memset(garbage.bytes, 0xa5, sizeof garbage.bytes);
   void* ptr = nullptr;
   hm_status status = api().ipc_open(index(), &garbage, &ptr);
   EXPECT_NE(status, HM_OK) << "opened a garbage handle";
+  HM_RULE("HM-R11");
   EXPECT_STRNE(api().last_error(), "");
 }
 
 TEST_P(DeviceTest, IpcNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_IPC)) GTEST_SKIP() << "device has IPC";
   if (api().ipc_export == nullptr) return;
   Buffer buffer = device().allocate(
@@ -55,8 +67,10 @@ TEST_P(DeviceTest, IpcNotSupportedWithoutCapability) {
 }
 
 TEST_P(DeviceTest, DmabufExportGivesAnFdCoveringTheRange) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_DMABUF_EXPORT | HM_CAP_DEVICE_MEMORY, "dma-buf export");
   ASSERT_TRUE(api().dmabuf_export && api().dmabuf_release) << "capability set but slot is NULL";
+  HM_RULE("HM-R39");
   const uint64_t size = 4 << 20;
   Buffer buffer = device().allocate(size);
   hm_dmabuf dmabuf{};
@@ -71,6 +85,7 @@ TEST_P(DeviceTest, DmabufExportGivesAnFdCoveringTheRange) {
 }
 
 TEST_P(DeviceTest, DmabufNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_DMABUF_EXPORT)) GTEST_SKIP() << "device exports dma-bufs";
   if (api().dmabuf_export == nullptr) return;
   if (!has(HM_CAP_DEVICE_MEMORY)) GTEST_SKIP() << "no device memory to export";

@@ -26,6 +26,7 @@ struct HostFlag {
 constexpr hm_capabilities kMemops = HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY;
 
 TEST_P(DeviceTest, StreamLifecycle) {
+  HM_RULE("HM-R27");
   hm_stream stream = nullptr;
   HM_ASSERT_OK(device(), api().stream_create(index(), HM_STREAM_NON_BLOCKING, &stream));
   ASSERT_NE(stream, nullptr);
@@ -35,19 +36,23 @@ TEST_P(DeviceTest, StreamLifecycle) {
 }
 
 TEST_P(DeviceTest, StreamRejectsBadArguments) {
+  HM_RULE("HM-R12");
   hm_stream stream = nullptr;
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().stream_create(index(), 0x80, &stream));
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().stream_create(index(), 0, nullptr));
+  HM_RULE("HM-R13");
   uint8_t a = 0, b = 0;
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().memcpy_async(nullptr, &a, &b, 1));
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().stream_synchronize(nullptr, 0));
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().stream_query(nullptr));
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().event_query(nullptr));
+  HM_RULE("HM-R12");
   hm_event event = nullptr;
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(index(), 0x80, &event));
 }
 
 TEST_P(DeviceTest, StreamExecutesInOrder) {
+  HM_RULE("HM-R27");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   Stream stream = device().create_stream();
   const uint64_t size = 1 << 16;
@@ -65,12 +70,14 @@ TEST_P(DeviceTest, StreamExecutesInOrder) {
 }
 
 TEST_P(DeviceTest, EventNeverRecordedIsComplete) {
+  HM_RULE("HM-R29");
   Event event = device().create_event();
   HM_EXPECT_STATUS(device(), HM_OK, api().event_query(event.native()));
   HM_EXPECT_STATUS(device(), HM_OK, api().event_synchronize(event.native(), 0));
 }
 
 TEST_P(DeviceTest, EventCompletesAfterRecordedWork) {
+  HM_RULE("HM-R29");
   HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
   Stream stream = device().create_stream();
   Event event = device().create_event();
@@ -86,8 +93,10 @@ TEST_P(DeviceTest, EventCompletesAfterRecordedWork) {
 }
 
 TEST_P(DeviceTest, EventTimingMeasuresElapsedTime) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_EVENT_TIMING, "event timing");
   ASSERT_NE(api().event_elapsed_ms, nullptr) << "capability set but slot is NULL";
+  HM_RULE("HM-R32");
   Stream stream = device().create_stream();
   Event start = device().create_event(), end = device().create_event();
   start.record(stream);
@@ -106,6 +115,7 @@ TEST_P(DeviceTest, EventTimingMeasuresElapsedTime) {
 }
 
 TEST_P(DeviceTest, EventTimingNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_EVENT_TIMING)) GTEST_SKIP() << "device has event timing";
   if (api().event_elapsed_ms == nullptr) return;
   Stream stream = device().create_stream();
@@ -118,9 +128,26 @@ TEST_P(DeviceTest, EventTimingNotSupportedWithoutCapability) {
                    api().event_elapsed_ms(a.native(), b.native(), &ms));
 }
 
+TEST_P(DeviceTest, EventTimingRejectsEventsWithoutTiming) {
+  HM_RULE("HM-R32");
+  HM_REQUIRE(HM_CAP_EVENT_TIMING, "event timing");
+  if (api().event_elapsed_ms == nullptr) GTEST_SKIP() << "slot is NULL (a failure of its own)";
+  Stream stream = device().create_stream();
+  Event timed = device().create_event(), untimed = device().create_event(HM_EVENT_DISABLE_TIMING);
+  timed.record(stream);
+  untimed.record(stream);
+  stream.synchronize();
+  float ms = 0;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                   api().event_elapsed_ms(timed.native(), untimed.native(), &ms));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                   api().event_elapsed_ms(untimed.native(), timed.native(), &ms));
+}
+
 // A stream held back on a flag: its event is not ready, a finite wait times out, and setting
 // the flag releases everything.
 TEST_P(DeviceTest, BlockedStreamReportsNotReadyAndTimesOut) {
+  HM_RULE("HM-R28");
   HM_REQUIRE(kMemops, "stream memory operations");
   HostFlag flag(device());
   Stream stream = device().create_stream();
@@ -137,6 +164,7 @@ TEST_P(DeviceTest, BlockedStreamReportsNotReadyAndTimesOut) {
 }
 
 TEST_P(DeviceTest, StreamWaitEventOrdersAnotherStream) {
+  HM_RULE("HM-R30");
   HM_REQUIRE(kMemops, "stream memory operations");
   HostFlag flag(device());
   Stream producer = device().create_stream(), consumer = device().create_stream();
@@ -155,6 +183,7 @@ TEST_P(DeviceTest, StreamWaitEventOrdersAnotherStream) {
 }
 
 TEST_P(DeviceTest, WaitValueConditions) {
+  HM_RULE("HM-R35");
   HM_REQUIRE(kMemops, "stream memory operations");
   struct Case {
     hm_wait_condition condition;
@@ -184,6 +213,7 @@ TEST_P(DeviceTest, WaitValueConditions) {
 }
 
 TEST_P(DeviceTest, WriteValueIsOrderedAfterPriorWork) {
+  HM_RULE("HM-R34");
   HM_REQUIRE(kMemops | HM_CAP_DEVICE_MEMORY, "stream memory operations");
   const uint64_t size = 8 << 20;
   Buffer buffer = device().allocate(size);
@@ -206,9 +236,11 @@ TEST_P(DeviceTest, WriteValueIsOrderedAfterPriorWork) {
 }
 
 TEST_P(DeviceTest, StreamMemopsRejectMisalignedAddress) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(kMemops, "stream memory operations");
   ASSERT_TRUE(api().stream_write_value32 && api().stream_wait_value32)
       << "capability set but slot is NULL";
+  HM_RULE("HM-R33");
   HostFlag flag(device());
   Stream stream = device().create_stream();
   HM_EXPECT_STATUS(
@@ -217,6 +249,7 @@ TEST_P(DeviceTest, StreamMemopsRejectMisalignedAddress) {
 }
 
 TEST_P(DeviceTest, StreamMemopsNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_STREAM_MEMOPS)) GTEST_SKIP() << "device has stream memory operations";
   Stream stream = device().create_stream();
   uint32_t word = 0;
@@ -229,8 +262,10 @@ TEST_P(DeviceTest, StreamMemopsNotSupportedWithoutCapability) {
 }
 
 TEST_P(DeviceTest, HostCallbacksRunInStreamOrder) {
+  HM_RULE("HM-R16");
   HM_REQUIRE(HM_CAP_HOST_CALLBACK, "host callbacks");
   ASSERT_NE(api().stream_add_callback, nullptr) << "capability set but slot is NULL";
+  HM_RULE("HM-R31");
   struct Log {
     std::mutex mutex;
     std::vector<int> order;
@@ -250,11 +285,13 @@ TEST_P(DeviceTest, HostCallbacksRunInStreamOrder) {
     HM_ASSERT_OK(device(), api().stream_add_callback(stream.native(), record, &call));
   stream.synchronize();
   EXPECT_EQ(log.order, (std::vector<int>{1, 2, 3}));
+  HM_RULE("HM-R12");
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
                    api().stream_add_callback(stream.native(), nullptr, nullptr));
 }
 
 TEST_P(DeviceTest, HostCallbacksNotSupportedWithoutCapability) {
+  HM_RULE("HM-R17");
   if (has(HM_CAP_HOST_CALLBACK)) GTEST_SKIP() << "device has host callbacks";
   if (api().stream_add_callback == nullptr) return;
   Stream stream = device().create_stream();
@@ -264,6 +301,7 @@ TEST_P(DeviceTest, HostCallbacksNotSupportedWithoutCapability) {
 }
 
 TEST_P(DeviceTest, StreamAndEventStormFromManyThreads) {
+  HM_RULE("HM-R19");
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 6; ++t) {

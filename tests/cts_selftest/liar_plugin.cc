@@ -4,6 +4,7 @@
 #include <hetmesh/device_plugin.h>
 #include <hetmesh/plugin_kit/host_memory.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>
+#include <hetmesh/plugin_kit/options.hpp>
 
 #include <cstring>
 #include <memory>
@@ -22,6 +23,7 @@ hm::kit::HostMemory& memory() {
 
 hm_status initialize(const hm_host_api* host) {
   return guarded("initialize", [&] {
+    hm::kit::reject_unknown(hm::kit::parse_options(host->options), "none");
     g_memory = std::make_unique<hm::kit::HostMemory>(
         0x5241494c, false, std::vector<uint64_t>{uint64_t{1} << 30}, host);
   });
