@@ -5,6 +5,7 @@
 #include <hetmesh/plugin_kit/host_memory.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>
 #include <hetmesh/plugin_kit/options.hpp>
+#include <hetmesh/plugin_kit/table.hpp>
 
 #include <cstring>
 #include <memory>
@@ -89,14 +90,8 @@ void* hook_host_view(const void* ptr, uint64_t size) {
 }
 
 hm_device_plugin_api make_table() {
-  hm_device_plugin_api t{};
-  t.struct_size = sizeof t;
-  t.abi_major = HM_DEVICE_PLUGIN_ABI_MAJOR;
-  t.abi_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
-  t.name = "liar";
-  t.version = "test";
+  hm_device_plugin_api t = hm::kit::plugin_table("liar", "test");
   t.initialize = initialize;
-  t.last_error = hm::kit::last_error;
   t.device_count = device_count;
   t.device_properties = device_properties;
   t.mem_alloc = mem_alloc;

@@ -315,99 +315,59 @@ void measure_memcpy(Row& row, int iterations) {
   row.memcpy_gbps = static_cast<double>(row.size) / (row.memcpy_p50_us * 1e3);
 }
 
-void run_bench(const BenchOptions& o) {
-  std::vector<uint64_t> sizes;
-  for (const auto& s : o.sizes)
-    sizes.push_back(parse_size(s));
-  uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
-  std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
-
-  auto end = std::make_unique<End>(o, device_selector(o.memory), max_size);
-  std::vector<std::string> peer_args = {self_executable(), "bench",        "transport", "--peer",
-                                        "--transport",     o.transport,    "--memory",  peer_memory,
-                                        "--sizes",         human(max_size)};
-  if (o.busy_poll) peer_args.push_back("--busy-poll");
-  ChildProcess peer(peer_args);
-  auto peer_endpoint = from_hex(peer.read_line(kWait).substr(9), "the peer's endpoint line");
-  auto peer_region = from_hex(peer.read_line(kWait).substr(7), "the peer's region line");
-  peer.write("ENDPOINT " + to_hex(end->transport->endpoint()) + "\nREGION " +
-             to_hex(end->region->describe()) + "\n");
-  auto connection = end->transport->connect(peer_endpoint, kWait);
-  auto target = connection->import_region(peer_region);
-
-  // Same-node transports are also compared with UCX over shared memory, when it is installed.
-  std::string ucx_perftest = o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
-  std::vector<Row> rows;
-  std::vector<TransportEvent> events;
-  for (uint64_t size : sizes) {
-    Row row{size, 0, 0, 0, 0, 0};
-    // Latency: a write with notification, echoed back by the peer; half the round trip.
-    std::vector<double> one_way_us;
-    uint32_t tag = kLatencyTag | static_cast<uint32_t>(size);
-    for (int i = 0; i < o.iterations + 10; ++i) {
-      auto t0 = Clock::now();
-      connection->write(*end->region, 0, *target, 0, size, tag, 0);
-      pump(*end->transport, events, [&](const TransportEvent& e) {
-        return e.type == TransportEvent::Type::notification && e.value == tag;
-      });
-      auto t1 = Clock::now();
-      if (i >= 10)
-        one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
-    }
-    row.latency_p50_us = percentile(one_way_us, 0.5);
-    row.latency_p99_us = percentile(one_way_us, 0.99);
-
-    // Bandwidth: a stream of writes, at most `window` unfinished, then the peer's count.
-    int count = static_cast<int>(std::clamp<uint64_t>((256ull << 20) / size, 64, 4 * o.iterations));
-    int in_flight = 0;
+// Latency: a write with notification, echoed back by the peer; half the round trip.
+void measure_latency(Row& row, End& end, Connection& connection, const RemoteRegion& target,
+                     int iterations, std::vector<TransportEvent>& events) {
+  std::vector<double> one_way_us;
+  uint32_t tag = kLatencyTag | static_cast<uint32_t>(row.size);
+  for (int i = 0; i < iterations + 10; ++i) {
     auto t0 = Clock::now();
-    for (int i = 0; i < count; ++i) {
-      while (in_flight >= o.window)
-        pump(*end->transport, events, [&](const TransportEvent& e) {
-          if (e.type == TransportEvent::Type::write_done) --in_flight;
-          return in_flight < o.window;
-        });
-      connection->write(*end->region, 0, *target, 0, size, kBandwidthTag | static_cast<uint32_t>(i),
-                        0);
-      ++in_flight;
-    }
-    send_text(*connection, fmt::format("count {}", count));
-    std::string counted;
-    pump(*end->transport, events, [&](const TransportEvent& e) {
-      if (e.type == TransportEvent::Type::control)
-        counted.assign(e.payload.begin(), e.payload.end());
-      return !counted.empty();
+    connection.write(*end.region, 0, target, 0, row.size, tag, 0);
+    pump(*end.transport, events, [&](const TransportEvent& e) {
+      return e.type == TransportEvent::Type::notification && e.value == tag;
     });
     auto t1 = Clock::now();
-    if (counted != std::to_string(count))
-      throw Error(
-          kStatusProtocolError,
-          fmt::format("peer counted {} writes of {} bytes, {} were sent", counted, size, count));
-    row.bandwidth_gbps = static_cast<double>(size) * count /
-                         std::chrono::duration<double, std::nano>(t1 - t0).count();
-    measure_memcpy(row, o.iterations);
-    if (!ucx_perftest.empty() && size >= 4096)
-      row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(count, 200));
-    row.count = count;
-    // perftest right after our stream of the same size, so that load on a shared host drifts as
-    // little as possible between the two; our completion pollers sleep meanwhile.
-    if (o.transport == "verbs" && !o.busy_poll)
-      measure_perftest(row, std::max(count, 200), o.window);
-    rows.push_back(row);
+    if (i >= 10)
+      one_way_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
   }
-  send_text(*connection, "exit");
-  peer.wait(std::chrono::seconds(10));
-  // Spinning pollers would take the CPUs perftest needs: with --busy-poll, perftest runs once our
-  // transport and its threads are gone.
-  if (o.transport == "verbs" && o.busy_poll) {
-    target.reset();
-    connection.reset();
-    end.reset();
-    for (Row& row : rows)
-      measure_perftest(row, std::max(row.count, 200), o.window);
-  }
+  row.latency_p50_us = percentile(one_way_us, 0.5);
+  row.latency_p99_us = percentile(one_way_us, 0.99);
+}
 
+// Bandwidth: a stream of writes, at most `window` unfinished, then the peer's count of them.
+void measure_bandwidth(Row& row, End& end, Connection& connection, const RemoteRegion& target,
+                       const BenchOptions& o, std::vector<TransportEvent>& events) {
+  const uint64_t size = row.size;
+  int count = static_cast<int>(std::clamp<uint64_t>((256ull << 20) / size, 64, 4 * o.iterations));
+  int in_flight = 0;
+  auto t0 = Clock::now();
+  for (int i = 0; i < count; ++i) {
+    while (in_flight >= o.window)
+      pump(*end.transport, events, [&](const TransportEvent& e) {
+        if (e.type == TransportEvent::Type::write_done) --in_flight;
+        return in_flight < o.window;
+      });
+    connection.write(*end.region, 0, target, 0, size, kBandwidthTag | static_cast<uint32_t>(i), 0);
+    ++in_flight;
+  }
+  send_text(connection, fmt::format("count {}", count));
+  std::string counted;
+  pump(*end.transport, events, [&](const TransportEvent& e) {
+    if (e.type == TransportEvent::Type::control) counted.assign(e.payload.begin(), e.payload.end());
+    return !counted.empty();
+  });
+  auto t1 = Clock::now();
+  if (counted != std::to_string(count))
+    throw Error(
+        kStatusProtocolError,
+        fmt::format("peer counted {} writes of {} bytes, {} were sent", counted, size, count));
+  row.bandwidth_gbps =
+      static_cast<double>(size) * count / std::chrono::duration<double, std::nano>(t1 - t0).count();
+  row.count = count;
+}
+
+// The table on stdout and, with --json, the same rows as JSON.
+void report(const BenchOptions& o, const std::string& peer_memory, const std::vector<Row>& rows) {
   fmt::print(
       "hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
       "window {}{}\n",
@@ -451,6 +411,58 @@ void run_bench(const BenchOptions& o) {
     std::ofstream(o.json) << out.dump(2) << "\n";
     fmt::print("json: {}\n", o.json);
   }
+}
+
+void run_bench(const BenchOptions& o) {
+  std::vector<uint64_t> sizes;
+  for (const auto& s : o.sizes)
+    sizes.push_back(parse_size(s));
+  uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
+  std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
+
+  auto end = std::make_unique<End>(o, device_selector(o.memory), max_size);
+  std::vector<std::string> peer_args = {self_executable(), "bench",        "transport", "--peer",
+                                        "--transport",     o.transport,    "--memory",  peer_memory,
+                                        "--sizes",         human(max_size)};
+  if (o.busy_poll) peer_args.push_back("--busy-poll");
+  ChildProcess peer(peer_args);
+  auto peer_endpoint = from_hex(peer.read_line(kWait).substr(9), "the peer's endpoint line");
+  auto peer_region = from_hex(peer.read_line(kWait).substr(7), "the peer's region line");
+  peer.write("ENDPOINT " + to_hex(end->transport->endpoint()) + "\nREGION " +
+             to_hex(end->region->describe()) + "\n");
+  auto connection = end->transport->connect(peer_endpoint, kWait);
+  auto target = connection->import_region(peer_region);
+
+  // Same-node transports are also compared with UCX over shared memory, when it is installed.
+  std::string ucx_perftest = o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
+  std::vector<Row> rows;
+  std::vector<TransportEvent> events;
+  for (uint64_t size : sizes) {
+    Row row{size, 0, 0, 0, 0, 0};
+    measure_latency(row, *end, *connection, *target, o.iterations, events);
+    measure_bandwidth(row, *end, *connection, *target, o, events);
+    measure_memcpy(row, o.iterations);
+    if (!ucx_perftest.empty() && size >= 4096)
+      row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(row.count, 200));
+    // perftest right after our stream of the same size, so that load on a shared host drifts as
+    // little as possible between the two; our completion pollers sleep meanwhile.
+    if (o.transport == "verbs" && !o.busy_poll)
+      measure_perftest(row, std::max(row.count, 200), o.window);
+    rows.push_back(row);
+  }
+  send_text(*connection, "exit");
+  peer.wait(std::chrono::seconds(10));
+  // Spinning pollers would take the CPUs perftest needs: with --busy-poll, perftest runs once our
+  // transport and its threads are gone.
+  if (o.transport == "verbs" && o.busy_poll) {
+    target.reset();
+    connection.reset();
+    end.reset();
+    for (Row& row : rows)
+      measure_perftest(row, std::max(row.count, 200), o.window);
+  }
+  report(o, peer_memory, rows);
 }
 
 }  // namespace
