@@ -63,6 +63,7 @@ struct Side {
       : device(open_device(memory_kind)), memory(device.allocate(kRegionSize)) {
     TransportOptions options;
     options.kind = kind;
+    options.io_timeout = std::chrono::milliseconds(2000);  // a stopped peer fails a send in 2 s
     transport = Transport::create(options);
     region = transport->register_memory(device, memory.data(), kRegionSize);
   }
@@ -309,6 +310,36 @@ TEST_P(TransportTest, ImportRefusesForeignOrMalformedDescriptors) {
     EXPECT_THROW(connection_->import_region({text.begin(), text.end()}), Error) << text;
   }
   EXPECT_THROW(local_->transport->connect({'{', '}'}, std::chrono::milliseconds(100)), Error);
+}
+
+// A peer that stops reading (SIGSTOP) must not hold a sender forever: once the socket is full, a
+// tcp write fails within its io_timeout and the peer is reported lost. (ipc writes go straight
+// into the peer's memory and never wait for it; a stopped peer is the engine's heartbeat's to
+// find.)
+TEST_P(TransportTest, StoppedPeerFailsATcpWriteInsteadOfBlocking) {
+  if (GetParam().kind != TransportKind::tcp) GTEST_SKIP() << "only tcp sends can block on a peer";
+  peer_->kill(SIGSTOP);
+  bool failed = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!failed && std::chrono::steady_clock::now() < deadline) {
+    try {
+      write(6);  // 64 MiB: the socket buffers fill within a few writes
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), kStatusPeerLost) << e.what();
+      failed = true;
+    }
+    std::vector<TransportEvent> events;
+    local_->transport->poll(events, std::chrono::milliseconds(1));
+    for (const auto& e : events)
+      if (e.type == TransportEvent::Type::write_done && e.status != HM_OK) {
+        EXPECT_EQ(e.status, HM_ERR_TIMEOUT) << e.message;
+        failed = true;
+      }
+  }
+  peer_->kill(SIGKILL);
+  killed_ = true;
+  EXPECT_TRUE(failed) << "writes to a stopped peer never failed";
+  EXPECT_FALSE(connection_->alive());
 }
 
 TEST_P(TransportTest, KilledPeerIsReportedWithinTheTimeout) {

@@ -3,6 +3,9 @@
 
 #include <hetmesh/core/log.hpp>
 
+#include <cstring>
+#include <exception>
+
 namespace hetmesh::afd {
 
 namespace {
@@ -13,7 +16,7 @@ struct Pending {
   int posted = 0;     // F instances whose writes have started
   uint64_t sequence = 0;
   uint32_t tokens = 0;
-  AttentionEngine::Ready ready;
+  ReadyWait ready;  // the engine's own event or flag for this slot, set by push_pull
   int arrived = 0;
   std::atomic<uint64_t> completed{0};  // the sequence whose every result arrived, for wait's spin
   RoundTrip trip;
@@ -36,6 +39,8 @@ struct AttentionEngine::State {
   Buffer f2a_receive;                      // [mb][f]
   HostSlots f2a_headers;                   // [mb][f]
   std::optional<HostSlots> arrival_flags;  // [mb] words, when the device has stream memops
+  std::optional<HostSlots> ready_flags;    // [mb] words a compute stream writes, likewise
+  std::vector<Event> ready_events;         // [mb], recorded on the caller's stream by push_pull
   PublishedRegions mine;
   std::shared_ptr<Region> a2f_send_region, a2f_header_region;
   std::vector<Peer> ffn;
@@ -204,9 +209,14 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
     : state_(std::make_unique<State>(spec, device)) {
   State& s = *state_;
   s.spec.role = Role::attention;
-  if (device.has(HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY))
+  if (device.has(HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY)) {
     s.arrival_flags.emplace(device, 4 * static_cast<uint64_t>(spec.micro_batches));
-  s.transport = Transport::create(spec.transport);
+    s.ready_flags.emplace(device, 4 * static_cast<uint64_t>(spec.micro_batches));
+    std::memset(s.ready_flags->data(), 0, s.ready_flags->size());
+  }
+  for (int mb = 0; mb < spec.micro_batches; ++mb)
+    s.ready_events.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
+  s.transport = Transport::create(transport_options(spec));
   s.a2f_send_region = s.transport->register_memory(device, s.a2f_send.data(), s.a2f_send.size());
   s.a2f_header_region =
       s.transport->register_memory(device, s.a2f_headers.data(), s.a2f_headers.size());
@@ -235,6 +245,15 @@ AttentionEngine::~AttentionEngine() {
   for (auto& sender : s.senders)
     sender->stop();
   s.comm->stop();
+  // "leave" tells each F that this A is done and its loss is not a failure. An instance that is
+  // failing (its engine saw a fatal error, or it is being destroyed by an exception) must not say
+  // it: its F instances are to report it lost, not carry on as if the job had ended.
+  bool failing;
+  {
+    std::lock_guard lock(s.mutex);
+    failing = !s.failure.empty();
+  }
+  if (failing || std::uncaught_exceptions() > 0) return;
   static const char kLeave[] = "leave";
   for (Peer& f : s.ffn) {
     try {
@@ -258,6 +277,11 @@ void* AttentionEngine::result(int mb, int f) const {
          (mb * state_->spec.ffn + f) * state_->spec.f2a_slot_bytes();
 }
 
+void* AttentionEngine::ready_flag(int mb) const {
+  if (!state_->ready_flags || mb < 0 || mb >= state_->spec.micro_batches) return nullptr;
+  return state_->ready_flags->data() + 4 * mb;
+}
+
 const void* AttentionEngine::arrival_flag(int mb) const {
   if (!state_->arrival_flags) return nullptr;
   return state_->arrival_flags->data() + 4 * mb;
@@ -276,6 +300,9 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Read
   if (tokens == 0 || tokens > s.spec.tokens)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("{} tokens do not fit the slot (1..{})", tokens, s.spec.tokens));
+  if (ready.flag && !s.ready_flags)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                "push_pull: a ready flag needs a device with stream memory operations");
   uint64_t sequence;
   {
     std::lock_guard lock(s.mutex);
@@ -291,7 +318,6 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Read
     p.posted = 0;
     p.sequence = sequence;
     p.tokens = tokens;
-    p.ready = ready;
     p.arrived = 0;
     std::fill(p.from.begin(), p.from.end(), false);
     std::fill(p.trip.ffn.begin(), p.trip.ffn.end(), RoundTrip::PerFfn{});
@@ -301,6 +327,21 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Read
     p.trip.push_start = now_ns();
     p.trip.ready = p.trip.posted = p.trip.completed = p.trip.wait_returned = 0;
   }
+  // The slot's event is free (its last record was waited for before the slot's previous round
+  // trip completed), and no sender reads p.ready before the jobs below are queued. Recording the
+  // event is all the engine keeps of the caller's stream.
+  Pending& p = s.pending[static_cast<size_t>(mb)];
+  Event& event = s.ready_events[static_cast<size_t>(mb)];
+  try {
+    if (ready.stream != nullptr) event.record(*ready.stream);
+  } catch (const Error&) {
+    std::lock_guard lock(s.mutex);
+    p.busy = false;  // nothing was sent: the slot is free again
+    p.sequence = sequence - 1;
+    throw;
+  }
+  p.ready = ReadyWait{ready.stream ? &event : nullptr,
+                      ready.flag ? s.ready_flags->data() + 4 * mb : nullptr, ready.value};
   // Every F's sender waits for readiness itself and posts on its own: the writes to different F
   // instances run side by side.
   for (auto& sender : s.senders)

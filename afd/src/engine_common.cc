@@ -116,7 +116,7 @@ void CommThread::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool wait_ready(const ReadySignal& ready, const std::atomic<bool>& stopping) {
+bool wait_ready(const ReadyWait& ready, const std::atomic<bool>& stopping) {
   // Slices short enough that a stopping engine is not held up for long.
   constexpr auto kSlice = std::chrono::milliseconds(10);
   if (ready.event != nullptr) {

@@ -85,6 +85,14 @@ void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Handle
   }
 }
 
+// The transport's options for an engine: spec.transport, with the job's timeout bounding every
+// send as it bounds every wait (a peer that stops reading fails the send; nothing blocks forever).
+inline TransportOptions transport_options(const EngineSpec& spec) {
+  TransportOptions options = spec.transport;
+  options.io_timeout = spec.timeout;
+  return options;
+}
+
 // Pins `thread` to `cpu`; logs a warning if that fails.
 void pin_thread(std::thread& thread, int cpu, const char* what);
 
@@ -184,9 +192,17 @@ class PeerSender {
   std::thread thread_;
 };
 
+// What a sender waits for before it posts: an event the engine owns (recorded on the caller's
+// stream during push_pull or respond), or a word the engine owns reaching `value`; neither: ready.
+struct ReadyWait {
+  const Event* event = nullptr;
+  const void* flag = nullptr;
+  uint32_t value = 0;
+};
+
 // Waits until `ready` holds (an event completed, a flag reached its value; at once for neither).
 // Returns false if `stopping` was set first. Throws Error if the event reports a failure.
-bool wait_ready(const ReadySignal& ready, const std::atomic<bool>& stopping);
+bool wait_ready(const ReadyWait& ready, const std::atomic<bool>& stopping);
 
 // The CPU for sender `index` (0-based) of an engine: comm_cpus[1 + index], wrapping around;
 // -1 (unpinned) without comm_cpus.

@@ -23,7 +23,7 @@ struct RespondJob {
   int mb = 0;
   uint64_t sequence = 0;
   uint32_t tokens = 0;
-  const Event* ready = nullptr;
+  bool after_event = false;  // wait for the slot's ready event (recorded by respond)
   int64_t compute_start = 0;
   int64_t compute_end = 0;
 };
@@ -34,10 +34,11 @@ struct FfnEngine::State {
   EngineSpec spec;
   Device device;
   std::unique_ptr<Transport> transport;
-  Buffer a2f_receive;     // [a][mb] tokens then routing
-  HostSlots a2f_headers;  // [a][mb]
-  Buffer f2a_send;        // [a][mb] outputs
-  HostSlots f2a_headers;  // [a][mb]
+  Buffer a2f_receive;               // [a][mb] tokens then routing
+  HostSlots a2f_headers;            // [a][mb]
+  Buffer f2a_send;                  // [a][mb] outputs
+  HostSlots f2a_headers;            // [a][mb]
+  std::vector<Event> ready_events;  // [a][mb], recorded on the caller's stream by respond
   PublishedRegions mine;
   std::shared_ptr<Region> f2a_send_region, f2a_header_region;
   std::vector<Peer> attention;
@@ -63,7 +64,10 @@ struct FfnEngine::State {
         a2f_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
         f2a_send(d.allocate(s.f2a_slot_bytes() * s.attention * s.micro_batches)),
         f2a_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
-        arrivals(static_cast<size_t>(s.attention * s.micro_batches)) {}
+        arrivals(static_cast<size_t>(s.attention * s.micro_batches)) {
+    for (size_t i = 0; i < arrivals.size(); ++i)
+      ready_events.push_back(d.create_event(HM_EVENT_DISABLE_TIMING));
+  }
 
   size_t slot(int a, int mb) const { return static_cast<size_t>(a * spec.micro_batches + mb); }
   uint64_t routing_offset() const { return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes; }
@@ -158,7 +162,7 @@ struct FfnEngine::State {
     const int mb = job.mb;
     const size_t s = slot(a, mb);
     try {
-      if (!wait_ready(ReadySignal{job.ready, nullptr, 0}, stopping)) return;
+      if (!wait_ready(ReadyWait{job.after_event ? &ready_events[s] : nullptr}, stopping)) return;
       WireHeader* h = reinterpret_cast<WireHeader*>(f2a_headers.data()) + s;
       int64_t received, batch_ready;
       {
@@ -243,7 +247,7 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
     : state_(std::make_unique<State>(spec, device)) {
   State& s = *state_;
   s.spec.role = Role::ffn;
-  s.transport = Transport::create(spec.transport);
+  s.transport = Transport::create(transport_options(spec));
   s.mine.regions["a2f_payload"] =
       s.transport->register_memory(device, s.a2f_receive.data(), s.a2f_receive.size());
   s.mine.regions["a2f_headers"] =
@@ -303,7 +307,7 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   return std::nullopt;
 }
 
-void FfnEngine::respond(const Batch& batch, const Event* ready, int64_t compute_start_ns) {
+void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute_start_ns) {
   State& s = *state_;
   int64_t compute_end = now_ns();
   {
@@ -324,12 +328,27 @@ void FfnEngine::respond(const Batch& batch, const Event* ready, int64_t compute_
                                 part.rank, batch.micro_batch, part.sequence,
                                 arrival.queued ? " (already answered)" : ""));
     }
+  }
+  // Each part's slot event is free: its last record was waited for before the slot's previous
+  // answer was posted. Recording it is all the engine keeps of the caller's stream; a record that
+  // fails leaves every part unanswered and awaiting respond() again.
+  if (after != nullptr)
+    for (const auto& part : batch.parts)
+      s.ready_events[s.slot(part.rank, batch.micro_batch)].record(*after);
+  {
+    std::lock_guard lock(s.mutex);
+    for (const auto& part : batch.parts)
+      if (s.arrivals[s.slot(part.rank, batch.micro_batch)].queued)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("respond: attention {} micro-batch {} was answered meanwhile",
+                                part.rank, batch.micro_batch));
     for (const auto& part : batch.parts)
       s.arrivals[s.slot(part.rank, batch.micro_batch)].queued = true;
   }
   for (const auto& part : batch.parts)
-    s.senders[static_cast<size_t>(part.rank)]->push(RespondJob{
-        batch.micro_batch, part.sequence, part.tokens, ready, compute_start_ns, compute_end});
+    s.senders[static_cast<size_t>(part.rank)]->push(RespondJob{batch.micro_batch, part.sequence,
+                                                               part.tokens, after != nullptr,
+                                                               compute_start_ns, compute_end});
 }
 
 std::vector<std::pair<std::string, uint64_t>> FfnEngine::registered() const {

@@ -11,6 +11,7 @@
 
 #include <hetmesh/core/log.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 
@@ -38,6 +39,7 @@ class TcpRegion;
 // State shared by the transport and its connections' receiver threads.
 struct TcpShared {
   std::string id;
+  std::chrono::milliseconds io_timeout{10000};  // TransportOptions::io_timeout
   EventQueue events;
   std::mutex regions_mutex;
   std::map<uint32_t, std::weak_ptr<TcpRegion>> regions;
@@ -114,12 +116,14 @@ class TcpConnection : public Connection {
     try {
       std::lock_guard lock(send_mutex_);
       if (source->access().direct()) {
-        send_two(socket_.get(), &header, sizeof header,
-                 static_cast<const uint8_t*>(src.base()) + src_offset, length, "write");
+        const auto* payload = static_cast<const uint8_t*>(src.base()) + src_offset;
+        uint64_t first = std::min<uint64_t>(length, kProgressBytes);
+        send_two(socket_.get(), &header, sizeof header, payload, first, "write", deadline());
+        send_progressing(payload + first, length - first, "write payload");
       } else {
-        send_all(socket_.get(), &header, sizeof header, "write header");
+        send_all(socket_.get(), &header, sizeof header, "write header", deadline());
         source->access().read(src_offset, length, [&](const uint8_t* chunk, uint64_t n) {
-          send_all(socket_.get(), chunk, n, "write payload");
+          send_progressing(chunk, n, "write payload");
         });
       }
     } catch (const Error& e) {
@@ -139,7 +143,8 @@ class TcpConnection : public Connection {
     FrameHeader header{kFrameMagic, kFrameVersion, kControl, 0, 0, 0, 0, message.size()};
     try {
       std::lock_guard lock(send_mutex_);
-      send_two(socket_.get(), &header, sizeof header, message.data(), message.size(), "control");
+      send_two(socket_.get(), &header, sizeof header, message.data(), message.size(), "control",
+               deadline());
     } catch (const Error& e) {
       lose(e.what());
       throw;
@@ -152,6 +157,15 @@ class TcpConnection : public Connection {
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("write: {} range [{}, +{}) is outside its region of {} bytes", side,
                               offset, length, size));
+  }
+
+  // A send fails when the peer takes no kProgressBytes within io_timeout (it stopped reading),
+  // however long the whole write is: a large write to a slow but live peer is not cut off.
+  static constexpr uint64_t kProgressBytes = 1 << 20;
+  net::Deadline deadline() const { return net::Clock::now() + shared_->io_timeout; }
+  void send_progressing(const uint8_t* data, uint64_t size, const char* what) {
+    for (uint64_t done = 0; done < size; done += kProgressBytes)
+      send_all(socket_.get(), data + done, std::min(kProgressBytes, size - done), what, deadline());
   }
 
   // Reports the peer lost once, with the first reason.
@@ -231,7 +245,9 @@ class TcpTransport : public Transport {
       : shared_(std::make_shared<TcpShared>()),
         listener_(
             SocketAddress{fmt::format("tcp://{}:{}", options.listen_host, options.listen_port)},
-            (shared_->id = new_endpoint_id())) {}
+            (shared_->id = new_endpoint_id())) {
+    shared_->io_timeout = options.io_timeout;
+  }
 
   TransportKind kind() const override { return TransportKind::tcp; }
 

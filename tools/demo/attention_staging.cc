@@ -20,7 +20,6 @@ AttentionStaging::AttentionStaging(const Device& device, const afd::AttentionEng
     slot.routing = device.allocate(routing_bytes_, MemoryKind::pinned_host);
     for (int f = 0; f < ffn_count; ++f)
       slot.results.push_back(device.allocate(result_bytes_, MemoryKind::pinned_host));
-    slot.uploaded = device.create_event(HM_EVENT_DISABLE_TIMING);
     slots_.push_back(std::move(slot));
   }
 }
@@ -39,8 +38,7 @@ afd::ReadySignal AttentionStaging::upload(int mb) {
   Slot& slot = slots_.at(static_cast<size_t>(mb));
   stream_.copy(engine_.tokens(mb), slot.tokens.data(), token_bytes_);
   stream_.copy(engine_.routing(mb), slot.routing.data(), routing_bytes_);
-  slot.uploaded.record(stream_);
-  return {&slot.uploaded, nullptr, 0};
+  return {&stream_};  // push_pull sends once these copies are done
 }
 
 std::vector<const void*> AttentionStaging::results(int mb, std::chrono::milliseconds timeout) {

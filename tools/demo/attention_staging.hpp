@@ -29,7 +29,6 @@ class AttentionStaging {
   struct Slot {
     Buffer tokens, routing;
     std::vector<Buffer> results;  // one per F
-    Event uploaded;
   };
   const afd::AttentionEngine& engine_;
   uint64_t token_bytes_, routing_bytes_, result_bytes_;

@@ -127,17 +127,12 @@ int run_ffn(const JobConfig& c, const DemoOptions& o) {
   auto store = connect_tcp_store(o.store, c.job.timeout);
   afd::FfnEngine engine(afd::engine_spec(c, afd::Role::ffn, o.rank), device, *store);
   Stream stream = device.create_stream();
-  std::vector<Event> done;  // one per micro-batch slot: a slot is answered before it is reused
-  for (int mb = 0; mb < c.job.micro_batches; ++mb)
-    done.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
   while (auto batch = engine.get_batch(c.job.timeout)) {
     int64_t start = afd::now_ns();
     for (const auto& part : batch->parts)
       runner->run(static_cast<int>((part.sequence - 1) % static_cast<uint64_t>(c.job.layers)), part,
                   stream);
-    Event& event = done[static_cast<size_t>(batch->micro_batch)];
-    event.record(stream);
-    engine.respond(*batch, &event, start);
+    engine.respond(*batch, &stream, start);  // once the experts queued on `stream` are done
   }
   return 0;
 }

@@ -83,12 +83,15 @@ struct RoundTrip {
   std::vector<PerFfn> ffn;
 };
 
-// How the comm thread learns that a micro-batch's tokens are ready: immediately, after `event`
-// completes, or once the 32-bit word at `flag` (pinned memory of the device, written by a compute
-// stream with stream_write_value32) reaches `value` (cyclic GEQ).
+// How an engine learns that a micro-batch's data is ready to send: at once (the default), once
+// the work queued so far on `stream` has completed, or once the engine's own ready word for the
+// micro-batch (AttentionEngine::ready_flag, written by a compute stream with stream_write_value32)
+// reaches `value` (cyclic GEQ). The engine records an event of its own on `stream` during the call,
+// so the stream need only live through the call: the engine never touches a caller's object after
+// the call that named it has returned.
 struct ReadySignal {
-  const Event* event = nullptr;
-  const void* flag = nullptr;
+  const Stream* stream = nullptr;
+  bool flag = false;
   uint32_t value = 0;
 };
 
@@ -117,6 +120,10 @@ class AttentionEngine {
   // Waits until every F has answered; throws Error(TIMEOUT) naming the F that did not, or the
   // error that ended the job. Returns the round trip's timestamps.
   RoundTrip wait(Handle handle, std::chrono::milliseconds timeout);
+  // The word a compute stream writes (stream_write_value32) to say micro-batch `mb` is ready, for
+  // push_pull's ReadySignal{.flag = true, .value = v}: pinned memory the engine owns. nullptr if
+  // the device has no stream memory operations.
+  void* ready_flag(int micro_batch) const;
   // For a device stream to wait on instead: a pinned word that the comm thread sets to the
   // handle's sequence number when all results of `micro_batch` have arrived (stream_wait_value32
   // with HM_WAIT_GEQ). nullptr if the device has no stream memory operations.
@@ -156,9 +163,10 @@ class FfnEngine {
   // arrives (Gather::eager). Returns nullopt when every A has left cleanly; throws Error on a
   // timeout or a lost peer.
   std::optional<Batch> get_batch(std::chrono::milliseconds timeout);
-  // Sends each part's output back to its A once `ready` (an event on F's compute stream, or
-  // nullptr for "already done").
-  void respond(const Batch& batch, const Event* ready = nullptr, int64_t compute_start_ns = 0);
+  // Sends each part's output back to its A once the work queued so far on `after` (F's compute
+  // stream; nullptr: the outputs are already there) has completed. The engine records an event of
+  // its own on `after` during the call; the stream need only live through the call.
+  void respond(const Batch& batch, const Stream* after = nullptr, int64_t compute_start_ns = 0);
 
   const EngineSpec& spec() const;
   std::vector<std::pair<std::string, uint64_t>> registered() const;

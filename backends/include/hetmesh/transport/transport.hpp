@@ -51,6 +51,10 @@ struct TransportOptions {
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;
   std::chrono::milliseconds connect_timeout{10000};
+  // tcp: a write or control message whose bytes stop moving for this long (a peer that stopped
+  // reading: SIGSTOP, a wedged host; each MiB must go within it) fails, and the peer is reported
+  // lost. No send waits without a bound.
+  std::chrono::milliseconds io_timeout{10000};
   // verbs: RDMA device ("" = the first active one), GID index (-1 = the first IPv4-mapped one),
   // the CPU the completion poller is pinned to (-1 = not pinned), and busy polling.
   std::string rdma_device;
