@@ -12,5 +12,7 @@ void add_info_command(CLI::App& app);
 void add_bench_transport_command(CLI::App& bench);
 // Registers `hetmesh bench afd`.
 void add_bench_afd_command(CLI::App& bench);
+// Registers `hetmesh bench faults`.
+void add_bench_faults_command(CLI::App& bench);
 
 }  // namespace hetmesh::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   hetmesh::cli::add_bench_transport_command(*bench);
   hetmesh::cli::add_bench_afd_command(*bench);
+  hetmesh::cli::add_bench_faults_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,241 @@
+// `hetmesh bench faults`: what a dead or hung peer costs the survivors. Runs a small AFD job of
+// its own instances (2A2F by default, F answering through a device stream) again and again; in
+// each run, once attention 0 has done a few rounds, one instance (a rank 1, of the role chosen, or
+// alternately A and F) is sent SIGKILL or SIGSTOP, and every survivor reports when its engine
+// gave up. Printed per transport: how many survivors crashed (must be 0), how many ended without
+// naming a peer (must be 0), and the time from the signal to each survivor's error (p50, p99,
+// max). The times are CLOCK_MONOTONIC in every process of this host, so they subtract exactly.
+#include "commands.hpp"
+
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/plugin.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/subprocess.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <random>
+
+namespace hetmesh::cli {
+namespace {
+
+using afd::AttentionEngine;
+using afd::EngineSpec;
+using afd::FfnEngine;
+using afd::now_ns;
+using afd::Role;
+
+struct FaultOptions {
+  std::vector<std::string> transports{"ipc", "tcp"};
+  int runs = 20;
+  int attention = 2, ffn = 2;
+  std::string victim = "both";  // "ffn", "attention" or "both" (alternating)
+  std::string signal = "kill";  // "kill" (SIGKILL) or "stop" (SIGSTOP)
+  int timeout_ms = 1000;        // the engines' bound on every wait: what a stopped peer costs
+  std::string ffn_device = "asic_stub:0";
+  // internal: the instance roles
+  std::string role;
+  int rank = 0;
+  std::string store, out, transport;
+};
+
+EngineSpec spec_of(const FaultOptions& o, Role role) {
+  EngineSpec s;
+  s.role = role;
+  s.rank = o.rank;
+  s.attention = o.attention;
+  s.ffn = o.ffn;
+  s.micro_batches = 3;
+  s.tokens = 16;
+  s.hidden = 256;
+  s.top_k = 2;
+  s.a2f_bytes = 2;
+  s.f2a_bytes = 2;
+  s.timeout = std::chrono::milliseconds(o.timeout_ms);
+  s.transport.kind = parse_transport_kind(o.transport);
+  return s;
+}
+
+// An instance: serves or pushes until its engine fails, then prints "error <ns> <message>".
+int run_instance(const FaultOptions& o) {
+  try {
+    auto store = connect_tcp_store(o.store, std::chrono::milliseconds(10000));
+    if (o.role == "ffn") {
+      EngineSpec spec = spec_of(o, Role::ffn);
+      Device device = PluginRegistry::load().device(o.ffn_device);
+      FfnEngine engine(spec, device, *store);
+      Stream stream = device.create_stream();
+      while (auto batch = engine.get_batch(spec.timeout)) {
+        for (const auto& part : batch->parts)
+          stream.copy(part.output, part.tokens_data, uint64_t{part.tokens} * spec.hidden * 2);
+        engine.respond(*batch, &stream);
+      }
+      return 0;
+    }
+    EngineSpec spec = spec_of(o, Role::attention);
+    Device device = PluginRegistry::load().device("cpu:0");
+    AttentionEngine engine(spec, device, *store);
+    for (int round = 0;; ++round) {
+      std::vector<AttentionEngine::Handle> handles;
+      for (int mb = 0; mb < spec.micro_batches; ++mb)
+        handles.push_back(engine.push_pull(mb, spec.tokens));
+      for (auto handle : handles)
+        engine.wait(handle, spec.timeout);
+      std::cout << "round " << round << std::endl;
+    }
+  } catch (const std::exception& e) {
+    std::cout << "error " << now_ns() << " " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+struct Tally {
+  int runs = 0, survivors = 0, crashed = 0, unnamed = 0, hung = 0;
+  std::vector<double> to_error_ms;
+  std::vector<std::string> examples;  // one error line per kind of victim, for the reader
+};
+
+// One run: start the job, hit one instance mid-run, collect every survivor's end.
+void run_once(const FaultOptions& o, const std::string& transport, const char* victim_role,
+              const std::filesystem::path& out, Tally& tally) {
+  TcpStoreServer store("127.0.0.1:0");
+  afd::LocalJob job({"bench", "faults"}, store.address(), out.string());
+  struct Child {
+    std::string role;
+    int rank;
+    ChildProcess* process;
+  };
+  std::vector<Child> children;
+  auto start = [&](const char* role, int rank) {
+    children.push_back(
+        {role, rank,
+         &job.start(role, rank,
+                    {"--transport-of-instance", transport, "--attention",
+                     std::to_string(o.attention), "--ffn", std::to_string(o.ffn), "--timeout-ms",
+                     std::to_string(o.timeout_ms), "--ffn-device", o.ffn_device})});
+  };
+  for (int r = 0; r < o.ffn; ++r)
+    start("ffn", r);
+  for (int r = 0; r < o.attention; ++r)
+    start("attention", r);
+  const auto wait = std::chrono::milliseconds(30000);
+  ChildProcess& first = *children[static_cast<size_t>(o.ffn)].process;
+  for (int round = 0; round < 3; ++round)
+    if (first.read_line(wait).rfind("round", 0) != 0)
+      throw Error(HM_ERR_INTERNAL, "attention 0 did not start its rounds");
+  ChildProcess* hit = nullptr;
+  for (auto& c : children)
+    if (c.role == victim_role && c.rank == 1) hit = c.process;
+  int64_t signalled = now_ns();
+  hit->kill(o.signal == "stop" ? SIGSTOP : SIGKILL);
+  ++tally.runs;
+  for (auto& c : children) {
+    if (c.process == hit) continue;
+    std::string error;
+    try {
+      for (;;) {
+        std::string line = c.process->read_line(wait);
+        if (line.rfind("error ", 0) == 0) error = line;
+      }
+    } catch (const Error&) {  // stdout closed: the instance has ended
+    }
+    ProcessResult r = c.process->wait(wait);
+    ++tally.survivors;
+    if (r.timed_out) ++tally.hung;
+    if (r.signal != 0) ++tally.crashed;
+    if (error.empty()) {
+      ++tally.unnamed;
+      continue;
+    }
+    size_t space = error.find(' ', 6);
+    int64_t at = std::stoll(error.substr(6, space - 6));
+    tally.to_error_ms.push_back(static_cast<double>(at - signalled) / 1e6);
+    std::string message = error.substr(space + 1);
+    if (message.find("ffn ") == std::string::npos &&
+        message.find("attention ") == std::string::npos)
+      ++tally.unnamed;
+    if (tally.examples.size() < 2)
+      tally.examples.push_back(c.role + " " + std::to_string(c.rank) + ": " + message);
+  }
+  hit->kill(SIGKILL);
+  hit->wait(wait);
+}
+
+void run_bench(const FaultOptions& o) {
+  std::filesystem::path out =
+      std::filesystem::temp_directory_path() / fmt::format("hetmesh-bench-faults-{}", getpid());
+  std::filesystem::create_directories(out);
+  fmt::print(
+      "hetmesh bench faults: {}A{}F, F on {}, {} of {} rank 1, {} runs per transport, "
+      "engine timeout {} ms\n",
+      o.attention, o.ffn, o.ffn_device, o.signal == "stop" ? "SIGSTOP" : "SIGKILL",
+      o.victim == "both" ? "A or F (alternating)" : o.victim, o.runs, o.timeout_ms);
+  fmt::print("{:>9} {:>6} {:>10} {:>8} {:>8} {:>6} | {:>13} {:>13} {:>13}\n", "transport", "runs",
+             "survivors", "crashed", "unnamed", "hung", "to error p50", "p99 ms", "max ms");
+  std::vector<std::string> examples;
+  for (const std::string& transport : o.transports) {
+    Tally tally;
+    for (int run = 0; run < o.runs; ++run) {
+      const char* victim = o.victim == "both" ? (run % 2 ? "attention" : "ffn") : o.victim.c_str();
+      run_once(o, transport, victim, out, tally);
+    }
+    fmt::print("{:>9} {:>6} {:>10} {:>8} {:>8} {:>6} | {:>13.1f} {:>13.1f} {:>13.1f}\n", transport,
+               tally.runs, tally.survivors, tally.crashed, tally.unnamed, tally.hung,
+               percentile(tally.to_error_ms, 0.5), percentile(tally.to_error_ms, 0.99),
+               percentile(tally.to_error_ms, 1.0));
+    for (auto& e : tally.examples)
+      examples.push_back(transport + ": " + e);
+  }
+  for (auto& e : examples)
+    fmt::print("  e.g. {}\n", e);
+  std::filesystem::remove_all(out);
+}
+
+}  // namespace
+
+void add_bench_faults_command(CLI::App& bench) {
+  auto o = std::make_shared<FaultOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "faults",
+      "Kill or stop one instance of a running job, again and again: survivor crashes "
+      "and the time to each survivor's error");
+  cmd->add_option("--transports", o->transports, "Transports to try")->capture_default_str();
+  cmd->add_option("--runs", o->runs, "Runs per transport")->capture_default_str();
+  cmd->add_option("--attention", o->attention, "A instances (at least 2)")->capture_default_str();
+  cmd->add_option("--ffn", o->ffn, "F instances (at least 2)")->capture_default_str();
+  cmd->add_option("--victim", o->victim, "ffn, attention or both (alternating)")
+      ->check(CLI::IsMember({"ffn", "attention", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--signal", o->signal, "kill (SIGKILL) or stop (SIGSTOP)")
+      ->check(CLI::IsMember({"kill", "stop"}))
+      ->capture_default_str();
+  cmd->add_option("--timeout-ms", o->timeout_ms, "The engines' bound on every wait")
+      ->capture_default_str();
+  cmd->add_option("--ffn-device", o->ffn_device, "F's device")->capture_default_str();
+  cmd->add_option("--role", o->role, "internal")->group("");
+  cmd->add_option("--rank", o->rank, "internal")->group("");
+  cmd->add_option("--store", o->store, "internal")->group("");
+  cmd->add_option("--out", o->out, "internal")->group("");
+  cmd->add_option("--transport-of-instance", o->transport, "internal")->group("");
+  cmd->callback([o] {
+    if (!o->role.empty()) std::exit(run_instance(*o));
+    if (o->attention < 2 || o->ffn < 2)
+      throw Error(HM_ERR_INVALID_ARGUMENT, "bench faults needs at least 2 A and 2 F instances");
+    run_bench(*o);
+  });
+}
+
+}  // namespace hetmesh::cli
