@@ -18,6 +18,7 @@
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -177,6 +178,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
 }
 
 int run_role(const JobConfig& c, const AfdBenchOptions& o) {
+  if (!o.role.empty()) set_log_identity(fmt::format("{}:{}", o.role, o.rank));  // a child
   if (o.role == "attention") return run_attention(c, o);
   if (o.role == "ffn") return run_ffn(c, o);
   if (o.role == "bare-attention") return run_bare_attention(c, o);

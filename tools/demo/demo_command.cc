@@ -297,6 +297,7 @@ void add_demo_command(CLI::App& app) {
   demo->callback([o] {
     JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
     int rc;
+    if (!o->role.empty()) set_log_identity(fmt::format("{}:{}", o->role, o->rank));  // a child
     if (o->role == "attention")
       rc = run_attention(config, *o);
     else if (o->role == "ffn")
