@@ -4,6 +4,7 @@
 
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/launch.hpp>
+#include <hetmesh/core/log.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
@@ -138,6 +139,7 @@ int child_main(int argc, char** argv) {
                                std::string(argv[11]) == "eager" ? Gather::eager : Gather::all,
                                parse_transport_kind(argv[12]));
   spec.rank = rank;
+  set_log_identity(fmt::format("{}:{}", role, rank));
   try {
     auto store = connect_tcp_store(argv[6], kTimeout);
     if (role == "ffn") {

@@ -216,6 +216,34 @@ TEST(ConfigTest, TopKMustNotExceedExperts) {
             "job.toml:2:1: [model] experts: 1 is less than top_k (2, the default)");
 }
 
+TEST(ConfigTest, TopKHasACap) {
+  // Before the cap, top_k = 2147483647 (with as many experts) was accepted, and the routing bytes
+  // of a slot grew without bound.
+  EXPECT_EQ(error_of("[model]\nexperts = 2147483647\ntop_k = 2147483647\n"),
+            "job.toml:3:1: [model] top_k: expected an integer in 1..1024, got 2147483647");
+  EXPECT_EQ(error_of("[model]\nexperts = 2000\ntop_k = 1025\n"),
+            "job.toml:3:1: [model] top_k: expected an integer in 1..1024, got 1025");
+  EXPECT_EQ(parse_config("[model]\nexperts = 2000\ntop_k = 1024\n", "job.toml").model.top_k, 1024);
+}
+
+TEST(ConfigTest, TotalSlotBytesOfAnInstanceHaveACap) {
+  // Each micro-batch is under the 4 GiB limit (1 GiB each way), but 64 in flight to 8 F
+  // instances are 64 x (1 + 8 x 2) GiB of slots in each A.
+  std::string what = error_of(
+      "[job]\nffn = 8\nmicro_batches = 64\n[model]\nexperts = 8\ntokens = 131072\n"
+      "hidden = 4096\n");
+  EXPECT_NE(what.find("job.toml:3:1: [job] micro_batches: the slots of each attention instance "
+                      "would take "),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("more than the 256 GiB limit"), std::string::npos) << what;
+  // The same shape with few micro-batches fits.
+  EXPECT_NO_THROW(
+      parse_config("[job]\nffn = 8\nmicro_batches = 2\n[model]\nexperts = 8\ntokens = 131072\n"
+                   "hidden = 4096\n",
+                   "job.toml"));
+}
+
 TEST(ConfigTest, EveryFfnInstanceNeedsAnExpert) {
   EXPECT_EQ(error_of("[job]\nffn = 4\n[model]\nexperts = 2\ntop_k = 1\n"),
             "job.toml:4:1: [model] experts: 2 expert(s) cannot be split across 4 F instances "

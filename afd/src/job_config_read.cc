@@ -26,9 +26,11 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kMaxInstances = 1024;
 constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxMicroBatches = 64;
-constexpr int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;  // a day; keeps deadlines representable
-constexpr uint64_t kMaxMicroBatchBytes = 4ULL << 30;   // tokens x hidden x dtype, one direction
-constexpr int64_t kMaxCpu = 1023;                      // CPU_SETSIZE - 1
+constexpr int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;     // a day; keeps deadlines representable
+constexpr uint64_t kMaxMicroBatchBytes = 4ULL << 30;      // tokens x hidden x dtype, one direction
+constexpr int64_t kMaxTopK = 1024;                        // experts per token; routing is 8 B each
+constexpr uint64_t kMaxInstanceSlotBytes = 256ULL << 30;  // every slot of one A or F instance
+constexpr int64_t kMaxCpu = 1023;                         // CPU_SETSIZE - 1
 
 // The names in the file, indexed by the enums' values.
 constexpr std::array<std::string_view, 4> kDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
@@ -176,6 +178,35 @@ PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& roo
   return out;
 }
 
+// The slots one instance allocates (EngineSpec::instance_slot_bytes, computed as the engine will)
+// stay under a cap; with the caps above, none of that arithmetic can overflow.
+void check_slots_fit(const TomlSection& job, const TomlSection& model, const JobConfig& c) {
+  for (Role role : {Role::attention, Role::ffn}) {
+    EngineSpec spec;
+    spec.role = role;
+    spec.attention = c.job.attention;
+    spec.ffn = c.job.ffn;
+    spec.micro_batches = c.job.micro_batches;
+    spec.tokens = static_cast<uint32_t>(c.model.tokens);
+    spec.hidden = static_cast<uint32_t>(c.model.hidden);
+    spec.top_k = static_cast<uint32_t>(c.model.top_k);
+    spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
+    spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
+    uint64_t bytes = spec.instance_slot_bytes();
+    if (bytes <= kMaxInstanceSlotBytes) continue;
+    std::string what = fmt::format(
+        "the slots of each {} instance would take {} bytes ({}), more than the {} GiB limit; "
+        "use fewer micro_batches, tokens or instances",
+        role == Role::attention ? "attention" : "ffn", bytes,
+        role == Role::attention ? "micro_batches x (A2F slot + ffn x F2A slot)"
+                                : "attention x micro_batches x (A2F slot + F2A slot)",
+        kMaxInstanceSlotBytes >> 30);
+    if (job.has("micro_batches")) job.fail("micro_batches", what);
+    if (model.has("tokens")) model.fail("tokens", what);
+    job.fail(role == Role::attention ? "ffn" : "attention", what);
+  }
+}
+
 void check_model_fits(const TomlSection& job, const TomlSection& model, const JobConfig& c) {
   if (c.model.top_k > c.model.experts) {
     if (model.has("top_k"))
@@ -201,6 +232,7 @@ void check_model_fits(const TomlSection& job, const TomlSection& model, const Jo
                fmt::format("tokens x hidden x {} bytes = {} bytes per micro-batch exceeds the "
                            "{} GiB limit",
                            widest, bytes, kMaxMicroBatchBytes >> 30));
+  check_slots_fit(job, model, c);
 }
 
 JobConfig read_config(const TomlReporter& reporter, const toml::table& document) {
@@ -227,7 +259,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.model.tokens = model.small_integer("tokens", c.model.tokens, 1, kIntMax);
   c.model.hidden = model.small_integer("hidden", c.model.hidden, 1, kIntMax);
   c.model.experts = model.small_integer("experts", c.model.experts, 1, kIntMax);
-  c.model.top_k = model.small_integer("top_k", c.model.top_k, 1, kIntMax);
+  c.model.top_k = model.small_integer("top_k", c.model.top_k, 1, kMaxTopK);
   c.model.a2f_dtype = model.enumeration("a2f_dtype", c.model.a2f_dtype, kDtypeNames);
   c.model.f2a_dtype = model.enumeration("f2a_dtype", c.model.f2a_dtype, kDtypeNames);
   check_model_fits(job, model, c);

@@ -75,8 +75,11 @@ inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t sou
   if (h.hidden != limits.hidden)
     bad(fmt::format("hidden {} (job has {})", h.hidden, limits.hidden));
   if (h.top_k != limits.top_k) bad(fmt::format("top_k {} (job has {})", h.top_k, limits.top_k));
-  if (h.payload_bytes != uint64_t{h.tokens} * limits.bytes_per_token ||
-      h.payload_bytes > limits.capacity)
+  // By division, never by multiplying: tokens x bytes_per_token of a hostile header could wrap
+  // 64 bits to a size that fits.
+  const uint64_t per_token = limits.bytes_per_token;
+  if (per_token == 0 || h.payload_bytes > limits.capacity || h.payload_bytes % per_token != 0 ||
+      h.payload_bytes / per_token != h.tokens)
     bad(fmt::format("payload of {} bytes for {} tokens (slot holds {} bytes)", h.payload_bytes,
                     h.tokens, limits.capacity));
 }

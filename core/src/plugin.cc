@@ -17,12 +17,17 @@
 namespace hetmesh {
 namespace {
 
-void plugin_log(void*, int32_t level, const char* message) {
+// hm_host_api.log: a plugin's lines go through the host's log, so they carry the same prefix
+// (time, host, pid, role:rank) and go to the same places. Called from C: nothing escapes.
+void plugin_log(void*, int32_t level, const char* message) noexcept {
   LogLevel l = level <= HM_LOG_ERROR  ? LogLevel::error
                : level == HM_LOG_WARN ? LogLevel::warn
                : level == HM_LOG_INFO ? LogLevel::info
                                       : LogLevel::debug;
-  log(l, "plugin: {}", message ? message : "(null)");
+  try {
+    log(l, "plugin: {}", message ? message : "(null)");
+  } catch (...) {  // out of memory while formatting: the line is lost, the plugin is not
+  }
 }
 
 const hm_host_api* host_api(const std::string& options) {

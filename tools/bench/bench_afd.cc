@@ -18,6 +18,7 @@
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -147,11 +148,26 @@ AfdBenchResults collect(const BenchRun& run) {
   return r;
 }
 
+// Refuses at once a job whose instances here would not fit in this machine's memory (their
+// engines' slots; the bare baseline runs after the engine, with the same slots).
+void check_memory(const JobConfig& c, const afd::LocalInstances& local, const AfdBenchOptions& o) {
+  std::vector<afd::MemoryNeed> needs;
+  for (int a : local.attention)
+    needs.push_back(
+        {fmt::format("attention {}", a), afd::engine_host_bytes(c, afd::Role::attention, a)});
+  for (int f : local.ffn)
+    needs.push_back({fmt::format("ffn {}", f), afd::engine_host_bytes(c, afd::Role::ffn, f)});
+  afd::refuse_unless_memory_fits(needs,
+                                 o.config.empty() ? "the default job (StepMesh's shape)" : o.config,
+                                 "make [model] tokens or hidden, or [job] micro_batches smaller, "
+                                 "or start fewer instances here (--instances)");
+}
+
 int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
-  fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-bench-afd-{}", getpid());
-  fs::create_directories(dir);
-  std::ofstream(dir / "job.toml") << afd::to_toml(c);
   const afd::LocalInstances local = afd::parse_instances(o.instances, c);
+  check_memory(c, local, o);
+  fs::path dir = afd::make_job_folder("hetmesh-bench-afd");
+  std::ofstream(dir / "job.toml") << afd::to_toml(c);
   afd::JobStore store(c, o.store);
   if (!local.everything(c)) {
     fmt::print(
@@ -177,6 +193,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
 }
 
 int run_role(const JobConfig& c, const AfdBenchOptions& o) {
+  if (!o.role.empty()) set_log_identity(fmt::format("{}:{}", o.role, o.rank));  // a child
   if (o.role == "attention") return run_attention(c, o);
   if (o.role == "ffn") return run_ffn(c, o);
   if (o.role == "bare-attention") return run_bare_attention(c, o);

@@ -241,10 +241,30 @@ void report(const JobConfig& c, const afd::LocalInstances& local, const fs::path
   }
 }
 
+// Refuses at once a job whose instances here would not fit in this machine's memory: each holds
+// the demo model's weights (an F also a copy of its experts') and the engine's slots.
+void check_memory(const JobConfig& c, const afd::LocalInstances& local, const DemoOptions& o) {
+  const ModelShape shape = model_shape(c);
+  std::vector<afd::MemoryNeed> needs;
+  for (int a : local.attention)
+    needs.push_back({fmt::format("attention {}", a),
+                     model_bytes(shape) + afd::engine_host_bytes(c, afd::Role::attention, a)});
+  for (int f : local.ffn) {
+    needs.push_back({fmt::format("ffn {}", f), model_bytes(shape) +
+                                                   expert_copy_bytes(shape, f, c.job.ffn) +
+                                                   afd::engine_host_bytes(c, afd::Role::ffn, f)});
+  }
+  afd::refuse_unless_memory_fits(
+      needs, o.config.empty() ? "the default job" : o.config,
+      fmt::format("the demo model's weights alone are {} per instance; make [model] hidden, "
+                  "experts or [job] layers smaller, or start fewer instances here (--instances)",
+                  afd::format_bytes(model_bytes(shape))));
+}
+
 int run_job(const JobConfig& c, const DemoOptions& o) {
   const afd::LocalInstances local = afd::parse_instances(o.instances, c);
-  fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", getpid());
-  fs::create_directories(dir);
+  check_memory(c, local, o);
+  fs::path dir = afd::make_job_folder("hetmesh-demo");
   std::ofstream(dir / "job.toml") << afd::to_toml(c);
 
   afd::JobStore store(c, o.store);
@@ -292,6 +312,7 @@ void add_demo_command(CLI::App& app) {
   demo->callback([o] {
     JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
     int rc;
+    if (!o->role.empty()) set_log_identity(fmt::format("{}:{}", o->role, o->rank));  // a child
     if (o->role == "attention")
       rc = run_attention(config, *o);
     else if (o->role == "ffn")

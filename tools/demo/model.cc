@@ -51,6 +51,16 @@ void run_experts(const ExpertArgs& a, const void* tokens, const Route* routing,
   }
 }
 
+double model_bytes(const ModelShape& s) {
+  const double h = s.hidden, f = s.ffn_dim, experts = s.experts;
+  return s.layers * (h * h + experts * h + experts * 2 * f * h) * sizeof(float);
+}
+
+double expert_copy_bytes(const ModelShape& s, int ffn_rank, int ffn_count) {
+  auto [first, last] = expert_range(s.experts, ffn_rank, ffn_count);
+  return s.layers * double(last - first) * 2 * double(s.ffn_dim) * s.hidden * sizeof(float);
+}
+
 TinyMoe::TinyMoe(const ModelShape& shape) : shape_(shape) {
   const size_t h = shape.hidden, f = shape.ffn_dim;
   for (int l = 0; l < shape.layers; ++l) {
@@ -116,10 +126,14 @@ void TinyMoe::combine(const float* h, const std::vector<const void*>& partials, 
   }
 }
 
-std::pair<int, int> TinyMoe::expert_range(int rank, int count) const {
-  int per = shape_.experts / count, extra = shape_.experts % count;
+std::pair<int, int> expert_range(int experts, int rank, int count) {
+  int per = experts / count, extra = experts % count;
   int first = rank * per + std::min(rank, extra);
   return {first, first + per + (rank < extra ? 1 : 0)};
+}
+
+std::pair<int, int> TinyMoe::expert_range(int rank, int count) const {
+  return demo::expert_range(shape_.experts, rank, count);
 }
 
 std::vector<float> TinyMoe::expert_weights(int layer, int first, int last) const {

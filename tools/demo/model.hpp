@@ -42,6 +42,14 @@ struct ExpertArgs {
 void run_experts(const ExpertArgs& args, const void* tokens, const Route* routing,
                  const float* weights, void* out);
 
+// Bytes of host memory a TinyMoe of `shape` holds (every layer's weights), and that an F's
+// ExpertRunner copies for its experts [first, last), in floating point: shapes the config accepts
+// can exceed 64 bits.
+double model_bytes(const ModelShape& shape);
+double expert_copy_bytes(const ModelShape& shape, int ffn_rank, int ffn_count);
+// Experts [first, last) of `experts` owned by F `rank` of `count`.
+std::pair<int, int> expert_range(int experts, int rank, int count);
+
 class TinyMoe {
  public:
   explicit TinyMoe(const ModelShape& shape);

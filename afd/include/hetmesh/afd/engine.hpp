@@ -15,7 +15,10 @@
 #pragma once
 
 #include <hetmesh/core/device.hpp>
+#include <hetmesh/core/error.hpp>
 #include <hetmesh/transport/transport.hpp>
+
+#include <fmt/format.h>
 
 #include <chrono>
 #include <cstdint>
@@ -56,12 +59,42 @@ struct EngineSpec {
   // (wrapping around), if any.
   std::vector<int> comm_cpus;
 
+  // Sizes in bytes. The config's caps keep them far from 64 bits; a spec built otherwise that
+  // would wrap gets Error(INVALID_ARGUMENT) instead of a small, wrong size.
   // Routing entries are (int32 expert, float weight) pairs: top_k per token.
   uint64_t routing_bytes_per_token() const { return uint64_t{top_k} * 8; }
-  uint64_t a2f_slot_bytes() const {
-    return uint64_t{tokens} * (uint64_t{hidden} * a2f_bytes + routing_bytes_per_token());
+  uint64_t a2f_bytes_per_token() const {
+    return uint64_t{hidden} * a2f_bytes + routing_bytes_per_token();  // < 2^64: 32 x 32 bits
   }
-  uint64_t f2a_slot_bytes() const { return uint64_t{tokens} * hidden * f2a_bytes; }
+  uint64_t a2f_slot_bytes() const { return checked_product(tokens, a2f_bytes_per_token()); }
+  uint64_t f2a_slot_bytes() const {
+    return checked_product(tokens, checked_product(hidden, f2a_bytes));
+  }
+  // Every payload slot this instance allocates (headers aside): an A holds one A2F slot and one
+  // F2A slot per F for each micro-batch; an F one of each per (A, micro-batch).
+  uint64_t instance_slot_bytes() const {
+    if (role == Role::attention)
+      return checked_product(micro_batches,
+                             checked_sum(a2f_slot_bytes(), checked_product(ffn, f2a_slot_bytes())));
+    return checked_product(checked_product(attention, micro_batches),
+                           checked_sum(a2f_slot_bytes(), f2a_slot_bytes()));
+  }
+
+ private:
+  static uint64_t checked_product(uint64_t a, uint64_t b) {
+    uint64_t product;
+    if (__builtin_mul_overflow(a, b, &product)) overflow(a, b, "x");
+    return product;
+  }
+  static uint64_t checked_sum(uint64_t a, uint64_t b) {
+    uint64_t sum;
+    if (__builtin_add_overflow(a, b, &sum)) overflow(a, b, "+");
+    return sum;
+  }
+  [[noreturn]] static void overflow(uint64_t a, uint64_t b, const char* op) {
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("engine spec: slot size {} {} {} overflows 64 bits", a, op, b));
+  }
 };
 
 using Clock = std::chrono::steady_clock;

@@ -1,10 +1,15 @@
-// From a job config to what the engine needs: the engine spec of one instance and the plugins.
-// Shared by `hetmesh demo` and `hetmesh bench afd`.
+// From a job config to what the engine needs: the engine spec of one instance and the plugins;
+// and the checks that refuse, before anything starts, a job this machine cannot run (job.cc,
+// job_limits.cc). Shared by `hetmesh demo` and `hetmesh bench afd`.
 #pragma once
 
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/job_config.hpp>
 #include <hetmesh/transport/selection.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
 
 namespace hetmesh::afd {
 
@@ -18,5 +23,33 @@ EngineSpec engine_spec(const JobConfig& config, Role role, int rank);
 
 // Loads the plugins the config names (explicit paths, per-plugin options) plus the usual search.
 PluginRegistry load_plugins(const JobConfig& config);
+
+// ---- refusing, before anything starts, what cannot work ----
+
+// Host memory, in bytes, that the engine of instance (`role`, `rank`) allocates: its slots when
+// its device keeps memory in the host (cpu, asic_stub; a GPU's slots are in its own memory), and
+// the pinned headers.
+double engine_host_bytes(const JobConfig& config, Role role, int rank);
+
+// One line of a memory estimate: what needs `bytes`.
+struct MemoryNeed {
+  std::string what;
+  double bytes = 0;
+};
+// The memory this machine can still give: MemAvailable of /proc/meminfo (or the free pages), less
+// where the cgroup's memory.max is lower. `source` says where the figure came from.
+uint64_t available_memory_bytes(std::string* source = nullptr);
+// Throws Error(HM_ERR_OUT_OF_MEMORY) when the needs, together, exceed the available memory, with
+// a message naming `config_name`, the estimate, its parts and the memory available; so that a job
+// too big for the machine is refused at once rather than after minutes of swapping.
+void refuse_unless_memory_fits(const std::vector<MemoryNeed>& needs, const std::string& config_name,
+                               const std::string& advice);
+// In bytes, "1.5 GiB" style.
+std::string format_bytes(double bytes);
+
+// A new folder <temporary folder>/<prefix>-<pid>/ for a job's files. The temporary folder comes
+// from TMPDIR (or TMP, TEMP, TEMPDIR), else /tmp; one that is missing or not writable is an
+// Error(INVALID_ARGUMENT) naming the folder, the variable and what to do.
+std::filesystem::path make_job_folder(const std::string& prefix);
 
 }  // namespace hetmesh::afd

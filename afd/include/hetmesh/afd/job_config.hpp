@@ -7,6 +7,8 @@
 //   2a2f.toml:12:1: [model] hidden: expected an integer in 1..1048576, got -5
 //   2a2f.toml:3:1: unknown key [job] micro_batchs (did you mean micro_batches?)
 // Unknown keys and tables are errors, so a typo never silently falls back to a default.
+// Sizes are capped so that nothing the engine derives can overflow: a micro-batch at 4 GiB each
+// way, top_k at 1024, and all the slots of one A or F instance at 256 GiB.
 // Plugin names in device selectors are checked later, by the loader, not here.
 #pragma once
 
@@ -57,7 +59,7 @@ struct ModelSection {
   int tokens = 32;                // tokens per micro-batch per A, 1..1048576
   int hidden = 256;               // hidden size, 1..1048576
   int experts = 4;                // total experts, split across the F instances (>= ffn)
-  int top_k = 2;                  // experts per token, 1..experts
+  int top_k = 2;                  // experts per token, 1..experts and at most 1024
   Dtype a2f_dtype = Dtype::fp8;   // activations sent A -> F
   Dtype f2a_dtype = Dtype::bf16;  // partial results sent F -> A
   bool operator==(const ModelSection&) const = default;

@@ -1,0 +1,104 @@
+// The real `hetmesh` binary refuses, at once and in words, what cannot work: a job too big for
+// this machine's memory (the demo and bench afd), a missing or unusable temporary folder, and any
+// other exception: one "hetmesh: error: ..." line and exit code 1, never an abort (exit 134) or
+// std::bad_alloc after minutes of swapping.
+#include <hetmesh/afd/job.hpp>
+#include <hetmesh/core/subprocess.hpp>
+
+#include "test_support.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+namespace hetmesh {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct CliRun {
+  ProcessResult result;
+  double seconds = 0;
+};
+
+// Runs `hetmesh` with `args`, with "NAME=value" `environment` added.
+CliRun run_cli(const std::vector<std::string>& args,
+               const std::vector<std::string>& environment = {}) {
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  argv.insert(argv.end(), environment.begin(), environment.end());
+  argv.push_back(HETMESH_CLI);
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto start = Clock::now();
+  CliRun run{run_process(argv, std::chrono::seconds(60)), 0};
+  run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return run;
+}
+
+// Exit code 1 and one "hetmesh: error: " line on stderr that contains each of `parts`.
+void expect_refused(const CliRun& run, const std::vector<std::string>& parts) {
+  EXPECT_EQ(run.result.signal, 0) << run.result.describe() << "\n" << run.result.err;
+  EXPECT_EQ(run.result.exit_code, 1) << run.result.describe() << "\n" << run.result.err;
+  EXPECT_EQ(run.result.err.rfind("hetmesh: error: ", 0), 0u) << run.result.err;
+  for (const std::string& part : parts)
+    EXPECT_NE(run.result.err.find(part), std::string::npos) << "missing \"" << part << "\" in:\n"
+                                                            << run.result.err;
+  EXPECT_EQ(run.result.err.find("bad_alloc"), std::string::npos) << run.result.err;
+}
+
+double available_gib() {
+  return static_cast<double>(afd::available_memory_bytes()) / (1024.0 * 1024 * 1024);
+}
+
+TEST(CliRefusal, StepMeshConfigIsRefusedAtOnceWhereItDoesNotFit) {
+  // Its demo model (fp32 expert weights) is about 25 GiB per instance, 4 instances.
+  if (available_gib() > 130) GTEST_SKIP() << "this machine has room for it";
+  std::string config = std::string(HETMESH_EXAMPLE_CONFIG_DIR) + "/stepmesh-2a2f.toml";
+  CliRun run = run_cli({"demo", "--config", config});
+  expect_refused(run, {config + ": this job needs about ", "GiB of memory on this machine",
+                       "attention 0: ", "ffn 1: ", "is available (", "the demo model's weights"});
+  // Up front: before any instance starts (a benchmark figure, not an assertion on time).
+  EXPECT_EQ(run.result.out.find("progress"), std::string::npos) << run.result.out;
+  std::printf("refused after %.3f s\n", run.seconds);
+}
+
+TEST(CliRefusal, ShapeTooBigToAllocateIsAnErrorNotAnAbort) {
+  test::TempDir dir;
+  std::ofstream(dir.file("big.toml")) << "[model]\nhidden = 65536\n";
+  CliRun run = run_cli({"demo", "--config", dir.file("big.toml")});
+  expect_refused(run, {dir.file("big.toml") + ": this job needs about ", "is available"});
+  // bench afd counts the engines' slots: 8 + 8 instances of 100 to 200 GiB of slots each.
+  std::ofstream(dir.file("slots.toml")) << "[job]\nattention = 8\nffn = 8\nmicro_batches = 11\n"
+                                           "[model]\nexperts = 8\ntokens = 131072\nhidden = 4096\n";
+  if (available_gib() > 2000) GTEST_SKIP() << "this machine has room for the bench job";
+  run = run_cli({"bench", "afd", "--config", dir.file("slots.toml")});
+  expect_refused(run, {dir.file("slots.toml") + ": this job needs about ", "attention 7: "});
+}
+
+TEST(CliRefusal, MissingTemporaryFolderIsNamed) {
+  CliRun run = run_cli({"demo"}, {"TMPDIR=/nonexistent"});
+  expect_refused(run, {"the temporary folder /nonexistent (from TMPDIR=/nonexistent) does not "
+                       "exist; set TMPDIR to an existing folder you can write to"});
+  run = run_cli({"bench", "afd", "--iterations", "1", "--no-bare"}, {"TMPDIR=/nonexistent"});
+  expect_refused(run, {"/nonexistent", "TMPDIR"});
+}
+
+TEST(CliRefusal, TemporaryFolderThatIsAFileIsNamed) {
+  test::TempDir dir;
+  std::ofstream(dir.file("file")) << "x";
+  CliRun run = run_cli({"demo"}, {"TMPDIR=" + dir.file("file")});
+  expect_refused(run, {fmt::format("the temporary folder {} (from TMPDIR={}) is not a folder",
+                                   dir.file("file"), dir.file("file"))});
+}
+
+TEST(CliRefusal, AnyExceptionIsPrintedNotAborted) {
+  // A child's rank beyond the job's: std::out_of_range from the device list, not a hetmesh::Error.
+  CliRun run = run_cli(
+      {"demo", "--role", "ffn", "--rank", "5", "--store", "127.0.0.1:1", "--out", "/nonexistent"});
+  expect_refused(run, {});
+}
+
+}  // namespace
+}  // namespace hetmesh

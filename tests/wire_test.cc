@@ -1,0 +1,97 @@
+// The wire header's bounds check (afd/src/wire.hpp) against hostile headers: sizes whose product
+// wraps 64 bits must be refused, not accepted as a small payload that "fits"; and the engine
+// spec's slot arithmetic throws instead of wrapping.
+#include "wire.hpp"
+
+#include <hetmesh/afd/engine.hpp>
+
+#include <gtest/gtest.h>
+
+#include <limits>
+
+namespace hetmesh::afd {
+namespace {
+
+constexpr uint64_t kBytesPerToken = uint64_t{1} << 34;  // a hostile slot table's figure
+
+SlotLimits wide_limits() {
+  return {MessageKind::a2f,
+          1,
+          1,
+          std::numeric_limits<uint32_t>::max(),
+          7168,
+          8,
+          /*capacity=*/uint64_t{1} << 20,
+          kBytesPerToken};
+}
+
+WireHeader header(uint32_t tokens, uint64_t payload_bytes) {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.kind = static_cast<uint16_t>(MessageKind::a2f);
+  h.tokens = tokens;
+  h.hidden = 7168;
+  h.top_k = 8;
+  h.payload_bytes = payload_bytes;
+  return h;
+}
+
+std::string refusal(const WireHeader& h, const SlotLimits& limits) {
+  try {
+    validate(h, limits, 0, 0, "test");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), kStatusProtocolError);
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(WireValidate, ProductThatWrapsIsRefused) {
+  // 2^30 tokens x 2^34 bytes = 2^64, which wraps to 0: a payload of 0 bytes "matched" and "fit".
+  EXPECT_NE(refusal(header(1u << 30, 0), wide_limits()).find("refused header: payload of 0 bytes"),
+            std::string::npos);
+  // 2^31 tokens: 2^65 wraps to 0 as well.
+  EXPECT_NE(refusal(header(1u << 31, 0), wide_limits()).find("refused header"), std::string::npos);
+  // A product that wraps to a value within the capacity: (2^30 + 1) x 2^34 = 2^34 mod 2^64.
+  SlotLimits roomy = wide_limits();
+  roomy.capacity = kBytesPerToken;
+  EXPECT_NE(refusal(header((1u << 30) + 1, kBytesPerToken), roomy).find("refused header"),
+            std::string::npos);
+}
+
+TEST(WireValidate, HonestHeaderIsAccepted) {
+  SlotLimits limits = wide_limits();
+  limits.bytes_per_token = 7168 + 8 * 8;
+  limits.capacity = 128 * limits.bytes_per_token;
+  limits.max_tokens = 128;
+  EXPECT_EQ(refusal(header(128, 128 * limits.bytes_per_token), limits), "accepted");
+  EXPECT_EQ(refusal(header(3, 3 * limits.bytes_per_token), limits), "accepted");
+  EXPECT_NE(refusal(header(3, 3 * limits.bytes_per_token + 1), limits).find("payload"),
+            std::string::npos);
+  EXPECT_NE(refusal(header(129, 129 * limits.bytes_per_token), limits).find("129 tokens"),
+            std::string::npos);
+  EXPECT_NE(refusal(header(0, 0), limits).find("0 tokens"), std::string::npos);
+}
+
+TEST(EngineSpecSizes, OverflowThrowsInsteadOfWrapping) {
+  EngineSpec spec;
+  spec.tokens = std::numeric_limits<uint32_t>::max();
+  spec.hidden = std::numeric_limits<uint32_t>::max();
+  spec.top_k = std::numeric_limits<uint32_t>::max();
+  spec.a2f_bytes = 4;
+  spec.f2a_bytes = 4;
+  EXPECT_THROW(spec.a2f_slot_bytes(), Error);
+  EXPECT_THROW(spec.f2a_slot_bytes(), Error);
+  EXPECT_THROW(spec.instance_slot_bytes(), Error);
+  spec = EngineSpec{};  // StepMesh's shape: 128 x (7168 x 1 + 8 x 8) and 128 x 7168 x 2
+  EXPECT_EQ(spec.a2f_slot_bytes(), 128u * (7168 + 64));
+  EXPECT_EQ(spec.f2a_slot_bytes(), 128u * 7168 * 2);
+  EXPECT_EQ(spec.instance_slot_bytes(), 3 * (spec.a2f_slot_bytes() + spec.f2a_slot_bytes()));
+  spec.role = Role::ffn;
+  spec.attention = 2;
+  EXPECT_EQ(spec.instance_slot_bytes(), 2 * 3 * (spec.a2f_slot_bytes() + spec.f2a_slot_bytes()));
+}
+
+}  // namespace
+}  // namespace hetmesh::afd
