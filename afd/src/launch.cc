@@ -80,8 +80,9 @@ int run_instance(const InstanceIdentity& who, const std::function<int()>& body) 
   std::string origin = fmt::format("{}:{}", who.role, who.rank);
   if (!consequence) {
     try {
+      // Short: the store was up when the job started, so a refusal now means it is gone.
       auto store =
-          connect_tcp_store(who.store, std::min(who.timeout, std::chrono::milliseconds(2000)));
+          connect_tcp_store(who.store, std::min(who.timeout, std::chrono::milliseconds(500)));
       Rendezvous rendezvous(*store, who.job, who.role, who.rank);
       consequence = !rendezvous.report_failure(message);
     } catch (const std::exception& e) {
@@ -234,8 +235,11 @@ std::vector<InstanceFailure> LocalJob::wait(std::chrono::milliseconds limit,
     Clock::time_point now = Clock::now();
     if (int signal = InterruptGuard::signal(); signal != 0 && interrupted_ == 0) {
       interrupted_ = signal;
-      for (Instance& instance : instances_)
-        if (!instance.reaped) instance.process->kill(signal);
+      for (Instance& instance : instances_) {
+        if (instance.reaped) continue;
+        instance.process->kill(signal);
+        instance.process->kill(SIGCONT);  // a stopped instance acts on it too
+      }
       stop_others(now, kInterruptGrace);
     }
     if (interrupted_ != 0 && g_signals.load() > 1) stop_others(now, std::chrono::milliseconds(0));
@@ -250,6 +254,7 @@ std::vector<InstanceFailure> LocalJob::wait(std::chrono::milliseconds limit,
         if (interrupted_ != 0 || (result.signal == 0 && result.exit_code == 0)) continue;
         bool after_another = result.signal == 0 && result.exit_code == kExitAfterAnotherFailure;
         failures.push_back({instance.role, instance.rank, result, after_another, {}});
+        if (result.signal != 0) publish_failure(instance, failures.back());  // it crashed
         stop_others(now, kFailureGrace);
         continue;
       }
@@ -278,10 +283,31 @@ std::vector<InstanceFailure> LocalJob::wait(std::chrono::milliseconds limit,
       instance.reaped = true;
       if (reason.empty()) continue;
       failures.push_back({instance.role, instance.rank, result, false, reason});
+      publish_failure(instance, failures.back());
       stop_others(now, kFailureGrace);
     }
     if (!running) return failures;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// An instance that crashed, or that this launcher killed, could not say why itself: the launcher
+// says it for it, so that the others stop as after any failure and do not report the broken
+// connections it leaves as root causes. (One that exited with an error tried to itself.)
+void LocalJob::publish_failure(const Instance& instance, const InstanceFailure& failure) {
+  if (failure_published_) return;
+  failure_published_ = true;
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  std::string why = failure.reason.empty() ? failure.result.describe() : failure.reason;
+  try {
+    auto store = connect_tcp_store(store_, std::chrono::milliseconds(500));
+    publish_job_failure(*store, job_,
+                        fmt::format("{}:{} on {} pid {}: {}", instance.role, instance.rank, host,
+                                    instance.process->pid(), why));
+  } catch (const std::exception& e) {
+    log(LogLevel::info, "cannot publish the failure of {}:{}: {}", instance.role, instance.rank,
+        e.what());
   }
 }
 

@@ -26,8 +26,8 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -176,7 +176,7 @@ bool run_instances(const JobConfig& c, const afd::LocalInstances& local, const s
       job.wait(limit, c.job.timeout + std::chrono::milliseconds(500));
   if (int signal = job.interrupted(); signal != 0) {
     fmt::print(stderr, "hetmesh demo: interrupted by {}: stopped the instances\n",
-               strsignal(signal));
+               signal == SIGINT ? "SIGINT" : "SIGTERM");
     return false;
   }
   for (const std::string& line : job.explain(failures))

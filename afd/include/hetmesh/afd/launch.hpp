@@ -129,13 +129,16 @@ class LocalJob {
 
   // Waits until every instance has exited, and returns those that failed; empty when every one
   // exited with 0. It stops the job early:
-  //   - on the first failure: the others get 100 ms to end on their own (their failures are then
-  //     reported too, e.g. both ends of a broken connection), then are killed with SIGKILL,
-  //     stopped (SIGSTOP) ones included; those killed are not among the failures;
+  //   - on the first failure: it is published through the store for the instance, unless the
+  //     instance did (a crash, or killed here), so the others stop as after their own rendezvous
+  //     failure; they get 100 ms to end on their own (their failures are then reported too), then
+  //     are killed with SIGKILL, stopped (SIGSTOP) ones included; those killed are not among the
+  //     failures;
   //   - when an instance stays stopped (SIGSTOP) for longer than `stopped_limit`: it is killed
   //     and fails, then as above;
   //   - on SIGINT or SIGTERM (with an InterruptGuard alive): the signal is forwarded to every
-  //     instance, which get 1 s to end before SIGKILL; none is reported (see interrupted());
+  //     instance (with SIGCONT, for stopped ones), which get 1 s to end before SIGKILL; none is
+  //     reported (see interrupted());
   //   - at `limit`: those still running are killed and fail as timed out.
   // For instances not waited for one by one through their ChildProcess.
   std::vector<InstanceFailure> wait(std::chrono::milliseconds limit,
@@ -161,10 +164,12 @@ class LocalJob {
     std::optional<std::chrono::steady_clock::time_point> stopped_since;
   };
   void read_output(Instance& instance, bool until_closed);
+  void publish_failure(const Instance& instance, const InstanceFailure& failure);
   std::vector<std::string> command_;
   std::string store_, out_, job_;
   std::vector<Instance> instances_;
   int interrupted_ = 0;
+  bool failure_published_ = false;
 };
 
 }  // namespace hetmesh::afd
