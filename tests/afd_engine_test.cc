@@ -140,8 +140,9 @@ int child_main(int argc, char** argv) {
                                parse_transport_kind(argv[12]));
   spec.rank = rank;
   set_log_identity(fmt::format("{}:{}", role, rank));
+  std::unique_ptr<KeyValueStore> store;
   try {
-    auto store = connect_tcp_store(argv[6], kTimeout);
+    store = connect_tcp_store(argv[6], kTimeout);
     if (role == "ffn") {
       spec.role = Role::ffn;
       return run_ffn(spec, *store);
@@ -152,6 +153,13 @@ int child_main(int argc, char** argv) {
     return run_attention(spec, *store, std::stoi(argv[13]), argc > 14 ? argv[14] : "");
   } catch (const Error& e) {
     std::cout << "error " << status_name(e.status()) << ": " << e.what() << std::endl;
+    // The job's first failure, for the others' rendezvous waits (as run_instance publishes it).
+    try {
+      if (store && e.status() != kStatusJobFailed)
+        Rendezvous(*store, spec.job, role == "ffn" ? "ffn" : "attention", rank)
+            .report_failure(e.what());
+    } catch (const Error&) {  // the store is gone: nobody is left to tell
+    }
     return 1;
   }
 }

@@ -8,6 +8,7 @@
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/log.hpp>
 #include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
@@ -86,6 +87,7 @@ int child_main(int argc, char** argv) {
   EngineSpec spec =
       fault_spec(std::stoi(argv[9]), std::stoi(argv[10]), parse_transport_kind(argv[11]));
   spec.rank = std::stoi(argv[4]);
+  set_log_identity(fmt::format("{}:{}", role, spec.rank));
   try {
     auto store = connect_tcp_store(argv[6], kChildTimeout);
     if (role == "ffn") {

@@ -73,6 +73,15 @@ std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const Publi
     try {
       peer.connection = transport.connect(endpoint, spec.timeout);
     } catch (const Error& e) {
+      // A peer that failed after publishing its endpoint refuses the connection: its own report
+      // says why, better than the refusal.
+      std::optional<std::string> failure;
+      try {
+        failure = job_failure(store, spec.job);
+      } catch (const Error&) {
+      }
+      if (failure)
+        throw Error(kStatusJobFailed, fmt::format("job '{}' failed: {}", spec.job, *failure));
       throw Error(e.status(), fmt::format("{} {}: connecting to {}: {}", role_name(spec.role),
                                           spec.rank, name, e.what()));
     }

@@ -30,6 +30,8 @@ const char* status_name(hm_status status) {
       return "PEER_LOST";
     case kStatusProtocolError:
       return "PROTOCOL_ERROR";
+    case kStatusJobFailed:
+      return "JOB_FAILED";
     default:
       return "HM_STATUS_UNKNOWN";
   }

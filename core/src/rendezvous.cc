@@ -1,8 +1,11 @@
-// Store-independent rendezvous helpers: the reusable barrier and Rendezvous (rendezvous.hpp).
+// Store-independent rendezvous helpers: a job's published failure, the waits that watch it, the
+// reusable barrier and Rendezvous (rendezvous.hpp).
 #include <hetmesh/core/rendezvous.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -13,10 +16,58 @@ using std::chrono::milliseconds;
 
 KeyValueStore::~KeyValueStore() = default;
 
+namespace {
+
+std::string failure_key(const std::string& job_id) {
+  return job_id + "/failed";
+}
+
+}  // namespace
+
+bool publish_job_failure(KeyValueStore& store, const std::string& job_id,
+                         const std::string& report) {
+  // The counter makes "first" atomic; a waiter that looks between the add and the set sees the
+  // report one check later.
+  if (store.add(job_id + "/failures", 1) != 1) return false;
+  store.set(failure_key(job_id), std::vector<uint8_t>(report.begin(), report.end()));
+  return true;
+}
+
+std::optional<std::string> job_failure(KeyValueStore& store, const std::string& job_id) {
+  auto report = store.try_get(failure_key(job_id));
+  if (!report) return std::nullopt;
+  return std::string(report->begin(), report->end());
+}
+
+std::vector<uint8_t> wait_for_key(KeyValueStore& store, const std::string& key,
+                                  milliseconds timeout, const std::string& job_id) {
+  if (job_id.empty()) return store.get(key, timeout);
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const auto slice_start = Clock::now();
+    const auto left =
+        std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - slice_start));
+    const milliseconds slice = std::min(left, kFailureCheck);
+    try {
+      return store.get(key, slice);
+    } catch (const Error& e) {
+      if (e.status() != HM_ERR_TIMEOUT) throw;
+      // A slice that overran by far is a store that stops answering, not a missing key.
+      if (Clock::now() - slice_start > slice + std::chrono::seconds(1)) throw;
+    }
+    if (auto report = job_failure(store, job_id))
+      throw Error(kStatusJobFailed, fmt::format("job '{}' failed: {}", job_id, *report));
+    if (slice == left)
+      throw Error(HM_ERR_TIMEOUT, fmt::format("{}: key '{}' did not appear within {} ms",
+                                              store.describe(), key, timeout.count()));
+  }
+}
+
 // Arrivals are counted on one ever-growing counter, so arrival n belongs to generation
 // (n-1)/world_size, and the last arrival of a generation opens it by setting its "done" key.
 // Reuse needs no reset: a caller that is already in generation g+1 only ever waits on g+1's key.
-void barrier(KeyValueStore& store, const std::string& name, int world_size, milliseconds timeout) {
+void barrier(KeyValueStore& store, const std::string& name, int world_size, milliseconds timeout,
+             const std::string& job_id) {
   if (world_size < 1)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("barrier '{}': world size {} is not positive", name, world_size));
@@ -33,7 +84,7 @@ void barrier(KeyValueStore& store, const std::string& name, int world_size, mill
     if (generation > 0) store.erase(done_key(generation - 1));
   }
   try {
-    store.get(done_key(generation), timeout);
+    wait_for_key(store, done_key(generation), timeout, job_id);
   } catch (const Error& e) {
     if (e.status() != HM_ERR_TIMEOUT) throw;
     int64_t arrived = store.add(counter, 0) - generation * world_size;
@@ -62,7 +113,7 @@ void wait_for_all(KeyValueStore& store, const std::string& job_id, int attention
       auto left = std::max(milliseconds(0),
                            std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
       try {
-        store.get(instance_key(job_id, role, rank, what), left);
+        wait_for_key(store, instance_key(job_id, role, rank, what), left, job_id);
       } catch (const Error& e) {
         if (e.status() != HM_ERR_TIMEOUT) throw;
         std::vector<std::string> missing;
@@ -110,10 +161,18 @@ void Rendezvous::publish(const std::string& what, const std::vector<uint8_t>& bl
   store_.set(key(role_, rank_, what), blob);
 }
 
+bool Rendezvous::report_failure(const std::string& message) {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  return publish_job_failure(
+      store_, job_id_,
+      fmt::format("{}:{} on {} pid {}: {}", role_, rank_, host, getpid(), message));
+}
+
 std::vector<uint8_t> Rendezvous::fetch(const std::string& role, int rank, const std::string& what,
                                        milliseconds timeout) {
   check_role_rank(role, rank);
-  return store_.get(key(role, rank, what), timeout);
+  return wait_for_key(store_, key(role, rank, what), timeout, job_id_);
 }
 
 void Rendezvous::wait_for_world(int attention, int ffn, milliseconds timeout) {

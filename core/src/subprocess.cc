@@ -1,3 +1,5 @@
+// Child processes (subprocess.hpp): started with fork and exec so that each one dies with its
+// parent, their pipes, and waiting for them with a deadline.
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
@@ -5,7 +7,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,27 +57,58 @@ struct Pipe {
   void close_write() { close(write), write = -1; }
 };
 
+// In the child, between fork and exec: only async-signal-safe calls. Never returns.
+[[noreturn]] void exec_child(char* const* args, const int (&fds)[3], pid_t parent, int report) {
+  // Dies with the parent. A parent that died before prctl took effect is seen as a new parent.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);  // a mask would survive exec
+  for (int target = 0; target < 3; ++target) {
+    if (fds[target] < 0) continue;
+    if (fds[target] == target)
+      fcntl(target, F_SETFD, 0);  // dup2 to itself would keep close-on-exec
+    else if (dup2(fds[target], target) < 0)
+      break;
+  }
+  execve(args[0], args, environ);
+  int error = errno;
+  ssize_t ignored = ::write(report, &error, sizeof error);
+  (void)ignored;
+  _exit(127);
+}
+
+// Starts argv[0] (a path) with `fds` as its stdin, stdout and stderr (-1: this process's).
+// Throws Error(INVALID_ARGUMENT) if it cannot be started, e.g. a missing executable.
+pid_t spawn(const std::vector<std::string>& argv, const int (&fds)[3]) {
+  std::vector<char*> args;
+  for (const auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  Pipe report;  // close-on-exec: stays silent when exec succeeds, carries errno when it fails
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) throw Error(HM_ERR_BACKEND, fmt::format("fork: {}", std::strerror(errno)));
+  if (pid == 0) exec_child(args.data(), fds, parent, report.write);
+  report.close_write();
+  int error = 0;
+  ssize_t got;
+  while ((got = ::read(report.read, &error, sizeof error)) < 0 && errno == EINTR) {
+  }
+  if (got <= 0) return pid;
+  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  throw Error(HM_ERR_INVALID_ARGUMENT,
+              fmt::format("cannot start {}: {}", argv[0], std::strerror(error)));
+}
+
 }  // namespace
 
 ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
                           const std::string& input) {
   if (argv.empty()) throw Error(HM_ERR_INVALID_ARGUMENT, "run_process: empty argv");
   Pipe in(/*socket=*/true), out, err;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in.read, 0);
-  posix_spawn_file_actions_adddup2(&actions, out.write, 1);
-  posix_spawn_file_actions_adddup2(&actions, err.write, 2);
-  std::vector<char*> args;
-  for (const auto& a : argv)
-    args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("cannot start {}: {}", argv[0], std::strerror(rc)));
+  pid_t pid = spawn(argv, {in.read, out.write, err.write});
   in.close_read();
   out.close_write();
   err.close_write();
@@ -124,19 +157,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
 ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
   if (argv.empty()) throw Error(HM_ERR_INVALID_ARGUMENT, "ChildProcess: empty argv");
   Pipe in(/*socket=*/true), out;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in.read, 0);
-  posix_spawn_file_actions_adddup2(&actions, out.write, 1);
-  std::vector<char*> args;
-  for (const auto& a : argv)
-    args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  int rc = posix_spawn(&pid_, argv[0].c_str(), &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("cannot start {}: {}", argv[0], std::strerror(rc)));
+  pid_ = spawn(argv, {in.read, out.write, -1});
   stdin_ = std::exchange(in.write, -1);
   stdout_ = std::exchange(out.read, -1);
 }

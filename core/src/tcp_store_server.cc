@@ -201,7 +201,14 @@ bool TcpStoreServer::Impl::serve_one(Client& client) {
   int fd = client.fd.get();
   uint8_t raw[kRequestHeaderBytes];
   // Clients idle between requests for as long as the job runs: only a started frame has a limit.
-  if (!net::recv_exact(fd, raw, 1, "request")) return false;
+  // A client that goes away between requests (closed, or reset: its process ended or was killed)
+  // is an ordinary end, not worth a warning.
+  try {
+    if (!net::recv_exact(fd, raw, 1, "request")) return false;
+  } catch (const Error& e) {
+    if (e.status() != kStatusPeerLost) throw;
+    return false;
+  }
   net::Deadline deadline = Clock::now() + kFrameTimeout;
   net::recv_all(fd, raw + 1, sizeof raw - 1, "request header", deadline);
   Frame frame = decode_request(raw);

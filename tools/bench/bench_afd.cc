@@ -75,12 +75,18 @@ struct BenchRun {
   int cpu_block_size;
 };
 
+// The rendezvous job id of the instances with this role ("attention", "bare-ffn"...).
+std::string job_id(const std::string& role) {
+  return role.rfind("bare-", 0) == 0 ? "bare" : afd::EngineSpec{}.job;
+}
+
 // Runs this host's instances of one job (the engine's, or with prefix "bare-" the bare
-// transport's) to completion; throws naming the instances that failed.
-void run_instances(const BenchRun& run, const std::string& prefix) {
+// transport's) to completion; throws saying why the job failed. Returns false when it was
+// interrupted (SIGINT, SIGTERM).
+bool run_instances(const BenchRun& run, const std::string& prefix) {
   const AfdBenchOptions& o = run.options;
   afd::LocalJob job({"bench", "afd", "--config", (run.dir / "job.toml").string()}, run.store,
-                    run.dir.string());
+                    run.dir.string(), job_id(prefix + "attention"));
   int block = 0;  // instances on this host, in order: attention first, as in CPU numbering
   auto start = [&](const std::string& role, int rank) {
     job.start(prefix + role, rank,
@@ -93,12 +99,13 @@ void run_instances(const BenchRun& run, const std::string& prefix) {
   for (int f : run.local.ffn)
     start("ffn", f);
   std::vector<afd::InstanceFailure> failures =
-      job.wait(std::chrono::duration_cast<std::chrono::milliseconds>(run.config.job.timeout * 10));
-  std::vector<std::string> failed;
-  for (const afd::InstanceFailure& failure : failures)
-    failed.push_back(failure.describe());
-  if (!failed.empty())
-    throw Error(HM_ERR_INTERNAL, fmt::format("bench afd: {}", fmt::join(failed, "; ")));
+      job.wait(std::chrono::duration_cast<std::chrono::milliseconds>(run.config.job.timeout * 10),
+               run.config.job.timeout + std::chrono::milliseconds(500));
+  if (job.interrupted() != 0) return false;
+  if (!failures.empty())
+    throw Error(HM_ERR_INTERNAL,
+                fmt::format("bench afd: {}", fmt::join(job.explain(failures), "; ")));
+  return true;
 }
 
 nlohmann::json read_json(const fs::path& path) {
@@ -164,9 +171,12 @@ void check_memory(const JobConfig& c, const afd::LocalInstances& local, const Af
 }
 
 int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
+  const afd::InterruptGuard interrupts;  // SIGINT, SIGTERM: stop the instances, then clean up
+  auto interrupted = [] { return 128 + afd::InterruptGuard::signal(); };
   const afd::LocalInstances local = afd::parse_instances(o.instances, c);
   check_memory(c, local, o);
   fs::path dir = afd::make_job_folder("hetmesh-bench-afd");
+  const afd::FolderRemover remove_dir(dir);
   std::ofstream(dir / "job.toml") << afd::to_toml(c);
   afd::JobStore store(c, o.store);
   if (!local.everything(c)) {
@@ -178,27 +188,30 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
     std::fflush(stdout);  // an invocation on another host needs the store's address now
   }
   const BenchRun run{c, o, local, store.address(), dir, cpu_block_size(c, o.pin)};
-  run_instances(run, "");
-  if (o.bare) run_instances(run, "bare-");
+  if (!run_instances(run, "") || (o.bare && !run_instances(run, "bare-"))) return interrupted();
   if (local.attention.empty()) {
     fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",
                fmt::join(local.ffn, ","));
-    fs::remove_all(dir);
     return 0;
   }
   AfdBenchResults results = collect(run);
-  fs::remove_all(dir);
   report(c, o, results);
-  return 0;
+  return afd::InterruptGuard::signal() != 0 ? interrupted() : 0;
 }
 
 int run_role(const JobConfig& c, const AfdBenchOptions& o) {
-  if (!o.role.empty()) set_log_identity(fmt::format("{}:{}", o.role, o.rank));  // a child
-  if (o.role == "attention") return run_attention(c, o);
-  if (o.role == "ffn") return run_ffn(c, o);
-  if (o.role == "bare-attention") return run_bare_attention(c, o);
-  if (o.role == "bare-ffn") return run_bare_ffn(c, o);
-  return run_bench(c, o);
+  if (o.role.empty()) return run_bench(c, o);
+  set_log_identity(fmt::format("{}:{}", o.role, o.rank));  // a child
+  const bool bare = o.role.rfind("bare-", 0) == 0;
+  const afd::InstanceIdentity self{o.store, job_id(o.role), bare ? o.role.substr(5) : o.role,
+                                   o.rank, c.job.timeout};
+  return afd::run_instance(self, [&] {
+    if (o.role == "attention") return run_attention(c, o);
+    if (o.role == "ffn") return run_ffn(c, o);
+    if (o.role == "bare-attention") return run_bare_attention(c, o);
+    if (o.role == "bare-ffn") return run_bare_ffn(c, o);
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("--role {}: unknown", o.role));
+  });
 }
 
 }  // namespace

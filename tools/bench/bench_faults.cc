@@ -10,6 +10,7 @@
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/log.hpp>
 #include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
@@ -65,6 +66,7 @@ EngineSpec spec_of(const FaultOptions& o, Role role) {
 
 // An instance: serves or pushes until its engine fails, then prints "error <ns> <message>".
 int run_instance(const FaultOptions& o) {
+  set_log_identity(fmt::format("{}:{}", o.role, o.rank));
   try {
     auto store = connect_tcp_store(o.store, std::chrono::milliseconds(10000));
     if (o.role == "ffn") {

@@ -26,6 +26,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -149,33 +150,32 @@ std::vector<float> read_floats(const fs::path& path, size_t count) {
 }
 
 // Starts this host's instances, shows attention 0's progress if it runs here, and waits for them
-// all; says which failed, if any.
+// all; says why the job failed, if it did, or that it was interrupted.
 bool run_instances(const JobConfig& c, const afd::LocalInstances& local, const std::string& store,
                    const fs::path& dir) {
-  afd::LocalJob job({"demo", "--config", (dir / "job.toml").string()}, store, dir.string());
+  afd::LocalJob job({"demo", "--config", (dir / "job.toml").string()}, store, dir.string(),
+                    afd::EngineSpec{}.job);
   for (int f : local.ffn)
     job.start("ffn", f);
-  ChildProcess* first_attention = nullptr;
-  for (int a : local.attention) {
-    ChildProcess& child = job.start("attention", a);
-    if (a == 0) first_attention = &child;
-  }
+  for (int a : local.attention)
+    job.start("attention", a, {}, [a](const std::string& line) {
+      int done = 0, total = 0;
+      if (a == 0 && std::sscanf(line.c_str(), "progress %d %d", &done, &total) == 2 && total >= 8)
+        fmt::print("  layer {}/{}\n", done, total);
+    });
+  // A healthy job ends well within this; a failing one ends at its first failure, and an instance
+  // that stays stopped (SIGSTOP) beyond the timeout is killed as failed.
   auto limit =
       std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * (c.job.layers + 2));
-  if (first_attention) {  // until its output closes
-    try {
-      for (;;) {
-        std::string line = first_attention->read_line(limit);
-        int done = 0, total = 0;
-        if (std::sscanf(line.c_str(), "progress %d %d", &done, &total) == 2 && total >= 8)
-          fmt::print("  layer {}/{}\n", done, total);
-      }
-    } catch (const Error&) {
-    }
+  std::vector<afd::InstanceFailure> failures =
+      job.wait(limit, c.job.timeout + std::chrono::milliseconds(500));
+  if (int signal = job.interrupted(); signal != 0) {
+    fmt::print(stderr, "hetmesh demo: interrupted by {}: stopped the instances\n",
+               signal == SIGINT ? "SIGINT" : "SIGTERM");
+    return false;
   }
-  std::vector<afd::InstanceFailure> failures = job.wait(limit);
-  for (const afd::InstanceFailure& failure : failures)
-    fmt::print(stderr, "hetmesh demo: {}\n", failure.describe());
+  for (const std::string& line : job.explain(failures))
+    fmt::print(stderr, "hetmesh demo: {}\n", line);
   return failures.empty();
 }
 
@@ -264,7 +264,9 @@ void check_memory(const JobConfig& c, const afd::LocalInstances& local, const De
 int run_job(const JobConfig& c, const DemoOptions& o) {
   const afd::LocalInstances local = afd::parse_instances(o.instances, c);
   check_memory(c, local, o);
+  const afd::InterruptGuard interrupts;  // SIGINT, SIGTERM: stop the instances, then clean up
   fs::path dir = afd::make_job_folder("hetmesh-demo");
+  const afd::FolderRemover remove_dir(dir);
   std::ofstream(dir / "job.toml") << afd::to_toml(c);
 
   afd::JobStore store(c, o.store);
@@ -281,7 +283,8 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
         store.hosted() ? "hosted here" : "joined");
   std::fflush(stdout);  // an invocation on another host needs the store's address now
 
-  if (!run_instances(c, local, store.address(), dir)) return 1;
+  if (!run_instances(c, local, store.address(), dir))
+    return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 1;
   if (local.attention.empty())
     fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",
                fmt::join(local.ffn, ","));
@@ -289,8 +292,7 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
     report(c, local, dir);
   else
     return 1;
-  fs::remove_all(dir);
-  return 0;
+  return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 0;
 }
 
 }  // namespace
@@ -313,12 +315,16 @@ void add_demo_command(CLI::App& app) {
     JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
     int rc;
     if (!o->role.empty()) set_log_identity(fmt::format("{}:{}", o->role, o->rank));  // a child
-    if (o->role == "attention")
-      rc = run_attention(config, *o);
-    else if (o->role == "ffn")
-      rc = run_ffn(config, *o);
-    else
+    if (o->role == "attention" || o->role == "ffn") {
+      const afd::Role role = o->role == "attention" ? afd::Role::attention : afd::Role::ffn;
+      const afd::InstanceIdentity self{o->store, afd::EngineSpec{}.job, o->role, o->rank,
+                                       config.job.timeout};
+      rc = afd::run_instance(self, [&] {
+        return role == afd::Role::attention ? run_attention(config, *o) : run_ffn(config, *o);
+      });
+    } else {
       rc = run_job(config, *o);
+    }
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

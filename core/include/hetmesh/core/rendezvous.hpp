@@ -8,6 +8,12 @@
 //
 // Every blocking call takes a timeout; a store that dies makes calls fail promptly with
 // Error(kStatusPeerLost) (or HM_ERR_TIMEOUT when it stops answering), never hang.
+//
+// A job's first failure: an instance that cannot go on (a bad device selector, a bad plugin
+// option) publishes why under "<job>/failed" (Rendezvous::report_failure), and every wait of the
+// job's rendezvous checks that key between slices of at most kFailureCheck and then throws
+// Error(kStatusJobFailed) carrying that report. So one bad instance fails the others within a
+// fraction of a second, with its own error and origin, not after their whole join timeouts.
 #pragma once
 
 #include <hetmesh/core/error.hpp>
@@ -72,12 +78,30 @@ class TcpStoreServer {
 std::unique_ptr<KeyValueStore> connect_tcp_store(const std::string& address,
                                                  std::chrono::milliseconds timeout);
 
+// How often a rendezvous wait looks for its job's published failure.
+constexpr std::chrono::milliseconds kFailureCheck{100};
+
+// Publishes `report` as the failure of job `job_id`, unless an instance did so first; returns
+// whether this call was the first. The first report is the job's root cause: later ones are
+// usually its consequences.
+bool publish_job_failure(KeyValueStore& store, const std::string& job_id,
+                         const std::string& report);
+// The failure published for job `job_id`, if any.
+std::optional<std::string> job_failure(KeyValueStore& store, const std::string& job_id);
+
+// store.get(key, timeout), watching job `job_id`'s failure: throws Error(kStatusJobFailed)
+// "job 'ID' failed: REPORT" within about kFailureCheck of its publication. An empty job_id
+// watches nothing.
+std::vector<uint8_t> wait_for_key(KeyValueStore& store, const std::string& key,
+                                  std::chrono::milliseconds timeout, const std::string& job_id);
+
 // Blocks until `world_size` callers have reached the barrier `name`, or throws
 // Error(HM_ERR_TIMEOUT) saying how many arrived. Reusable: every participant may call it again
 // with the same name, as long as all call it the same number of times. A timeout leaves that
-// name unusable (the job is failing anyway).
+// name unusable (the job is failing anyway). With a job id, it ends early when that job's failure
+// is published (wait_for_key).
 void barrier(KeyValueStore& store, const std::string& name, int world_size,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, const std::string& job_id = {});
 
 // One instance's view of a job's rendezvous. Keys are "<job_id>/<role>/<rank>/<what>".
 class Rendezvous {
@@ -92,12 +116,15 @@ class Rendezvous {
 
   // Publishes a blob of this instance under `what` ("endpoint", "slots", ...).
   void publish(const std::string& what, const std::vector<uint8_t>& blob);
-  // Waits for another instance's blob.
+  // Publishes this instance's failure for the whole job as "ROLE:RANK on HOST pid PID: message"
+  // (publish_job_failure); returns whether it was the job's first.
+  bool report_failure(const std::string& message);
+  // Waits for another instance's blob; ends early if the job's failure is published.
   std::vector<uint8_t> fetch(const std::string& role, int rank, const std::string& what,
                              std::chrono::milliseconds timeout);
   // Publishes "ready" for this instance, then waits until every instance of the world
   // (`attention` A ranks and `ffn` F ranks) has: call it after publishing everything peers need.
-  // On timeout the message lists who is missing.
+  // On timeout the message lists who is missing; ends early if the job's failure is published.
   void wait_for_world(int attention, int ffn, std::chrono::milliseconds timeout);
   // Marks this instance as gone ("left"), so peers and the store's host see a clean teardown
   // rather than a crash. Idempotent.
@@ -118,7 +145,7 @@ class Rendezvous {
 // Waits until every instance of job `job_id` (`attention` A and `ffn` F ranks) has called
 // Rendezvous::leave(). The store's host, which need not be an instance itself, calls this before
 // it destroys the server, so nobody loses the store mid-teardown. On timeout the message lists
-// who has not left.
+// who has not left; ends early if the job's failure is published.
 void wait_for_departure(KeyValueStore& store, const std::string& job_id, int attention, int ffn,
                         std::chrono::milliseconds timeout);
 

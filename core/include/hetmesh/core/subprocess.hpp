@@ -1,5 +1,10 @@
 // Running a child process with a deadline and capturing its output: plugin isolation probes, the
-// CTS's cross-process IPC checks and the multi-process tests.
+// CTS's cross-process IPC checks, the multi-process tests and the instances of a job.
+//
+// A child dies with its parent (SIGKILL through PR_SET_PDEATHSIG), so a launcher killed without
+// warning leaves no instance behind. Linux sends that signal when the *thread* that started the
+// child ends: start children from a thread that outlives them (the main thread, or the thread
+// that waits for them). A child starts with no signal blocked, whatever its parent blocks.
 #pragma once
 
 #include <chrono>

@@ -1,0 +1,395 @@
+// Failures around the launcher, with real processes and signals: the real `hetmesh demo` (a 2A2F
+// job on cpu:0 over ipc) with one bad instance, SIGTERM/SIGINT/SIGKILL of the launcher, a stopped
+// instance, and the death of the process that hosts the store. Each checks that the job ends, in
+// a bounded time (printed; only generous bounds are asserted), that its instances are gone, and
+// that nothing is left in /tmp or /dev/shm. This binary also re-runs itself as a store's host.
+#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/subprocess.hpp>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+namespace hetmesh {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A small 2A2F demo job; `devices` replaces the [devices] section.
+std::string write_config(const std::string& name, int timeout_ms,
+                         const std::string& devices = "attention = \"cpu:0\"\nffn = \"cpu:0\"\n") {
+  fs::path path = fs::path(testing::TempDir()) / fmt::format("launcher-{}-{}.toml", name, getpid());
+  std::ofstream(path) << fmt::format(
+      "[job]\nattention = 2\nffn = 2\nmicro_batches = 2\nlayers = 2\ntimeout_ms = {}\n"
+      "[model]\ntokens = 4\nhidden = 32\nexperts = 2\ntop_k = 1\n"
+      "[devices]\n{}"
+      "[tracing]\nenabled = false\n",
+      timeout_ms, devices);
+  return path.string();
+}
+
+// The processes whose parent is `parent`, by pid, with their command lines.
+std::map<int, std::string> children_of(int parent) {
+  std::map<int, std::string> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    int pid = std::atoi(entry.path().filename().c_str());
+    if (pid <= 0) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    auto end = line.rfind(')');
+    if (end == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + end + 1, " %c %d", &state, &ppid) != 2 || ppid != parent)
+      continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), {});
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    found[pid] = cmdline;
+  }
+  return found;
+}
+
+// Waits until `parent` has `count` children running the instance roles; returns their pids by
+// "ROLE RANK" ("ffn 1").
+std::map<std::string, int> wait_for_instances(int parent, size_t count) {
+  std::map<std::string, int> instances;
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (instances.size() < count && Clock::now() < deadline) {
+    instances.clear();
+    for (const auto& [pid, cmdline] : children_of(parent)) {
+      char role[16] = {};
+      int rank = -1;
+      auto at = cmdline.find("--role ");
+      if (at != std::string::npos &&
+          std::sscanf(cmdline.c_str() + at, "--role %15s --rank %d", role, &rank) == 2)
+        instances[fmt::format("{} {}", role, rank)] = pid;
+    }
+    if (instances.size() < count) std::this_thread::sleep_for(milliseconds(5));
+  }
+  return instances;
+}
+
+// Whether `pid` has ended (gone, or a zombie waiting for a reaper).
+bool ended(int pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  auto end = line.rfind(')');
+  return end != std::string::npos && end + 2 < line.size() && line[end + 2] == 'Z';
+}
+
+bool all_ended(const std::map<std::string, int>& instances, milliseconds within) {
+  auto deadline = Clock::now() + within;
+  for (;;) {
+    bool all = true;
+    for (const auto& [name, pid] : instances)
+      all = all && ended(pid);
+    if (all || Clock::now() >= deadline) return all;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+}
+
+std::set<std::string> shm_entries() {
+  std::set<std::string> names;
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator("/dev/shm", ignored))
+    if (entry.path().filename().string().rfind("hetmesh", 0) == 0)
+      names.insert(entry.path().filename().string());
+  return names;
+}
+
+fs::path demo_folder(int launcher) {
+  return fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", launcher);
+}
+
+// Counts the occurrences of `what` in `text`.
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+class LauncherTest : public testing::Test {
+ protected:
+  void SetUp() override { shm_before_ = shm_entries(); }
+  void TearDown() override { EXPECT_EQ(shm_entries(), shm_before_) << "left in /dev/shm"; }
+  std::set<std::string> shm_before_;
+};
+
+// ---- fast failure at start ----
+
+struct BadStart {
+  std::string name, devices, instance, selector;
+};
+
+class BadStartTest : public LauncherTest, public testing::WithParamInterface<BadStart> {};
+
+TEST_P(BadStartTest, OneBadInstanceFailsTheWholeJobAtOnceWithItsErrorShownOnce) {
+  const BadStart& p = GetParam();
+  // 10 s of join timeout: the others used to wait for all of it.
+  std::string config = write_config(p.name, 10000, p.devices);
+  auto start = Clock::now();
+  ProcessResult r =
+      run_process({HETMESH_CLI, "demo", "--config", config}, std::chrono::seconds(60));
+  double took = seconds_since(start);
+  std::printf("[ figure ] bad start (%s): the 2A2F job ended %.3f s after it started\n",
+              p.selector.c_str(), took);
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.err;
+  EXPECT_LT(took, 5.0) << r.err;
+  EXPECT_EQ(count(r.err, p.selector), 1u) << r.err;  // the root cause, once
+  EXPECT_NE(r.err.find("hetmesh: error: " + p.instance + " on "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hetmesh demo: " + p.instance + " failed (exit code 1)"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("did not appear"), std::string::npos) << r.err;  // no misleading timeout
+  EXPECT_EQ(count(r.err, "hetmesh: error:"), 1u) << r.err;  // the others do not repeat it
+  fs::remove(config);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Instances, BadStartTest,
+    testing::Values(BadStart{"ffn", "attention = \"cpu:0\"\nffn = [\"cpu:0\", \"cpu:3\"]\n",
+                             "ffn:1", "cpu:3"},
+                    BadStart{"attention", "attention = [\"cpu:0\", \"cpu:7\"]\nffn = \"cpu:0\"\n",
+                             "attention:1", "cpu:7"}),
+    [](const auto& p) { return p.param.name; });
+
+// ---- signals to the launcher ----
+
+class InterruptTest : public LauncherTest, public testing::WithParamInterface<int> {};
+
+// A stopped F keeps the job from finishing (nobody times out within the test); the signal must
+// reach the running instances, and the stopped one is killed after the grace period.
+TEST_P(InterruptTest, SignalToTheLauncherStopsEveryInstanceAndRemovesItsFolder) {
+  const int signal = GetParam();
+  std::string config = write_config("interrupt", 30000);
+  ChildProcess demo({HETMESH_CLI, "demo", "--config", config});
+  auto instances = wait_for_instances(demo.pid(), 4);
+  ASSERT_EQ(instances.size(), 4u);
+  ::kill(instances.at("ffn 1"), SIGSTOP);
+  std::this_thread::sleep_for(milliseconds(200));  // the others are joining, or waiting on it
+  auto start = Clock::now();
+  demo.kill(signal);
+  ProcessResult r = demo.wait(std::chrono::seconds(30));
+  std::printf("[ figure ] %s to the launcher: it ended %.3f s later\n",
+              signal == SIGTERM ? "SIGTERM" : "SIGINT", seconds_since(start));
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + signal) << r.describe();
+  EXPECT_TRUE(all_ended(instances, milliseconds(0))) << "an instance outlived the launcher";
+  EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
+  fs::remove(config);
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, InterruptTest, testing::Values(SIGTERM, SIGINT),
+                         [](const auto& p) { return p.param == SIGTERM ? "SIGTERM" : "SIGINT"; });
+
+TEST_F(LauncherTest, InstancesDieWithAKilledLauncher) {
+  std::string config = write_config("sigkill", 30000);
+  ChildProcess demo({HETMESH_CLI, "demo", "--config", config});
+  auto instances = wait_for_instances(demo.pid(), 4);
+  ASSERT_EQ(instances.size(), 4u);
+  ::kill(instances.at("ffn 1"), SIGSTOP);  // so the job cannot finish first
+  auto start = Clock::now();
+  demo.kill(SIGKILL);
+  demo.wait(std::chrono::seconds(10));
+  EXPECT_TRUE(all_ended(instances, milliseconds(5000))) << "instances outlived their launcher";
+  std::printf("[ figure ] SIGKILL of the launcher: its instances were gone %.3f s later\n",
+              seconds_since(start));
+  fs::remove_all(demo_folder(demo.pid()));  // a killed launcher cannot clean up
+  fs::remove(config);
+}
+
+// ---- a stopped instance ----
+
+class StoppedInstanceTest : public LauncherTest, public testing::WithParamInterface<std::string> {};
+
+TEST_P(StoppedInstanceTest, IsKilledAndTheJobEndsWithinItsTimeout) {
+  constexpr int kTimeoutMs = 1000;
+  const std::string stopped = GetParam();
+  std::string config = write_config("sigstop", kTimeoutMs);
+  auto start = Clock::now();
+  ChildProcess demo({HETMESH_CLI, "demo", "--config", config});
+  auto instances = wait_for_instances(demo.pid(), 4);
+  ASSERT_EQ(instances.size(), 4u);
+  ::kill(instances.at(stopped), SIGSTOP);
+  ProcessResult r = demo.wait(std::chrono::seconds(60));
+  double took = seconds_since(start);
+  std::printf("[ figure ] SIGSTOP of %s: the job (timeout %d ms) ended %.3f s after it started\n",
+              stopped.c_str(), kTimeoutMs, took);
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  // Once: the job's timeout, and the 100 ms grace; generously, never 4 x timeout (the old bound).
+  EXPECT_LT(took, kTimeoutMs / 1000.0 + 3.0);
+  EXPECT_TRUE(all_ended(instances, milliseconds(0))) << "the stopped one outlived the launcher";
+  EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
+  fs::remove(config);
+}
+
+INSTANTIATE_TEST_SUITE_P(Instances, StoppedInstanceTest,
+                         testing::Values("ffn 1", "attention 1", "attention 0"), [](const auto& p) {
+                           std::string name = p.param;
+                           std::replace(name.begin(), name.end(), ' ', '_');
+                           return name;
+                         });
+
+// ---- the store's host dies ----
+
+// This binary as a store's host: prints the store's address, then serves until killed.
+int host_store() {
+  TcpStoreServer server("127.0.0.1:0");
+  std::printf("%s\n", server.address().c_str());
+  std::fflush(stdout);
+  for (;;)
+    pause();
+}
+
+TEST_F(LauncherTest, InstancesInRendezvousEndSoonWhenTheStoresHostDies) {
+  ChildProcess store_host({self_executable(), "--host-store"});
+  std::string address = store_host.read_line(std::chrono::seconds(10));
+  std::string config = write_config("store", 30000);
+  // This host's share of a job whose store is elsewhere: its F instances wait in rendezvous for
+  // the attention instances, which never come.
+  fs::path err = fs::path(testing::TempDir()) / fmt::format("launcher-store-{}.err", getpid());
+  ChildProcess demo({"/bin/sh", "-c",
+                     fmt::format("exec '{}' demo --config '{}' --instances ffn --store {} 2>'{}'",
+                                 HETMESH_CLI, config, address, err.string())});
+  auto instances = wait_for_instances(demo.pid(), 2);
+  ASSERT_EQ(instances.size(), 2u);
+  std::this_thread::sleep_for(milliseconds(300));  // both are waiting by now
+  auto start = Clock::now();
+  store_host.kill(SIGKILL);
+  store_host.wait(std::chrono::seconds(10));
+  ProcessResult r = demo.wait(std::chrono::seconds(60));
+  std::printf("[ figure ] the store's host killed: the job waiting on it ended %.3f s later\n",
+              seconds_since(start));
+  EXPECT_EQ(r.exit_code, 1) << r.describe();
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_TRUE(all_ended(instances, milliseconds(0)));
+  std::ifstream in(err);
+  std::string errors((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(errors.find("tcp store " + address), std::string::npos) << errors;  // names the store
+  EXPECT_EQ(errors.find("did not appear"), std::string::npos) << errors;
+  EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
+  fs::remove(config);
+  fs::remove(err);
+}
+
+// ---- LocalJob itself, with this binary's child roles ----
+
+// This binary as an instance of a LocalJob: --role R --rank N --store S --out D ACTION, where
+// ACTION is "sleep" (until killed) or an exit status.
+int run_child(int argc, char** argv) {
+  if (argc < 10) return 2;
+  if (std::strcmp(argv[9], "sleep") != 0) return std::atoi(argv[9]);
+  for (;;)
+    pause();
+}
+
+TEST(LocalJobTest, StoppedInstanceIsKilledAsFailedAndTheOthersAreStopped) {
+  TcpStoreServer server("127.0.0.1:0");
+  afd::LocalJob job({}, server.address(), testing::TempDir(), "job");
+  job.start("attention", 0, {"sleep"});
+  ChildProcess& ffn = job.start("ffn", 0, {"sleep"});
+  ffn.kill(SIGSTOP);
+  auto start = Clock::now();
+  auto failures = job.wait(std::chrono::seconds(60), milliseconds(300));
+  std::printf("[ figure ] a stopped instance (limit 300 ms): the job ended after %.3f s\n",
+              seconds_since(start));
+  EXPECT_LT(seconds_since(start), 10.0);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].describe(),
+            "ffn:0 failed (stopped by a signal for more than 300 ms: killed)");
+}
+
+TEST(LocalJobTest, FirstFailureStopsTheOthersAndItsConsequencesAreNotRootCauses) {
+  TcpStoreServer server("127.0.0.1:0");
+  afd::LocalJob job({}, server.address(), testing::TempDir(), "job");
+  job.start("attention", 0, {"sleep"});
+  job.start("attention", 1, {std::to_string(afd::kExitAfterAnotherFailure)});
+  job.start("ffn", 0, {"1"});
+  auto start = Clock::now();
+  auto failures = job.wait(std::chrono::seconds(60));
+  EXPECT_LT(seconds_since(start), 10.0);
+  std::vector<std::string> explained = job.explain(failures);
+  ASSERT_EQ(explained.size(), 2u);
+  EXPECT_EQ(explained[0], "ffn:0 failed (exit code 1)");
+  EXPECT_EQ(explained[1], "1 instance(s) here stopped after that failure");
+}
+
+// ---- the mechanism, in one process ----
+
+TEST(JobFailureTest, PublishedFailureEndsEveryRendezvousWaitWithItsReport) {
+  TcpStoreServer server("127.0.0.1:0");
+  auto store = connect_tcp_store(server.address(), std::chrono::seconds(5));
+  Rendezvous bad(*store, "job", "ffn", 1);
+  EXPECT_TRUE(bad.report_failure("device selector 'cpu:3': no such device"));
+  EXPECT_FALSE(Rendezvous(*store, "job", "attention", 0).report_failure("a consequence"));
+  auto report = job_failure(*store, "job");
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->rfind("ffn:1 on ", 0), 0u) << *report;
+  EXPECT_NE(report->find(fmt::format("pid {}: device selector 'cpu:3'", getpid())),
+            std::string::npos)
+      << *report;
+
+  Rendezvous waiting(*store, "job", "attention", 0);
+  auto expect_job_failed = [&](const char* what, auto&& wait) {
+    auto start = Clock::now();
+    try {
+      wait();
+      ADD_FAILURE() << what << " returned";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), kStatusJobFailed) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("job 'job' failed: ffn:1 on "), std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(seconds_since(start), 5.0) << what;  // not the 60 s it was given
+  };
+  expect_job_failed("fetch",
+                    [&] { waiting.fetch("ffn", 0, "endpoint", std::chrono::seconds(60)); });
+  expect_job_failed("wait_for_world",
+                    [&] { waiting.wait_for_world(1, 2, std::chrono::seconds(60)); });
+  expect_job_failed("barrier", [&] { barrier(*store, "b", 2, std::chrono::seconds(60), "job"); });
+  expect_job_failed("wait_for_departure",
+                    [&] { wait_for_departure(*store, "job", 1, 2, std::chrono::seconds(60)); });
+  // Other jobs, and waits that name no job, do not see it.
+  EXPECT_THROW(Rendezvous(*store, "other", "attention", 0).fetch("ffn", 0, "x", milliseconds(150)),
+               Error);
+  try {
+    wait_for_key(*store, "job/none", milliseconds(250), "other");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
+    EXPECT_NE(std::string(e.what()).find("did not appear within 250 ms"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hetmesh
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--host-store") == 0) return hetmesh::host_store();
+  if (argc > 2 && std::strcmp(argv[1], "--role") == 0) return hetmesh::run_child(argc, argv);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
