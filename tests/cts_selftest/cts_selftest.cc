@@ -32,11 +32,23 @@ CtsRun run_cts(const std::vector<std::string>& extra) {
   return {r.exit_code, r.out};
 }
 
+// This process's scratch folder, removed when the process exits.
+const fs::path& scratch_dir() {
+  static const struct Scratch {
+    fs::path path =
+        fs::temp_directory_path() / ("hetmesh-cts-selftest-" + std::to_string(getpid()));
+    Scratch() { fs::create_directories(path); }
+    ~Scratch() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  } scratch;
+  return scratch.path;
+}
+
 fs::path write_file(const std::string& name, const std::string& text) {
-  fs::path dir = fs::temp_directory_path() / ("hetmesh-cts-selftest-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  std::ofstream(dir / name) << text;
-  return dir / name;
+  std::ofstream(scratch_dir() / name) << text;
+  return scratch_dir() / name;
 }
 
 // The summary lines that start with `prefix` ("FAILED ", "expected failure ").
