@@ -12,7 +12,7 @@ TransportKind single_host_transport(const JobConfig& c) {
   return single_host_transport_choice(c).kind;
 }
 
-EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
+EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
   EngineSpec spec;
   spec.role = role;
   spec.rank = rank;
@@ -26,6 +26,11 @@ EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
   spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
   spec.gather = c.job.gather;
   spec.timeout = c.job.timeout;
+  return spec;
+}
+
+EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
+  EngineSpec spec = job_shape(c, role, rank);
   spec.transport.kind = single_host_transport(c);
   spec.transport.listen_host = c.transport.listen_host;
   spec.transport.rdma_device = c.transport.rdma_device;

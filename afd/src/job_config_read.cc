@@ -1,6 +1,7 @@
 // Reading and validating the job configuration (job_config.hpp): the schema, its defaults and
 // its cross-checks, on the checked TOML reader of core (toml_reader.hpp), which rejects unknown
 // keys and prefixes every failure with "<file>:<line>:<column>: [table] key: ".
+#include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/job_config.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/toml_reader.hpp>
@@ -182,17 +183,7 @@ PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& roo
 // stay under a cap; with the caps above, none of that arithmetic can overflow.
 void check_slots_fit(const TomlSection& job, const TomlSection& model, const JobConfig& c) {
   for (Role role : {Role::attention, Role::ffn}) {
-    EngineSpec spec;
-    spec.role = role;
-    spec.attention = c.job.attention;
-    spec.ffn = c.job.ffn;
-    spec.micro_batches = c.job.micro_batches;
-    spec.tokens = static_cast<uint32_t>(c.model.tokens);
-    spec.hidden = static_cast<uint32_t>(c.model.hidden);
-    spec.top_k = static_cast<uint32_t>(c.model.top_k);
-    spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
-    spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
-    uint64_t bytes = spec.instance_slot_bytes();
+    uint64_t bytes = job_shape(c, role).instance_slot_bytes();
     if (bytes <= kMaxInstanceSlotBytes) continue;
     std::string what = fmt::format(
         "the slots of each {} instance would take {} bytes ({}), more than the {} GiB limit; "

@@ -46,7 +46,7 @@ std::optional<uint64_t> read_number(const char* path) {
 }  // namespace
 
 double engine_host_bytes(const JobConfig& c, Role role, int rank) {
-  EngineSpec spec = engine_spec(c, role, rank);
+  EngineSpec spec = job_shape(c, role, rank);
   const std::string& device = role == Role::attention
                                   ? c.devices.attention.at(static_cast<size_t>(rank))
                                   : c.devices.ffn.at(static_cast<size_t>(rank));

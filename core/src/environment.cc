@@ -1,6 +1,7 @@
 // The list of known HETMESH_* environment variables, in one place, and the check against it
 // (environment.hpp). A variable that a new part of hetmesh reads is added here.
 #include "environment.hpp"
+#include "suggest.hpp"
 
 #include <fmt/format.h>
 
@@ -30,23 +31,6 @@ constexpr std::array<std::string_view, 21> kKnownVariables = {
     "HETMESH_RXE_GID_INDEX", "HETMESH_RXE_IP", "HETMESH_RXE_RESULTS", "HETMESH_RXE_KERNEL",
     "HETMESH_RXE_VM_DEBUG"};
 
-// Levenshtein distance, for "did you mean".
-size_t distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j)
-    row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 }  // namespace
 
 std::vector<std::string> unknown_environment_warnings() {
@@ -57,13 +41,10 @@ std::vector<std::string> unknown_environment_warnings() {
     std::string_view name = text.substr(0, text.find('='));
     if (std::find(kKnownVariables.begin(), kKnownVariables.end(), name) != kKnownVariables.end())
       continue;
-    std::string_view closest;
-    size_t best = 4;  // farther than 3 edits is not a typo
-    for (std::string_view known : kKnownVariables)
-      if (size_t d = distance(name, known); d < best) best = d, closest = known;
-    warnings.push_back(
-        fmt::format("unknown environment variable {} (ignored{})", name,
-                    closest.empty() ? "" : fmt::format("; did you mean {}?", closest)));
+    auto best = closest_name(name, kKnownVariables);
+    bool typo = best && best->distance <= 3;  // farther than 3 edits is not a typo
+    warnings.push_back(fmt::format("unknown environment variable {} (ignored{})", name,
+                                   typo ? fmt::format("; did you mean {}?", best->name) : ""));
   }
   return warnings;
 }

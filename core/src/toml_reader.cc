@@ -1,5 +1,7 @@
 // The checked TOML reader (toml_reader.hpp): typed, range-checked getters, unknown keys with a
 // "did you mean", and every failure prefixed with its file position through TomlReporter::fail.
+#include "suggest.hpp"
+
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/toml_reader.hpp>
 
@@ -16,33 +18,12 @@ namespace {
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j)
-    row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
 // The closest candidate within a typo's reach of `word`, for "did you mean".
 std::optional<std::string_view> closest(std::string_view word,
                                         std::span<const std::string_view> candidates) {
-  std::optional<std::string_view> best;
-  size_t best_distance = std::numeric_limits<size_t>::max();
-  for (std::string_view c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_distance) best = c, best_distance = d;
-  }
-  if (!best || best_distance > std::max<size_t>(2, best->size() / 3)) return std::nullopt;
-  return best;
+  auto best = closest_name(word, candidates);
+  if (!best || best->distance > std::max<size_t>(2, best->name.size() / 3)) return std::nullopt;
+  return best->name;
 }
 
 // " (did you mean X?)" or "".

@@ -234,16 +234,9 @@ void add_bench_afd_command(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_flag("!--no-bare", o->bare,
                 "skip the bare-transport baseline (it runs the job a second time)");
-  cmd->add_option("--instances", o->instances,
-                  "start only these instances here: attention, ffn, attention:0,1, ffn:2-3 "
-                  "(default: all); for jobs on several hosts, see docs/launching.md");
-  cmd->add_option("--store", o->store,
-                  "join the rendezvous store at HOST:PORT instead of hosting it");
-  cmd->add_option("--role", o->role, "internal")->group("");
+  add_job_launch_options(*cmd, *o);
   cmd->add_option("--cpu-block", o->cpu_block, "internal")->group("");
   cmd->add_option("--cpu-block-size", o->cpu_block_size, "internal")->group("");
-  cmd->add_option("--rank", o->rank, "internal")->group("");
-  cmd->add_option("--out", o->out, "internal")->group("");
   cmd->callback([o] {
     JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);
     if (int rc = run_role(c, *o); rc != 0) throw CLI::RuntimeError(rc);

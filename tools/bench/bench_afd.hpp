@@ -7,6 +7,8 @@
 //   bench_afd_report.cc     the table and the JSON
 #pragma once
 
+#include "job_options.hpp"
+
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/job_config.hpp>
 #include <hetmesh/afd/metrics.hpp>
@@ -18,18 +20,14 @@
 
 namespace hetmesh::cli {
 
-struct AfdBenchOptions {
+struct AfdBenchOptions : JobLaunchOptions {  // role: attention, ffn, bare-attention, bare-ffn
   std::string config;
   int iterations = 200;
   int warmup = 20;
   std::string json;
-  std::string trace;                   // Chrome trace of the engine's round trips
-  std::string pin = "auto";            // auto, on, off: a block of CPUs per instance
-  bool bare = true;                    // also run the bare-transport baseline
-  std::vector<std::string> instances;  // the instances started here; none = all
-  std::string role;                    // internal: attention, ffn, bare-attention, bare-ffn
-  int rank = 0;
-  std::string store, out;
+  std::string trace;         // Chrome trace of the engine's round trips
+  std::string pin = "auto";  // auto, on, off: a block of CPUs per instance
+  bool bare = true;          // also run the bare-transport baseline
   int cpu_block = 0;  // internal: this instance's CPUs are [block * size, +size); size 0: unpinned
   int cpu_block_size = 0;
 };

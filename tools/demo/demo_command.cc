@@ -9,6 +9,8 @@
 //                                     (docs/launching.md)
 #include "demo_command.hpp"
 
+#include "job_options.hpp"
+
 #include "attention_staging.hpp"
 #include "expert_runner.hpp"
 #include "model.hpp"
@@ -41,13 +43,8 @@ using afd::JobConfig;
 // order); the tolerance only absorbs a compiler contracting a multiply-add differently.
 constexpr double kTolerance = 1e-4;
 
-struct DemoOptions {
+struct DemoOptions : cli::JobLaunchOptions {  // role: "attention" or "ffn" in an instance
   std::string config;
-  std::string role;  // internal: "attention" or "ffn" in a child process
-  int rank = 0;
-  std::vector<std::string> instances;  // the instances started here; none = all
-  std::string store;  // the store to join; none = host it (at [rendezvous] address)
-  std::string out;
 };
 
 ModelShape model_shape(const JobConfig& c) {
@@ -303,14 +300,7 @@ void add_demo_command(CLI::App& app) {
                                       "Run the AFD demo: a tiny MoE transformer with "
                                       "attention and FFN in separate processes");
   demo->add_option("--config", o->config, "job config (TOML); default: 1A1F on cpu:0 over ipc");
-  demo->add_option("--instances", o->instances,
-                   "start only these instances here: attention, ffn, attention:0,1, ffn:2-3 "
-                   "(default: all); for jobs on several hosts, see docs/launching.md");
-  demo->add_option("--store", o->store,
-                   "join the rendezvous store at HOST:PORT instead of hosting it");
-  demo->add_option("--role", o->role, "internal")->group("");
-  demo->add_option("--rank", o->rank, "internal")->group("");
-  demo->add_option("--out", o->out, "internal")->group("");
+  cli::add_job_launch_options(*demo, *o);
   demo->callback([o] {
     JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
     int rc;

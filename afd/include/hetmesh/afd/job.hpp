@@ -19,6 +19,10 @@ namespace hetmesh::afd {
 TransportSelection single_host_transport_choice(const JobConfig& config);
 TransportKind single_host_transport(const JobConfig& config);
 
+// The shape of instance (`role`, `rank`)'s engine as the config gives it: counts, sizes, gather
+// mode and timeout, with no transport chosen (what the config's own checks and the memory
+// estimate need). engine_spec adds the transport and the CPUs.
+EngineSpec job_shape(const JobConfig& config, Role role, int rank = 0);
 EngineSpec engine_spec(const JobConfig& config, Role role, int rank);
 
 // Loads the plugins the config names (explicit paths, per-plugin options) plus the usual search.
