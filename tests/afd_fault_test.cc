@@ -17,14 +17,18 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <thread>
 
 namespace hetmesh::afd {
 namespace {
 
 // The engines' bound on every wait in the children: what a stopped peer costs its survivors.
 constexpr std::chrono::milliseconds kChildTimeout{2000};
+// Their heartbeat: a peer silent this long is hung, even when no data is due.
+constexpr std::chrono::milliseconds kHeartbeat{1000};
 // How long the test waits for a child: far beyond any bound the engine promises.
 constexpr std::chrono::milliseconds kWait{30000};
 
@@ -39,6 +43,7 @@ EngineSpec fault_spec(int attention, int ffn, TransportKind kind) {
   s.a2f_bytes = 2;
   s.f2a_bytes = 2;
   s.timeout = kChildTimeout;
+  s.heartbeat = kHeartbeat;
   s.transport.kind = kind;
   return s;
 }
@@ -80,8 +85,30 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store) {
   }
 }
 
+// Idle modes, for the heartbeat: F waits for a batch far longer than any heartbeat; A does one
+// round, stays silent for three heartbeats, does another and leaves.
+int idle_ffn(const EngineSpec& spec, KeyValueStore& store) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  FfnEngine engine(spec, device, store);
+  std::cout << "serving" << std::endl;
+  while (auto batch = engine.get_batch(std::chrono::milliseconds(60000)))
+    engine.respond(*batch);
+  return 0;
+}
+
+int idle_attention(const EngineSpec& spec, KeyValueStore& store) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  AttentionEngine engine(spec, device, store);
+  for (int round = 0; round < 2; ++round) {
+    if (round > 0) std::this_thread::sleep_for(3 * kHeartbeat);
+    engine.wait(engine.push_pull(0, spec.tokens), kChildTimeout);
+    std::cout << "round " << round << std::endl;
+  }
+  return 0;
+}
+
 int child_main(int argc, char** argv) {
-  // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN TRANSPORT FFN_DEVICE
+  // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN TRANSPORT FFN_DEVICE [idle]
   if (argc < 13) return 2;
   std::string role = argv[2];
   EngineSpec spec =
@@ -90,12 +117,13 @@ int child_main(int argc, char** argv) {
   set_log_identity(fmt::format("{}:{}", role, spec.rank));
   try {
     auto store = connect_tcp_store(argv[6], kChildTimeout);
+    const bool idle = argc > 13 && std::string(argv[13]) == "idle";
     if (role == "ffn") {
       spec.role = Role::ffn;
-      return run_ffn(spec, *store, argv[12]);
+      return idle ? idle_ffn(spec, *store) : run_ffn(spec, *store, argv[12]);
     }
     spec.role = Role::attention;
-    return run_attention(spec, *store);
+    return idle ? idle_attention(spec, *store) : run_attention(spec, *store);
   } catch (const std::exception& e) {
     std::cout << "error " << e.what() << std::endl;
     return 1;
@@ -170,6 +198,7 @@ TEST_P(AfdFaultTest, SurvivorsEndWithANamedErrorAndNeverCrash) {
       EXPECT_EQ(r.exit_code, 1) << c.name << ": " << r.describe();
       // The error names a peer: the victim itself, or a survivor that ended because of it.
       EXPECT_TRUE(error.find(" lost") != std::string::npos ||
+                  error.find(" hung") != std::string::npos ||
                   error.find("no answer from") != std::string::npos ||
                   error.find("no complete micro-batch") != std::string::npos)
           << c.name << ": " << error;
@@ -181,6 +210,62 @@ TEST_P(AfdFaultTest, SurvivorsEndWithANamedErrorAndNeverCrash) {
     hit->wait(kWait);
   }
 }
+
+class AfdHeartbeatTest : public testing::TestWithParam<TransportKind> {};
+
+// Heartbeats keep an idle job alive: A stays silent for three heartbeats between two rounds, and
+// neither side takes the silence for a hang.
+TEST_P(AfdHeartbeatTest, AnIdleJobIsNotAHungOne) {
+  TcpStoreServer store("127.0.0.1:0");
+  LocalJob job({}, store.address(), testing::TempDir());
+  std::vector<std::string> args = {"1", "1", to_string(GetParam()), "cpu:0", "idle"};
+  ChildProcess& ffn = job.start("ffn", 0, args);
+  ChildProcess& attention = job.start("attention", 0, args);
+  EXPECT_EQ(attention.read_line(kWait), "round 0");
+  EXPECT_EQ(attention.read_line(kWait), "round 1");
+  ProcessResult a = attention.wait(kWait);
+  EXPECT_EQ(a.exit_code, 0) << a.describe();
+  ProcessResult f = ffn.wait(kWait);
+  EXPECT_EQ(f.exit_code, 0) << f.describe();
+}
+
+// A peer stopped while no data is due is found by the heartbeat, not by a data timeout: F waits
+// for a batch with a 60 s timeout, A is stopped, and F's error says A hung.
+TEST_P(AfdHeartbeatTest, APeerStoppedWhileIdleIsFoundHung) {
+  TcpStoreServer store("127.0.0.1:0");
+  LocalJob job({}, store.address(), testing::TempDir());
+  std::vector<std::string> args = {"1", "1", to_string(GetParam()), "cpu:0", "idle"};
+  ChildProcess& ffn = job.start("ffn", 0, args);
+  ChildProcess& attention = job.start("attention", 0, args);
+  EXPECT_EQ(ffn.read_line(kWait), "serving");
+  EXPECT_EQ(attention.read_line(kWait), "round 0");
+  attention.kill(SIGSTOP);
+  auto stopped = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    for (;;)
+      if (std::string line = ffn.read_line(kWait); line.rfind("error ", 0) == 0) error = line;
+  } catch (const Error&) {
+  }
+  ProcessResult f = ffn.wait(kWait);
+  auto found_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - stopped)
+                      .count();
+  EXPECT_EQ(f.exit_code, 1) << f.describe();
+  EXPECT_NE(error.find("attention 0 hung: nothing heard from it"), std::string::npos) << error;
+  std::printf(
+      "[ figure ] %s: a stopped idle A found hung %lld ms after SIGSTOP (heartbeat %lld ms)\n",
+      to_string(GetParam()), static_cast<long long>(found_ms),
+      static_cast<long long>(kHeartbeat.count()));
+  attention.kill(SIGKILL);
+  attention.wait(kWait);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, AfdHeartbeatTest,
+                         testing::Values(TransportKind::ipc, TransportKind::tcp),
+                         [](const testing::TestParamInfo<TransportKind>& p) {
+                           return std::string(to_string(p.param));
+                         });
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, AfdFaultTest,

@@ -146,6 +146,8 @@ TEST(ConfigTest, OutOfRangeValues) {
             "job.toml:2:3: [job] micro_batches: expected an integer in 1..64, got 65");
   EXPECT_EQ(error_of("[job]\ntimeout_ms = 0\n"),
             "job.toml:2:1: [job] timeout_ms: expected an integer in 1..86400000, got 0");
+  EXPECT_EQ(error_of("[job]\nheartbeat_ms = 5\n"),
+            "job.toml:2:1: [job] heartbeat_ms: expected an integer in 10..86400000, got 5");
   EXPECT_EQ(error_of("[transport]\ngid_index = -2\n"),
             "job.toml:2:1: [transport] gid_index: expected an integer in -1..65535, got -2");
   EXPECT_EQ(error_of("[tracing]\nstraggler_factor = 0.5\n"),
@@ -315,6 +317,7 @@ TEST(ConfigTest, ToTomlReadsBackToTheSameConfig) {
   JobConfig c;
   c.job.attention = 3;
   c.job.gather = Gather::eager;
+  c.job.heartbeat = std::chrono::milliseconds(750);
   c.model.experts = 6;
   c.model.a2f_dtype = Dtype::fp16;
   c.devices.attention = {"cpu:0", "asic_stub:1", "cpu:0"};  // not uniform: printed as an array

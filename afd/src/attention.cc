@@ -53,6 +53,7 @@ struct AttentionEngine::State {
   std::atomic<bool> failed{false};  // failure is set, for wait's spin
   SpinPolicy wait_spin;             // the waiting caller's
   std::vector<TransportEvent> events;
+  std::unique_ptr<Heartbeat> heartbeat;  // the comm thread's
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
 
@@ -192,7 +193,7 @@ struct AttentionEngine::State {
   // so this thread only ever waits on the transport.
   void step() {
     comm_turn(
-        *transport, events,
+        *transport, events, *heartbeat, ffn, ffn_of_connection,
         [this](const TransportEvent& e) {
           if (e.type == TransportEvent::Type::notification) on_result(e);
           if (e.type == TransportEvent::Type::peer_lost)
@@ -230,6 +231,7 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
     p.from.assign(static_cast<size_t>(spec.ffn), false);
     p.trip.ffn.resize(static_cast<size_t>(spec.ffn));
   }
+  s.heartbeat = std::make_unique<Heartbeat>(s.spec, Role::ffn, s.ffn.size());
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
   s.senders =
       start_senders<PostJob>(s.spec, Role::ffn, spec.ffn,

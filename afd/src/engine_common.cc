@@ -108,6 +108,31 @@ void pin_thread(std::thread& thread, int cpu, const char* what) {
     log(LogLevel::warn, "cannot pin {} to CPU {}: {}", what, cpu, std::strerror(rc));
 }
 
+Heartbeat::Heartbeat(const EngineSpec& spec, Role peer_role, size_t peers)
+    : timeout_(spec.heartbeat),
+      peer_role_(peer_role),
+      last_heard_(peers, Clock::now()),
+      last_sent_(Clock::now() - spec.heartbeat) {}
+
+void Heartbeat::tick(const std::vector<Peer>& peers) {
+  static constexpr std::string_view kBeat = "hb";
+  const Clock::time_point now = Clock::now();
+  const bool send = now - last_sent_ >= timeout_ / 4;
+  if (send) last_sent_ = now;
+  for (const Peer& peer : peers) {
+    if (peer.left || !peer.connection->alive()) continue;
+    if (send)
+      peer.connection->send_control({reinterpret_cast<const uint8_t*>(kBeat.data()), kBeat.size()});
+    auto silent = now - last_heard_.at(static_cast<size_t>(peer.rank));
+    if (silent > timeout_)
+      throw Error(HM_ERR_TIMEOUT,
+                  fmt::format("{} hung: nothing heard from it for {} ms (heartbeat_ms {})",
+                              peer_name(peer_role_, peer.rank),
+                              std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
+                              timeout_.count()));
+  }
+}
+
 CommThread::CommThread(const std::vector<int>& cpus, std::function<void()> step)
     : thread_([this, step = std::move(step)] {
         while (!stopping_.load(std::memory_order_acquire))

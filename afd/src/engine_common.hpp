@@ -63,22 +63,45 @@ std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const Publi
 // Which peer each connection leads to: connection id -> the peer's rank.
 std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers);
 
-// One turn of an engine's comm thread: polls the transport (2 ms at most) and hands each event to
-// `handle`, except write_done, of which only a failure matters (it is fatal). An exception ends
-// the turn and goes to `fail` (the engine's first fatal error); the thread then idles in 1 ms
-// turns.
+// Signs of life between an engine and its peers, for a peer that hangs while no data is due (a
+// SIGSTOPped process, a wedged host or driver): the comm thread sends every peer a heartbeat (the
+// control message "hb") every quarter of spec.heartbeat, counts whatever arrives from a peer as a
+// sign of life, and fails the engine naming a peer silent for spec.heartbeat. A peer that said
+// "leave", or is already lost, is not expected to speak. Used by the comm thread alone.
+class Heartbeat {
+ public:
+  Heartbeat(const EngineSpec& spec, Role peer_role, size_t peers);
+  void heard(int peer) { last_heard_.at(static_cast<size_t>(peer)) = Clock::now(); }
+  // Sends the heartbeats that are due; throws Error(HM_ERR_TIMEOUT) naming the first peer that
+  // has been silent too long.
+  void tick(const std::vector<Peer>& peers);
+
+ private:
+  std::chrono::milliseconds timeout_;
+  Role peer_role_;
+  std::vector<Clock::time_point> last_heard_;  // [peer rank]
+  Clock::time_point last_sent_;
+};
+
+// One turn of an engine's comm thread: polls the transport (2 ms at most), notes every event as
+// a sign of life from its peer, hands each to `handle` except write_done, of which only a failure
+// matters (it is fatal), then sends and checks heartbeats. An exception ends the turn and goes to
+// `fail` (the engine's first fatal error); the thread then idles in 1 ms turns.
 template <typename Handle, typename Fail>
-void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Handle&& handle,
-               Fail&& fail) {
+void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Heartbeat& heartbeat,
+               const std::vector<Peer>& peers, const std::map<ConnectionId, int>& rank_of,
+               Handle&& handle, Fail&& fail) {
   try {
     events.clear();
     transport.poll(events, std::chrono::milliseconds(2));
     for (const auto& e : events) {
+      if (auto it = rank_of.find(e.connection); it != rank_of.end()) heartbeat.heard(it->second);
       if (e.type != TransportEvent::Type::write_done)
         handle(e);
       else if (e.status != HM_OK)
         throw Error(e.status, "a write failed: " + e.message);
     }
+    heartbeat.tick(peers);
   } catch (const std::exception& e) {
     fail(e.what());
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

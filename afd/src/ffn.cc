@@ -54,6 +54,7 @@ struct FfnEngine::State {
   std::atomic<bool> news{false};
   SpinPolicy get_spin;  // the caller's of get_batch
   std::vector<TransportEvent> events;
+  std::unique_ptr<Heartbeat> heartbeat;  // the comm thread's
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
 
@@ -207,7 +208,8 @@ struct FfnEngine::State {
   // job).
   void step() {
     comm_turn(
-        *transport, events, [this](const TransportEvent& e) { on_event(e); },
+        *transport, events, *heartbeat, attention, attention_of_connection,
+        [this](const TransportEvent& e) { on_event(e); },
         [this](const std::string& reason) { fail(reason); });
   }
 
@@ -257,6 +259,7 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
       s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
   s.attention = join(s.spec, *s.transport, s.mine, store, Role::attention, spec.attention);
   s.attention_of_connection = rank_by_connection(s.attention);
+  s.heartbeat = std::make_unique<Heartbeat>(s.spec, Role::attention, s.attention.size());
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
   s.senders = start_senders<RespondJob>(
       s.spec, Role::attention, spec.attention,

@@ -26,6 +26,7 @@ EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
   spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
   spec.gather = c.job.gather;
   spec.timeout = c.job.timeout;
+  spec.heartbeat = c.job.heartbeat;
   return spec;
 }
 

@@ -232,8 +232,8 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   TomlSection root(reporter, document, kTables);
   JobConfig c;
 
-  static constexpr std::array<std::string_view, 6> kJob = {"attention", "ffn",    "micro_batches",
-                                                           "layers",    "gather", "timeout_ms"};
+  static constexpr std::array<std::string_view, 7> kJob = {
+      "attention", "ffn", "micro_batches", "layers", "gather", "timeout_ms", "heartbeat_ms"};
   TomlSection job = root.table("job", kJob);
   c.job.attention = job.small_integer("attention", c.job.attention, 1, kMaxInstances);
   c.job.ffn = job.small_integer("ffn", c.job.ffn, 1, kMaxInstances);
@@ -243,6 +243,8 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.job.gather = job.enumeration("gather", c.job.gather, kGatherNames);
   c.job.timeout =
       std::chrono::milliseconds(job.integer("timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
+  c.job.heartbeat = std::chrono::milliseconds(
+      job.integer("heartbeat_ms", c.job.heartbeat.count(), 10, kMaxTimeoutMs));
 
   static constexpr std::array<std::string_view, 6> kModel = {"tokens", "hidden",    "experts",
                                                              "top_k",  "a2f_dtype", "f2a_dtype"};

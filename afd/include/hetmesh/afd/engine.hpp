@@ -53,6 +53,9 @@ struct EngineSpec {
   uint32_t f2a_bytes = 2;  // bytes per hidden element, F to A (bf16 = 2)
   Gather gather = Gather::all;
   std::chrono::milliseconds timeout{10000};
+  // A peer silent this long (no data, no heartbeat) is hung: the engine fails naming it, even
+  // when no data is due. The comm thread sends each peer a heartbeat every quarter of it.
+  std::chrono::milliseconds heartbeat{5000};
   std::string job = "hetmesh";  // rendezvous namespace
   TransportOptions transport;
   // Pin the comm thread to the first of these and the per-peer sender threads to the next ones

@@ -50,6 +50,9 @@ struct JobSection {
   int layers = 4;                            // demo model layers, 1..1024
   Gather gather = Gather::all;               // "all" | "eager"
   std::chrono::milliseconds timeout{10000};  // timeout_ms: bound on every wait, >= 1
+  // heartbeat_ms: a peer silent this long (no data, no heartbeat) is hung, even when no data is
+  // due; >= 10. Heartbeats go out every quarter of it.
+  std::chrono::milliseconds heartbeat{5000};
   bool operator==(const JobSection&) const = default;
 };
 
