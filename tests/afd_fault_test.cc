@@ -58,15 +58,17 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, const std::string& dev
       stream.copy(part.output, part.tokens_data, uint64_t{part.tokens} * spec.hidden * 2);
     engine.respond(*batch, &stream);
   }
+  for (const std::string& lost : engine.lost_attention())
+    std::cout << "served on without " << lost << std::endl;
   return 0;
 }
 
-// A: rounds without end, each answer checked; prints "round N" as it goes.
-int run_attention(const EngineSpec& spec, KeyValueStore& store) {
+// A: `rounds` rounds, each answer checked; prints "round N" as it goes, then leaves.
+int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds) {
   Device device = PluginRegistry::load().device("cpu:0");
   AttentionEngine engine(spec, device, store);
   const uint64_t bytes = uint64_t{spec.tokens} * spec.hidden * 2;
-  for (int round = 0;; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     std::vector<AttentionEngine::Handle> handles;
     for (int mb = 0; mb < spec.micro_batches; ++mb) {
       auto* tokens = static_cast<uint8_t*>(engine.tokens(mb));
@@ -83,6 +85,7 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store) {
     }
     std::cout << "round " << round << std::endl;
   }
+  return 0;
 }
 
 // Idle modes, for the heartbeat: F waits for a batch far longer than any heartbeat; A does one
@@ -108,7 +111,8 @@ int idle_attention(const EngineSpec& spec, KeyValueStore& store) {
 }
 
 int child_main(int argc, char** argv) {
-  // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN TRANSPORT FFN_DEVICE [idle]
+  // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN TRANSPORT FFN_DEVICE
+  //   [idle | ROUNDS]
   if (argc < 13) return 2;
   std::string role = argv[2];
   EngineSpec spec =
@@ -123,7 +127,8 @@ int child_main(int argc, char** argv) {
       return idle ? idle_ffn(spec, *store) : run_ffn(spec, *store, argv[12]);
     }
     spec.role = Role::attention;
-    return idle ? idle_attention(spec, *store) : run_attention(spec, *store);
+    if (idle) return idle_attention(spec, *store);
+    return run_attention(spec, *store, argc > 13 ? std::stoi(argv[13]) : 1000000);
   } catch (const std::exception& e) {
     std::cout << "error " << e.what() << std::endl;
     return 1;
@@ -148,8 +153,13 @@ std::string fault_name(const Fault& f) {
 
 class AfdFaultTest : public testing::TestWithParam<Fault> {};
 
-TEST_P(AfdFaultTest, SurvivorsEndWithANamedErrorAndNeverCrash) {
+// Whatever is hit, every survivor ends by itself and never by a signal. A lost F is fatal to the
+// attention instances it owed answers (each names it), and so to the job; a lost A is contained:
+// the other As finish their rounds, the F instances serve them to the end and name the lost A.
+TEST_P(AfdFaultTest, SurvivorsEndByThemselvesNamingThePeerAndNeverCrash) {
   const Fault f = GetParam();
+  const bool contained = std::string(f.victim) == "attention";
+  constexpr int kRounds = 40;  // per A, when an A is the victim: the survivors finish them
   // Repeated: the crash this guards against depended on how the threads interleaved.
   for (int run = 0; run < 3; ++run) {
     SCOPED_TRACE(fmt::format("run {}", run));
@@ -161,10 +171,10 @@ TEST_P(AfdFaultTest, SurvivorsEndWithANamedErrorAndNeverCrash) {
     };
     std::vector<Child> children;
     auto start = [&](const char* role, int rank) {
-      ChildProcess& p = job.start(
-          role, rank,
-          {std::to_string(f.attention), std::to_string(f.ffn), to_string(f.kind), f.ffn_device});
-      children.push_back({fmt::format("{} {}", role, rank), &p});
+      std::vector<std::string> args = {std::to_string(f.attention), std::to_string(f.ffn),
+                                       to_string(f.kind), f.ffn_device};
+      if (contained) args.push_back(std::to_string(kRounds));
+      children.push_back({fmt::format("{} {}", role, rank), &job.start(role, rank, args)});
     };
     for (int r = 0; r < f.ffn; ++r)
       start("ffn", r);
@@ -184,17 +194,32 @@ TEST_P(AfdFaultTest, SurvivorsEndWithANamedErrorAndNeverCrash) {
 
     for (auto& c : children) {
       if (c.process == hit) continue;
-      std::string error;
+      std::string error, last;
+      std::vector<std::string> lines;
       try {
         for (;;) {
           std::string line = c.process->read_line(kWait);
           if (line.rfind("error ", 0) == 0) error = line;
+          lines.push_back(line);
         }
       } catch (const Error&) {  // the child closed its stdout: it has exited
       }
       ProcessResult r = c.process->wait(kWait);
       EXPECT_FALSE(r.timed_out) << c.name << " did not end: " << r.describe();
       EXPECT_EQ(r.signal, 0) << c.name << " died by a signal: " << r.describe();
+      if (contained) {
+        EXPECT_EQ(r.exit_code, 0) << c.name << " was not contained: " << r.describe() << " "
+                                  << error;
+        if (c.name.rfind("attention", 0) == 0) {
+          ASSERT_FALSE(lines.empty()) << c.name;
+          EXPECT_EQ(lines.back(), fmt::format("round {}", kRounds - 1)) << c.name;
+        } else {
+          ASSERT_FALSE(lines.empty()) << c.name;
+          EXPECT_EQ(lines.back().rfind("served on without attention 1 lost", 0), 0u)
+              << c.name << ": " << lines.back();
+        }
+        continue;
+      }
       EXPECT_EQ(r.exit_code, 1) << c.name << ": " << r.describe();
       // The error names a peer: the victim itself, or a survivor that ended because of it.
       EXPECT_TRUE(error.find(" lost") != std::string::npos ||

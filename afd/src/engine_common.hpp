@@ -52,7 +52,8 @@ struct Peer {
   int rank = 0;
   std::shared_ptr<Connection> connection;
   std::map<std::string, std::shared_ptr<RemoteRegion>> regions;
-  bool left = false;
+  bool left = false;  // said "leave": done, its going is no failure
+  bool lost = false;  // gone without "leave"; an F serves on without it
 };
 
 // Publishes this instance's endpoint and regions, then connects to every rank of `peer_role` in
@@ -85,8 +86,8 @@ class Heartbeat {
 
 // One turn of an engine's comm thread: polls the transport (2 ms at most), notes every event as
 // a sign of life from its peer, hands each to `handle` except write_done, of which only a failure
-// matters (it is fatal), then sends and checks heartbeats. An exception ends the turn and goes to
-// `fail` (the engine's first fatal error); the thread then idles in 1 ms turns.
+// matters (fatal, unless its peer is gone), then sends and checks heartbeats. An exception ends the
+// turn and goes to `fail` (the engine's first fatal error); the thread then idles in 1 ms turns.
 template <typename Handle, typename Fail>
 void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Heartbeat& heartbeat,
                const std::vector<Peer>& peers, const std::map<ConnectionId, int>& rank_of,
@@ -95,11 +96,18 @@ void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Heartb
     events.clear();
     transport.poll(events, std::chrono::milliseconds(2));
     for (const auto& e : events) {
-      if (auto it = rank_of.find(e.connection); it != rank_of.end()) heartbeat.heard(it->second);
-      if (e.type != TransportEvent::Type::write_done)
+      auto peer = rank_of.find(e.connection);
+      if (peer != rank_of.end()) heartbeat.heard(peer->second);
+      if (e.type != TransportEvent::Type::write_done) {
         handle(e);
-      else if (e.status != HM_OK)
-        throw Error(e.status, "a write failed: " + e.message);
+      } else if (e.status != HM_OK) {
+        // A write that failed because its peer is gone is that peer's peer_lost event's to
+        // judge (an F contains a lost A); any other failed write is fatal.
+        bool peer_gone = e.status == kStatusPeerLost ||
+                         (peer != rank_of.end() &&
+                          !peers.at(static_cast<size_t>(peer->second)).connection->alive());
+        if (!peer_gone) throw Error(e.status, "a write failed: " + e.message);
+      }
     }
     heartbeat.tick(peers);
   } catch (const std::exception& e) {

@@ -48,8 +48,10 @@ struct FfnEngine::State {
   std::condition_variable changed;
   std::vector<Arrival> arrivals;  // [a][mb]
   std::deque<Batch> ready_batches;
-  int left = 0;
+  int gone = 0;  // attention instances that left or were lost: no more parts from them
+  int left = 0;  // of them, those that said "leave"
   std::string failure;
+  std::vector<std::string> lost;  // "attention 1 lost: ...", for FfnEngine::lost_attention
   // ready_batches is not empty, or failure is set: for get_batch's spin.
   std::atomic<bool> news{false};
   SpinPolicy get_spin;  // the caller's of get_batch
@@ -91,6 +93,15 @@ struct FfnEngine::State {
     changed.notify_all();
   }
 
+  // Every A is gone, at least one cleanly: get_batch's end. Caller holds mutex.
+  bool all_done() const { return gone == spec.attention && left > 0; }
+
+  // Attention `a` may still send parts. Caller holds mutex.
+  bool in_job(int a) const {
+    const Peer& peer = attention[static_cast<size_t>(a)];
+    return !peer.left && !peer.lost;
+  }
+
   // Hands out complete micro-batches (gather all) or single parts (eager). Caller holds mutex.
   void release_batches(int mb) {
     int64_t now = now_ns();
@@ -106,11 +117,22 @@ struct FfnEngine::State {
       }
       return;
     }
-    for (int a = 0; a < spec.attention; ++a)
-      if (!arrivals[slot(a, mb)].waiting) return;
+    // Complete when every attention instance still in the job has sent its part: one that left
+    // or was lost sends no more, and the live ones are served without it.
+    bool any = false;
+    for (int a = 0; a < spec.attention; ++a) {
+      if (arrivals[slot(a, mb)].waiting)
+        any = true;
+      else if (!in_job(a))
+        continue;
+      else
+        return;
+    }
+    if (!any) return;
     Batch batch{mb, {}, now};
     for (int a = 0; a < spec.attention; ++a) {
       Arrival& arrival = arrivals[slot(a, mb)];
+      if (!arrival.waiting) continue;
       arrival.waiting = false;
       arrival.responding = true;
       arrival.batch_ready = now;
@@ -169,6 +191,10 @@ struct FfnEngine::State {
       {
         std::lock_guard lock(mutex);
         if (!failure.empty()) return;
+        if (attention[static_cast<size_t>(a)].lost) {  // nobody to answer: free the slot
+          arrivals[s].responding = arrivals[s].queued = false;
+          return;
+        }
         received = arrivals[s].received;
         batch_ready = arrivals[s].batch_ready;
       }
@@ -197,11 +223,50 @@ struct FfnEngine::State {
                                *peer.regions.at("f2a_headers"), remote_slot * sizeof(WireHeader),
                                sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
       } catch (const Error& e) {
+        // The connection broke under the write: its peer_lost event, on the comm thread, decides
+        // (an attention instance that is gone is contained, not fatal).
+        if (e.status() == kStatusPeerLost) {
+          std::lock_guard lock(mutex);
+          arrivals[s].responding = arrivals[s].queued = false;
+          return;
+        }
         rethrow_for_peer(e, Role::attention, a);
       }
     } catch (const std::exception& e) {
       fail(e.what());
     }
+  }
+
+  // Attention `a` is gone without "leave": contained. Its parts not yet handed out are dropped,
+  // gather-all micro-batches that waited only for it are released to the live ones, and answers
+  // still owed to it are skipped by its sender. The engine fails only when no attention instance
+  // is left to serve and none left cleanly (the whole job is gone).
+  void lose_attention(int a, const std::string& reason) {
+    std::string who = peer_name(Role::attention, a);
+    int live;
+    {
+      std::lock_guard lock(mutex);
+      Peer& peer = attention[static_cast<size_t>(a)];
+      if (peer.left || peer.lost) return;
+      peer.lost = true;
+      ++gone;
+      lost.push_back(fmt::format("{} lost: {}", who, reason));
+      for (int mb = 0; mb < spec.micro_batches; ++mb) {
+        arrivals[slot(a, mb)].waiting = false;
+        release_batches(mb);
+      }
+      live = spec.attention - gone;
+      // get_batch ends cleanly only once every A is gone and one of them said "leave": with none
+      // left to serve and none that ended well, the job is gone, and that is this engine's failure.
+      if (live == 0 && left == 0)
+        throw Error(
+            kStatusPeerLost,
+            fmt::format("every attention instance was lost (last: {} lost: {})", who, reason));
+    }
+    changed.notify_all();
+    log(LogLevel::warn,
+        "ffn {}: {} lost ({}); serving the {} attention instance(s) still in the job", spec.rank,
+        who, reason, live);
   }
 
   // One turn of the comm thread: handle what the transport reports (responses are the senders'
@@ -221,24 +286,18 @@ struct FfnEngine::State {
       case TransportEvent::Type::control:
         if (std::string(e.payload.begin(), e.payload.end()) == "leave") {
           std::lock_guard lock(mutex);
-          Peer& a = attention[static_cast<size_t>(attention_of_connection.at(e.connection))];
-          if (!a.left) ++left;
-          a.left = true;
+          int a = attention_of_connection.at(e.connection);
+          Peer& peer = attention[static_cast<size_t>(a)];
+          if (!peer.left && !peer.lost) ++gone, ++left;
+          peer.left = true;
+          for (int mb = 0; mb < spec.micro_batches; ++mb)
+            release_batches(mb);  // gather-all batches that waited only for it
           changed.notify_all();
         }
         break;
-      case TransportEvent::Type::peer_lost: {
-        int a = attention_of_connection.at(e.connection);
-        bool clean;
-        {
-          std::lock_guard lock(mutex);
-          clean = attention[static_cast<size_t>(a)].left;
-        }
-        if (!clean)
-          throw Error(kStatusPeerLost,
-                      fmt::format("{} lost: {}", peer_name(Role::attention, a), e.message));
+      case TransportEvent::Type::peer_lost:
+        lose_attention(attention_of_connection.at(e.connection), e.message);
         break;
-      }
       case TransportEvent::Type::write_done:
         break;  // comm_turn checked it
     }
@@ -276,6 +335,11 @@ FfnEngine::~FfnEngine() {
   state_->comm->stop();
 }
 
+std::vector<std::string> FfnEngine::lost_attention() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->lost;
+}
+
 const EngineSpec& FfnEngine::spec() const {
   return state_->spec;
 }
@@ -286,7 +350,7 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   measured.spin([&] { return s.news.load(std::memory_order_acquire); });
   std::unique_lock lock(s.mutex);
   bool done = s.changed.wait_for(lock, timeout, [&] {
-    return !s.ready_batches.empty() || !s.failure.empty() || s.left == s.spec.attention;
+    return !s.ready_batches.empty() || !s.failure.empty() || s.all_done();
   });
   if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
   if (!s.ready_batches.empty()) {
@@ -295,7 +359,7 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
     s.news.store(!s.ready_batches.empty() || !s.failure.empty(), std::memory_order_relaxed);
     return batch;
   }
-  if (s.left == s.spec.attention) return std::nullopt;
+  if (s.all_done()) return std::nullopt;
   if (!done) {
     std::string waiting;
     for (int a = 0; a < s.spec.attention; ++a)

@@ -195,14 +195,19 @@ class FfnEngine {
   FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store);
   ~FfnEngine();
 
-  // The next micro-batch: complete from every A (Gather::all), or one A's part as soon as it
-  // arrives (Gather::eager). Returns nullopt when every A has left cleanly; throws Error on a
-  // timeout or a lost peer.
+  // The next micro-batch: complete from every A still in the job (Gather::all), or one A's part
+  // as soon as it arrives (Gather::eager). An A that is lost (gone without saying "leave") is
+  // contained: the F serves the others without it (lost_attention() names it). Returns nullopt
+  // when every A has left or been lost, at least one of them cleanly; throws Error on a timeout,
+  // a hung A (heartbeat), or when every A was lost.
   std::optional<Batch> get_batch(std::chrono::milliseconds timeout);
   // Sends each part's output back to its A once the work queued so far on `after` (F's compute
   // stream; nullptr: the outputs are already there) has completed. The engine records an event of
   // its own on `after` during the call; the stream need only live through the call.
   void respond(const Batch& batch, const Stream* after = nullptr, int64_t compute_start_ns = 0);
+
+  // The attention instances this F lost and served on without, with why: "attention 1 lost: ...".
+  std::vector<std::string> lost_attention() const;
 
   const EngineSpec& spec() const;
   std::vector<std::pair<std::string, uint64_t>> registered() const;
