@@ -154,8 +154,9 @@ std::string fault_name(const Fault& f) {
 class AfdFaultTest : public testing::TestWithParam<Fault> {};
 
 // Whatever is hit, every survivor ends by itself and never by a signal. A lost F is fatal to the
-// attention instances it owed answers (each names it), and so to the job; a lost A is contained:
-// the other As finish their rounds, the F instances serve them to the end and name the lost A.
+// attention instances it owed answers (each names it), and so to the job; a lost A, killed or
+// hung (found by the heartbeat), is contained: the other As finish their rounds, the F instances
+// serve them to the end and name the lost A.
 TEST_P(AfdFaultTest, SurvivorsEndByThemselvesNamingThePeerAndNeverCrash) {
   const Fault f = GetParam();
   const bool contained = std::string(f.victim) == "attention";
@@ -300,7 +301,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Fault{2, 2, TransportKind::tcp, "asic_stub:0", "ffn", SIGKILL},
                     Fault{3, 2, TransportKind::tcp, "cpu:0", "attention", SIGKILL},
                     Fault{2, 2, TransportKind::ipc, "cpu:0", "ffn", SIGSTOP},
-                    Fault{2, 2, TransportKind::tcp, "asic_stub:0", "ffn", SIGSTOP}),
+                    Fault{2, 2, TransportKind::tcp, "asic_stub:0", "ffn", SIGSTOP},
+                    Fault{2, 2, TransportKind::ipc, "cpu:0", "attention", SIGSTOP}),
     [](const testing::TestParamInfo<Fault>& p) { return fault_name(p.param); });
 
 }  // namespace

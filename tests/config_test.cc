@@ -146,8 +146,8 @@ TEST(ConfigTest, OutOfRangeValues) {
             "job.toml:2:3: [job] micro_batches: expected an integer in 1..64, got 65");
   EXPECT_EQ(error_of("[job]\ntimeout_ms = 0\n"),
             "job.toml:2:1: [job] timeout_ms: expected an integer in 1..86400000, got 0");
-  EXPECT_EQ(error_of("[job]\nheartbeat_ms = 5\n"),
-            "job.toml:2:1: [job] heartbeat_ms: expected an integer in 10..86400000, got 5");
+  EXPECT_EQ(error_of("[job]\nheartbeat_ms = 50\n"),
+            "job.toml:2:1: [job] heartbeat_ms: expected an integer in 100..86400000, got 50");
   EXPECT_EQ(error_of("[transport]\ngid_index = -2\n"),
             "job.toml:2:1: [transport] gid_index: expected an integer in -1..65535, got -2");
   EXPECT_EQ(error_of("[tracing]\nstraggler_factor = 0.5\n"),

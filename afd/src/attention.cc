@@ -202,6 +202,7 @@ struct AttentionEngine::State {
                 fmt::format("{} lost: {}", peer_name(Role::ffn, ffn_of_connection.at(e.connection)),
                             e.message));
         },
+        [](const Heartbeat::Silent& silent) { throw Error(HM_ERR_TIMEOUT, silent.reason); },
         [this](const std::string& reason) { fail(reason); });
   }
 };
@@ -378,12 +379,18 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
     for (int f = 0; f < s.spec.ffn; ++f)
       if (!p.from[static_cast<size_t>(f)])
         missing += (missing.empty() ? "" : ", ") + peer_name(Role::ffn, f);
-    throw Error(
-        HM_ERR_TIMEOUT,
-        fmt::format("attention {}: micro-batch {} (sequence {}): no answer from {} within "
-                    "{} ms{}",
-                    s.spec.rank, mb, sequence, missing, timeout.count(),
-                    p.posted > 0 ? "" : " (never posted: its readiness signal did not come)"));
+    std::string reason = fmt::format(
+        "attention {}: micro-batch {} (sequence {}): no answer from {} within "
+        "{} ms{}",
+        s.spec.rank, mb, sequence, missing, timeout.count(),
+        p.posted > 0 ? "" : " (never posted: its readiness signal did not come)");
+    // The engine cannot go on with a round trip it gave up on (its slot is still in flight), and
+    // an A that gave up must not say "leave" as if it had ended well.
+    if (s.failure.empty()) {
+      s.failure = reason;
+      s.failed.store(true, std::memory_order_release);
+    }
+    throw Error(HM_ERR_TIMEOUT, reason);
   }
   p.busy = false;
   p.trip.wait_returned = now_ns();

@@ -110,27 +110,43 @@ void pin_thread(std::thread& thread, int cpu, const char* what) {
 
 Heartbeat::Heartbeat(const EngineSpec& spec, Role peer_role, size_t peers)
     : timeout_(spec.heartbeat),
+      grace_(spec.timeout),
       peer_role_(peer_role),
       last_heard_(peers, Clock::now()),
+      heard_once_(peers, false),
       last_sent_(Clock::now() - spec.heartbeat) {}
 
-void Heartbeat::tick(const std::vector<Peer>& peers) {
+void Heartbeat::heard(int peer) {
+  last_heard_.at(static_cast<size_t>(peer)) = Clock::now();
+  heard_once_[static_cast<size_t>(peer)] = true;
+}
+
+std::optional<Heartbeat::Silent> Heartbeat::tick(const std::vector<Peer>& peers) {
   static constexpr std::string_view kBeat = "hb";
   const Clock::time_point now = Clock::now();
-  const bool send = now - last_sent_ >= timeout_ / 4;
-  if (send) last_sent_ = now;
+  if (now - last_sent_ >= timeout_ / 4) {
+    last_sent_ = now;
+    for (const Peer& peer : peers) {
+      if (peer.left || peer.lost || !peer.connection->alive()) continue;
+      try {  // a busy connection is skipped: its data is on its way, a beat would only queue
+        peer.connection->try_send_control(
+            {reinterpret_cast<const uint8_t*>(kBeat.data()), kBeat.size()});
+      } catch (const Error&) {  // the connection broke: its peer_lost event follows
+      }
+    }
+  }
   for (const Peer& peer : peers) {
-    if (peer.left || !peer.connection->alive()) continue;
-    if (send)
-      peer.connection->send_control({reinterpret_cast<const uint8_t*>(kBeat.data()), kBeat.size()});
-    auto silent = now - last_heard_.at(static_cast<size_t>(peer.rank));
-    if (silent > timeout_)
-      throw Error(HM_ERR_TIMEOUT,
+    if (peer.left || peer.lost || !peer.connection->alive()) continue;
+    const size_t r = static_cast<size_t>(peer.rank);
+    auto silent = now - last_heard_[r];
+    if (silent <= (heard_once_[r] ? timeout_ : timeout_ + grace_)) continue;
+    return Silent{peer.rank,
                   fmt::format("{} hung: nothing heard from it for {} ms (heartbeat_ms {})",
                               peer_name(peer_role_, peer.rank),
                               std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
-                              timeout_.count()));
+                              timeout_.count())};
   }
+  return std::nullopt;
 }
 
 CommThread::CommThread(const std::vector<int>& cpus, std::function<void()> step)

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -66,38 +67,48 @@ std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers);
 
 // Signs of life between an engine and its peers, for a peer that hangs while no data is due (a
 // SIGSTOPped process, a wedged host or driver): the comm thread sends every peer a heartbeat (the
-// control message "hb") every quarter of spec.heartbeat, counts whatever arrives from a peer as a
-// sign of life, and fails the engine naming a peer silent for spec.heartbeat. A peer that said
-// "leave", or is already lost, is not expected to speak. Used by the comm thread alone.
+// control message "hb") every quarter of spec.heartbeat, counts each message and notification
+// from a peer as a sign of life (a local write completion is none), and reports a peer silent for
+// spec.heartbeat; before a peer is first heard, spec.timeout more, since the job may still be
+// joining. A peer that said "leave", or is lost, is not expected to speak. The comm thread's alone.
 class Heartbeat {
  public:
   Heartbeat(const EngineSpec& spec, Role peer_role, size_t peers);
-  void heard(int peer) { last_heard_.at(static_cast<size_t>(peer)) = Clock::now(); }
-  // Sends the heartbeats that are due; throws Error(HM_ERR_TIMEOUT) naming the first peer that
-  // has been silent too long.
-  void tick(const std::vector<Peer>& peers);
+  void heard(int peer);
+  struct Silent {
+    int rank;
+    std::string reason;  // "ffn 1 hung: nothing heard from it for 5003 ms (heartbeat_ms 5000)"
+  };
+  // Sends the heartbeats that are due, never waiting for a busy connection (a send that fails
+  // is the transport's peer_lost to report), then returns the first peer silent too long.
+  std::optional<Silent> tick(const std::vector<Peer>& peers);
 
  private:
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, grace_;
   Role peer_role_;
   std::vector<Clock::time_point> last_heard_;  // [peer rank]
+  std::vector<bool> heard_once_;
   Clock::time_point last_sent_;
 };
 
-// One turn of an engine's comm thread: polls the transport (2 ms at most), notes every event as
-// a sign of life from its peer, hands each to `handle` except write_done, of which only a failure
-// matters (fatal, unless its peer is gone), then sends and checks heartbeats. An exception ends the
-// turn and goes to `fail` (the engine's first fatal error); the thread then idles in 1 ms turns.
-template <typename Handle, typename Fail>
+// One turn of an engine's comm thread: polls the transport (2 ms at most), notes messages and
+// notifications as signs of life from their peer, hands each event to `handle` except
+// write_done, of which only a failure matters (fatal, unless its peer is gone), then sends
+// heartbeats and hands a silent peer to `silent` (an A fails, an F contains it). An exception
+// ends the turn and goes to `fail` (the engine's first fatal error); the thread then idles in
+// 1 ms turns.
+template <typename Handle, typename OnSilent, typename Fail>
 void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Heartbeat& heartbeat,
                const std::vector<Peer>& peers, const std::map<ConnectionId, int>& rank_of,
-               Handle&& handle, Fail&& fail) {
+               Handle&& handle, OnSilent&& silent, Fail&& fail) {
   try {
     events.clear();
     transport.poll(events, std::chrono::milliseconds(2));
     for (const auto& e : events) {
       auto peer = rank_of.find(e.connection);
-      if (peer != rank_of.end()) heartbeat.heard(peer->second);
+      if (peer != rank_of.end() &&
+          (e.type == TransportEvent::Type::notification || e.type == TransportEvent::Type::control))
+        heartbeat.heard(peer->second);
       if (e.type != TransportEvent::Type::write_done) {
         handle(e);
       } else if (e.status != HM_OK) {
@@ -109,7 +120,7 @@ void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Heartb
         if (!peer_gone) throw Error(e.status, "a write failed: " + e.message);
       }
     }
-    heartbeat.tick(peers);
+    if (auto quiet = heartbeat.tick(peers)) silent(*quiet);
   } catch (const std::exception& e) {
     fail(e.what());
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -144,6 +144,10 @@ struct FfnEngine::State {
 
   void on_request(const TransportEvent& e) {
     int a = attention_of_connection.at(e.connection);
+    {
+      std::lock_guard lock(mutex);
+      if (attention[static_cast<size_t>(a)].lost) return;  // contained: nothing more of it
+    }
     std::string from = peer_name(Role::attention, a);
     check_slot(e.value, static_cast<uint32_t>(spec.attention * spec.micro_batches), from);
     int mb = static_cast<int>(e.value) % spec.micro_batches;
@@ -275,6 +279,7 @@ struct FfnEngine::State {
     comm_turn(
         *transport, events, *heartbeat, attention, attention_of_connection,
         [this](const TransportEvent& e) { on_event(e); },
+        [this](const Heartbeat::Silent& silent) { lose_attention(silent.rank, silent.reason); },
         [this](const std::string& reason) { fail(reason); });
   }
 

@@ -244,7 +244,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.job.timeout =
       std::chrono::milliseconds(job.integer("timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
   c.job.heartbeat = std::chrono::milliseconds(
-      job.integer("heartbeat_ms", c.job.heartbeat.count(), 10, kMaxTimeoutMs));
+      job.integer("heartbeat_ms", c.job.heartbeat.count(), 100, kMaxTimeoutMs));
 
   static constexpr std::array<std::string_view, 6> kModel = {"tokens", "hidden",    "experts",
                                                              "top_k",  "a2f_dtype", "f2a_dtype"};

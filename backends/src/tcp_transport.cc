@@ -134,7 +134,21 @@ class TcpConnection : public Connection {
     shared_->events.push(std::move(done));
   }
 
+  bool try_send_control(std::span<const uint8_t> message) override {
+    std::unique_lock lock(send_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;  // a write is in progress: the peer is being fed
+    send_control_locked(message);
+    return true;
+  }
+
   void send_control(std::span<const uint8_t> message) override {
+    std::lock_guard lock(send_mutex_);
+    send_control_locked(message);
+  }
+
+ private:
+  // Caller holds send_mutex_.
+  void send_control_locked(std::span<const uint8_t> message) {
     if (message.size() > kMaxControlBytes)
       throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("control message of {} bytes exceeds {}",
                                                        message.size(), kMaxControlBytes));
@@ -142,7 +156,6 @@ class TcpConnection : public Connection {
       throw Error(kStatusPeerLost, fmt::format("send_control: peer {} is lost", peer_id_));
     FrameHeader header{kFrameMagic, kFrameVersion, kControl, 0, 0, 0, 0, message.size()};
     try {
-      std::lock_guard lock(send_mutex_);
       send_two(socket_.get(), &header, sizeof header, message.data(), message.size(), "control",
                deadline());
     } catch (const Error& e) {
@@ -151,7 +164,6 @@ class TcpConnection : public Connection {
     }
   }
 
- private:
   static void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
     if (offset > size || length > size - offset)
       throw Error(HM_ERR_INVALID_ARGUMENT,

@@ -51,7 +51,7 @@ struct JobSection {
   Gather gather = Gather::all;               // "all" | "eager"
   std::chrono::milliseconds timeout{10000};  // timeout_ms: bound on every wait, >= 1
   // heartbeat_ms: a peer silent this long (no data, no heartbeat) is hung, even when no data is
-  // due; >= 10. Heartbeats go out every quarter of it.
+  // due; >= 100. Heartbeats go out every quarter of it. An F contains a hung A as a lost one.
   std::chrono::milliseconds heartbeat{5000};
   bool operator==(const JobSection&) const = default;
 };

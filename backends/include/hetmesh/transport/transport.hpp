@@ -144,6 +144,13 @@ class Connection {
                      uint64_t cookie) = 0;
   // A small message (at most kMaxControlBytes), delivered in order with other control messages.
   virtual void send_control(std::span<const uint8_t> message) = 0;
+  // send_control, unless that would first wait for the connection (another send in progress):
+  // then it sends nothing and returns false. For heartbeats, which must never hold up the thread
+  // that polls. Throws as send_control does.
+  virtual bool try_send_control(std::span<const uint8_t> message) {
+    send_control(message);
+    return true;
+  }
   static constexpr size_t kMaxControlBytes = 64 * 1024;
 
  protected:
