@@ -255,6 +255,16 @@ struct FfnEngine::State {
       peer.lost = true;
       ++gone;
       lost.push_back(fmt::format("{} lost: {}", who, reason));
+      // Its parts not handed out yet go: from batches waiting in ready_batches too (a batch left
+      // empty goes with them), so get_batch never hands out work for an instance that is gone.
+      for (Batch& batch : ready_batches)
+        std::erase_if(batch.parts, [&](const Batch::FromAttention& part) {
+          if (part.rank != a) return false;
+          arrivals[slot(a, batch.micro_batch)].responding = false;
+          return true;
+        });
+      std::erase_if(ready_batches, [](const Batch& batch) { return batch.parts.empty(); });
+      news.store(!ready_batches.empty(), std::memory_order_relaxed);
       for (int mb = 0; mb < spec.micro_batches; ++mb) {
         arrivals[slot(a, mb)].waiting = false;
         release_batches(mb);
