@@ -5,6 +5,7 @@
 #include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -184,6 +185,14 @@ std::string InstanceFailure::describe() const {
   if (after_another)
     return fmt::format("{}:{} stopped after another instance's failure", role, rank);
   return fmt::format("{}:{} failed ({})", role, rank, result.describe());
+}
+
+std::string describe_share(const LocalInstances& local, const JobStore& store) {
+  auto ranks = [](const std::vector<int>& r) {
+    return r.empty() ? std::string("none") : fmt::format("{}", fmt::join(r, ","));
+  };
+  return fmt::format("here: attention {}, ffn {}; rendezvous store {} ({})", ranks(local.attention),
+                     ranks(local.ffn), store.address(), store.hosted() ? "hosted here" : "joined");
 }
 
 LocalJob::LocalJob(std::vector<std::string> command, std::string store, std::string out,

@@ -180,11 +180,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
   std::ofstream(dir / "job.toml") << afd::to_toml(c);
   afd::JobStore store(c, o.store);
   if (!local.everything(c)) {
-    fmt::print(
-        "here: attention {}, ffn {}; rendezvous store {} ({})\n",
-        local.attention.empty() ? "none" : fmt::format("{}", fmt::join(local.attention, ",")),
-        local.ffn.empty() ? "none" : fmt::format("{}", fmt::join(local.ffn, ",")), store.address(),
-        store.hosted() ? "hosted here" : "joined");
+    fmt::print("{}\n", afd::describe_share(local, store));
     std::fflush(stdout);  // an invocation on another host needs the store's address now
   }
   const BenchRun run{c, o, local, store.address(), dir, cpu_block_size(c, o.pin)};

@@ -272,12 +272,7 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
       "hidden {}, A on {}, F on {}, transport {}\n",
       c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
       c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
-  if (!local.everything(c))
-    fmt::print(
-        "here: attention {}, ffn {}; rendezvous store {} ({})\n",
-        local.attention.empty() ? "none" : fmt::format("{}", fmt::join(local.attention, ",")),
-        local.ffn.empty() ? "none" : fmt::format("{}", fmt::join(local.ffn, ",")), store.address(),
-        store.hosted() ? "hosted here" : "joined");
+  if (!local.everything(c)) fmt::print("{}\n", afd::describe_share(local, store));
   std::fflush(stdout);  // an invocation on another host needs the store's address now
 
   if (!run_instances(c, local, store.address(), dir))

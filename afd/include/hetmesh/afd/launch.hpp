@@ -47,6 +47,10 @@ class JobStore {
   std::string address_;
 };
 
+// "here: attention 0,1, ffn none; rendezvous store HOST:PORT (hosted here)": what an invocation
+// that starts part of a job says first, so that the other hosts' invocations can join it.
+std::string describe_share(const LocalInstances& local, const JobStore& store);
+
 // Exit status of an instance that stopped because another instance of the job failed first: its
 // error is that one's, already reported, so the launcher does not count it as a root cause.
 constexpr int kExitAfterAnotherFailure = 3;
