@@ -223,6 +223,17 @@ class IpcConnection : public Connection {
   }
 
   void send_control(std::span<const uint8_t> message) override {
+    control(message, /*may_wait=*/true);
+  }
+
+  bool try_send_control(std::span<const uint8_t> message) override {
+    return control(message, /*may_wait=*/false);
+  }
+
+ private:
+  // Sends at once when nothing is pending; else queues behind the pending writes, waiting for a
+  // free slot, unless !may_wait: then it sends nothing and returns false (writes are on their way).
+  bool control(std::span<const uint8_t> message, bool may_wait) {
     if (message.size() > kMaxControlBytes)
       throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("control message of {} bytes exceeds {}",
                                                        message.size(), kMaxControlBytes));
@@ -238,8 +249,9 @@ class IpcConnection : public Connection {
         link_->lose(e.what());
         throw;
       }
-      return;
+      return true;
     }
+    if (!may_wait) return false;
     size_t slot = claim_slot(lock, "send_control");
     PendingOp& op = queue_[slot];
     op.route = Route::control;
@@ -247,9 +259,9 @@ class IpcConnection : public Connection {
     op.deferred = false;
     op.payload.assign(message.begin(), message.end());
     publish(lock);
+    return true;
   }
 
- private:
   static void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
     if (offset > size || length > size - offset)
       throw Error(HM_ERR_INVALID_ARGUMENT,
