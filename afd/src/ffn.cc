@@ -102,17 +102,23 @@ struct FfnEngine::State {
     return !peer.left && !peer.lost;
   }
 
+  // A's waiting part of micro-batch mb, now handed out (its credit taken until answered). Caller
+  // holds mutex.
+  Batch::FromAttention hand_out(int a, int mb, int64_t now) {
+    Arrival& arrival = arrivals[slot(a, mb)];
+    arrival.waiting = false;
+    arrival.responding = true;
+    arrival.batch_ready = now;
+    return part(a, mb);
+  }
+
   // Hands out complete micro-batches (gather all) or single parts (eager). Caller holds mutex.
   void release_batches(int mb) {
     int64_t now = now_ns();
     if (spec.gather == Gather::eager) {
       for (int a = 0; a < spec.attention; ++a) {
-        Arrival& arrival = arrivals[slot(a, mb)];
-        if (!arrival.waiting) continue;
-        arrival.waiting = false;
-        arrival.responding = true;
-        arrival.batch_ready = now;
-        ready_batches.push_back(Batch{mb, {part(a, mb)}, now});
+        if (!arrivals[slot(a, mb)].waiting) continue;
+        ready_batches.push_back(Batch{mb, {hand_out(a, mb, now)}, now});
         news.store(true, std::memory_order_release);
       }
       return;
@@ -130,14 +136,8 @@ struct FfnEngine::State {
     }
     if (!any) return;
     Batch batch{mb, {}, now};
-    for (int a = 0; a < spec.attention; ++a) {
-      Arrival& arrival = arrivals[slot(a, mb)];
-      if (!arrival.waiting) continue;
-      arrival.waiting = false;
-      arrival.responding = true;
-      arrival.batch_ready = now;
-      batch.parts.push_back(part(a, mb));
-    }
+    for (int a = 0; a < spec.attention; ++a)
+      if (arrivals[slot(a, mb)].waiting) batch.parts.push_back(hand_out(a, mb, now));
     ready_batches.push_back(std::move(batch));
     news.store(true, std::memory_order_release);
   }
