@@ -103,12 +103,14 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
   mine.regions["f2a_payload"] = transport->register_memory(device, results.data(), results.size());
   mine.regions["f2a_headers"] =
       transport->register_memory(device, result_headers.data(), result_headers.size());
-  auto peers = join(spec, *transport, mine, store, Role::ffn, spec.ffn);
+  Joined joined = join(spec, *transport, mine, store, Role::ffn, spec.ffn);
+  const Link& link = *joined.peers[0].link;
   WireHeader h{};
   h.magic = kWireMagic;
   h.version = kWireVersion;
   h.kind = static_cast<uint16_t>(MessageKind::a2f);
   h.source = 0;
+  h.epoch = static_cast<uint32_t>(joined.epoch);
   h.micro_batch = 0;
   h.sequence = 1;
   h.tokens = spec.tokens;
@@ -121,8 +123,7 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
   if (defect == "magic") h.magic = 0x12345678;
   if (defect == "slot") slot = 999;
   std::memcpy(headers.data(), &h, sizeof h);
-  peers[0].connection->write(*header_region, 0, *peers[0].regions.at("a2f_headers"), 0, sizeof h,
-                             slot, 0);
+  link.connection->write(*header_region, 0, link.region("a2f_headers"), 0, sizeof h, slot, 0);
   std::vector<TransportEvent> events;
   for (int i = 0; i < 200; ++i)
     transport->poll(events, std::chrono::milliseconds(50));

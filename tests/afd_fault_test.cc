@@ -49,9 +49,11 @@ EngineSpec fault_spec(int attention, int ffn, TransportKind kind) {
 }
 
 // F: each part's outputs are a stream copy of its tokens, answered once the stream gets there.
+// Prints "epoch N" once it has joined.
 int run_ffn(const EngineSpec& spec, KeyValueStore& store, const std::string& device_name) {
   Device device = PluginRegistry::load().device(device_name);
   FfnEngine engine(spec, device, store);
+  std::cout << "epoch " << engine.epoch() << std::endl;
   Stream stream = device.create_stream();  // destroyed before the engine: the engine must cope
   while (auto batch = engine.get_batch(kChildTimeout)) {
     for (const auto& part : batch->parts)
@@ -88,14 +90,87 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds) {
   return 0;
 }
 
-// Idle modes, for the heartbeat: F waits for a batch far longer than any heartbeat; A does one
-// round, stays silent for three heartbeats, does another and leaves.
+// Fills micro-batch mb's tokens for `round` of attention `rank`.
+void fill_tokens(AttentionEngine& engine, int mb, int round, uint64_t bytes) {
+  auto* tokens = static_cast<uint8_t*>(engine.tokens(mb));
+  for (uint64_t i = 0; i < bytes; ++i)
+    tokens[i] = static_cast<uint8_t>(i + round + mb + engine.spec().rank);
+}
+
+// An A that recovers from a lost F as docs/failures.md says an application should: a push refused
+// or a round trip failed for a lost F is pushed again once wait_for_peers() says the replacement
+// is in. Prints "epoch N", "round N" per round (every answer checked), then "retried K refused J".
+int recovering_attention(const EngineSpec& spec, KeyValueStore& store, int rounds) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  AttentionEngine engine(spec, device, store);
+  std::cout << "epoch " << engine.epoch() << std::endl;
+  const uint64_t bytes = uint64_t{spec.tokens} * spec.hidden * 2;
+  int retried = 0, refused = 0;
+  auto await_replacement = [&](const Error& e) {
+    if (e.status() != kStatusPeerLost) throw e;
+    if (!engine.wait_for_peers(kWait))
+      throw Error(HM_ERR_TIMEOUT, fmt::format("no replacement joined after: {}", e.what()));
+  };
+  auto push = [&](int mb) {
+    for (;;) {
+      try {
+        return engine.push_pull(mb, spec.tokens);
+      } catch (const Error& e) {
+        ++refused;
+        await_replacement(e);
+      }
+    }
+  };
+  std::vector<AttentionEngine::Handle> handles(static_cast<size_t>(spec.micro_batches));
+  for (int round = 0; round < rounds; ++round) {
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      fill_tokens(engine, mb, round, bytes);
+      handles[static_cast<size_t>(mb)] = push(mb);
+    }
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      for (;;) {
+        try {
+          engine.wait(handles[static_cast<size_t>(mb)], kChildTimeout);
+          break;
+        } catch (const Error& e) {
+          ++retried;
+          await_replacement(e);
+          handles[static_cast<size_t>(mb)] = push(mb);  // its tokens are still in the slot
+        }
+      }
+      for (int f = 0; f < spec.ffn; ++f)
+        if (std::memcmp(engine.result(mb, f), engine.tokens(mb), bytes) != 0)
+          throw Error(HM_ERR_INTERNAL,
+                      fmt::format("round {} mb {}: ffn {} answered wrong bytes", round, mb, f));
+    }
+    std::cout << "round " << round << std::endl;
+  }
+  std::cout << "retried " << retried << " refused " << refused << std::endl;
+  return 0;
+}
+
+// Idle modes, for the heartbeat: F waits for batches for far longer than any heartbeat, and
+// prints "lost REASON" and fails as soon as it finds its A lost; A does one round, stays silent for
+// three heartbeats, does another and leaves.
 int idle_ffn(const EngineSpec& spec, KeyValueStore& store) {
   Device device = PluginRegistry::load().device("cpu:0");
   FfnEngine engine(spec, device, store);
   std::cout << "serving" << std::endl;
-  while (auto batch = engine.get_batch(std::chrono::milliseconds(60000)))
-    engine.respond(*batch);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    try {
+      auto batch = engine.get_batch(std::chrono::milliseconds(50));
+      if (!batch) return 0;
+      engine.respond(*batch);
+    } catch (const Error& e) {
+      if (e.status() != HM_ERR_TIMEOUT) throw;
+    }
+    for (const PeerStatus& a : engine.peers())
+      if (a.state == PeerStatus::State::lost) {
+        std::cout << "lost " << a.reason << std::endl;
+        return 1;
+      }
+  }
   return 0;
 }
 
@@ -112,7 +187,7 @@ int idle_attention(const EngineSpec& spec, KeyValueStore& store) {
 
 int child_main(int argc, char** argv) {
   // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN TRANSPORT FFN_DEVICE
-  //   [idle | ROUNDS]
+  //   [idle | ROUNDS | recover ROUNDS]
   if (argc < 13) return 2;
   std::string role = argv[2];
   EngineSpec spec =
@@ -121,13 +196,14 @@ int child_main(int argc, char** argv) {
   set_log_identity(fmt::format("{}:{}", role, spec.rank));
   try {
     auto store = connect_tcp_store(argv[6], kChildTimeout);
-    const bool idle = argc > 13 && std::string(argv[13]) == "idle";
+    const std::string mode = argc > 13 ? argv[13] : "";
     if (role == "ffn") {
       spec.role = Role::ffn;
-      return idle ? idle_ffn(spec, *store) : run_ffn(spec, *store, argv[12]);
+      return mode == "idle" ? idle_ffn(spec, *store) : run_ffn(spec, *store, argv[12]);
     }
     spec.role = Role::attention;
-    if (idle) return idle_attention(spec, *store);
+    if (mode == "idle") return idle_attention(spec, *store);
+    if (mode == "recover") return recovering_attention(spec, *store, std::stoi(argv[14]));
     return run_attention(spec, *store, argc > 13 ? std::stoi(argv[13]) : 1000000);
   } catch (const std::exception& e) {
     std::cout << "error " << e.what() << std::endl;
@@ -216,7 +292,10 @@ TEST_P(AfdFaultTest, SurvivorsEndByThemselvesNamingThePeerAndNeverCrash) {
           EXPECT_EQ(lines.back(), fmt::format("round {}", kRounds - 1)) << c.name;
         } else {
           ASSERT_FALSE(lines.empty()) << c.name;
-          EXPECT_EQ(lines.back().rfind("served on without attention 1 lost", 0), 0u)
+          EXPECT_EQ(lines.back().rfind("served on without attention 1 ", 0), 0u)
+              << c.name << ": " << lines.back();
+          EXPECT_TRUE(lines.back().find("attention 1 lost") != std::string::npos ||
+                      lines.back().find("attention 1 hung") != std::string::npos)
               << c.name << ": " << lines.back();
         }
         continue;
@@ -237,6 +316,109 @@ TEST_P(AfdFaultTest, SurvivorsEndByThemselvesNamingThePeerAndNeverCrash) {
   }
 }
 
+struct Replacement {
+  int attention, ffn;
+  TransportKind kind;
+  const char* victim;  // "ffn" or "attention": its last rank is hit
+  int signal;          // SIGKILL, or SIGSTOP: replaced while stopped, killed at the end
+};
+
+std::string replacement_name(const Replacement& r) {
+  return fmt::format("{}a{}f_{}_{}_{}", r.attention, r.ffn, to_string(r.kind), r.victim,
+                     r.signal == SIGKILL ? "killed" : "stopped");
+}
+
+class AfdReplacementTest : public testing::TestWithParam<Replacement> {};
+
+// One instance is hit mid-run and a new process with its role and rank is started at once: it
+// joins the running job under epoch 2, nobody is restarted, and every A (the replacement too)
+// finishes all its rounds with every answer checked. A lost F costs each A the micro-batches it
+// owed, pushed again once the replacement is in; a lost A costs the F instances nothing. A stopped
+// instance is replaced before the heartbeat finds it hung: the new epoch supersedes it.
+TEST_P(AfdReplacementTest, TheReplacementRejoinsAndTheJobFinishes) {
+  const Replacement r = GetParam();
+  constexpr int kRounds = 300;  // the hit comes after 3: most of the run is after it
+  TcpStoreServer store("127.0.0.1:0");
+  LocalJob job({}, store.address(), testing::TempDir());
+  const std::vector<std::string> args = {
+      std::to_string(r.attention), std::to_string(r.ffn), to_string(r.kind), "cpu:0", "recover",
+      std::to_string(kRounds)};
+  struct Child {
+    std::string name;
+    ChildProcess* process;
+  };
+  std::vector<Child> children;
+  for (int f = 0; f < r.ffn; ++f)
+    children.push_back({fmt::format("ffn {}", f), &job.start("ffn", f, args)});
+  for (int a = 0; a < r.attention; ++a)
+    children.push_back({fmt::format("attention {}", a), &job.start("attention", a, args)});
+  for (auto& c : children)
+    ASSERT_EQ(c.process->read_line(kWait), "epoch 1") << c.name;
+
+  const bool ffn_hit = std::string(r.victim) == "ffn";
+  const int victim_rank = (ffn_hit ? r.ffn : r.attention) - 1;
+  const std::string victim = fmt::format("{} {}", r.victim, victim_rank);
+  // Mid-run: attention 0 (a survivor unless it is the victim) has done a few rounds.
+  ChildProcess& first = *children[static_cast<size_t>(r.ffn)].process;
+  for (int round = 0; round < 3; ++round)
+    ASSERT_EQ(first.read_line(kWait), fmt::format("round {}", round));
+  ChildProcess* hit = nullptr;
+  for (auto& c : children)
+    if (c.name == victim) hit = c.process;
+  ASSERT_NE(hit, nullptr);
+  hit->kill(r.signal);
+  ChildProcess& replacement = job.start(r.victim, victim_rank, args);
+  EXPECT_EQ(replacement.read_line(kWait), "epoch 2");
+  for (auto& c : children) {
+    if (c.process == hit) c = {victim + " (replacement)", &replacement};
+  }
+
+  int recovered = 0;  // the A instances' retried and refused micro-batches
+  for (auto& c : children) {
+    std::vector<std::string> lines;
+    try {
+      for (;;)
+        lines.push_back(c.process->read_line(kWait));
+    } catch (const Error&) {  // the child closed its stdout: it has exited
+    }
+    ProcessResult result = c.process->wait(kWait);
+    EXPECT_EQ(result.exit_code, 0)
+        << c.name << ": " << result.describe() << " " << (lines.empty() ? "" : lines.back());
+    if (c.name.rfind("attention", 0) == 0) {
+      ASSERT_FALSE(lines.empty()) << c.name;
+      int retried = 0, refused = 0;
+      ASSERT_EQ(std::sscanf(lines.back().c_str(), "retried %d refused %d", &retried, &refused), 2)
+          << c.name << ": " << lines.back();
+      ASSERT_GE(lines.size(), 2u);
+      EXPECT_EQ(lines[lines.size() - 2], fmt::format("round {}", kRounds - 1)) << c.name;
+      recovered += retried + refused;
+    } else if (!ffn_hit) {
+      // A survivor F lost the old A and served its replacement.
+      ASSERT_FALSE(lines.empty()) << c.name;
+      EXPECT_NE(lines.back().find("served on without " + victim), std::string::npos)
+          << c.name << ": " << lines.back();
+    }
+  }
+  // Every A was owed answers by the F that was hit, or was refused a push while it was lost.
+  if (ffn_hit) {
+    EXPECT_GE(recovered, r.attention);
+  }
+  hit->kill(SIGKILL);
+  hit->wait(kWait);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Recovery, AfdReplacementTest,
+    testing::Values(Replacement{2, 2, TransportKind::ipc, "ffn", SIGKILL},
+                    Replacement{2, 2, TransportKind::ipc, "attention", SIGKILL},
+                    Replacement{2, 2, TransportKind::tcp, "ffn", SIGKILL},
+                    Replacement{2, 2, TransportKind::tcp, "attention", SIGKILL},
+                    Replacement{1, 1, TransportKind::ipc, "ffn", SIGKILL},
+                    Replacement{1, 1, TransportKind::tcp, "attention", SIGKILL},
+                    Replacement{2, 2, TransportKind::ipc, "ffn", SIGSTOP},
+                    Replacement{2, 2, TransportKind::tcp, "attention", SIGSTOP}),
+    [](const testing::TestParamInfo<Replacement>& p) { return replacement_name(p.param); });
+
 class AfdHeartbeatTest : public testing::TestWithParam<TransportKind> {};
 
 // Heartbeats keep an idle job alive: A stays silent for three heartbeats between two rounds, and
@@ -256,7 +438,7 @@ TEST_P(AfdHeartbeatTest, AnIdleJobIsNotAHungOne) {
 }
 
 // A peer stopped while no data is due is found by the heartbeat, not by a data timeout: F waits
-// for a batch with a 60 s timeout, A is stopped, and F's error says A hung.
+// for batches for 60 s, A is stopped, and F finds A lost because it hung.
 TEST_P(AfdHeartbeatTest, APeerStoppedWhileIdleIsFoundHung) {
   TcpStoreServer store("127.0.0.1:0");
   LocalJob job({}, store.address(), testing::TempDir());
@@ -270,7 +452,7 @@ TEST_P(AfdHeartbeatTest, APeerStoppedWhileIdleIsFoundHung) {
   std::string error;
   try {
     for (;;)
-      if (std::string line = ffn.read_line(kWait); line.rfind("error ", 0) == 0) error = line;
+      if (std::string line = ffn.read_line(kWait); line.rfind("lost ", 0) == 0) error = line;
   } catch (const Error&) {
   }
   ProcessResult f = ffn.wait(kWait);

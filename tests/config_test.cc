@@ -148,6 +148,9 @@ TEST(ConfigTest, OutOfRangeValues) {
             "job.toml:2:1: [job] timeout_ms: expected an integer in 1..86400000, got 0");
   EXPECT_EQ(error_of("[job]\nheartbeat_ms = 50\n"),
             "job.toml:2:1: [job] heartbeat_ms: expected an integer in 100..86400000, got 50");
+  // The gather window is bounded by the job's timeout: a wait longer than that is no window.
+  EXPECT_EQ(error_of("[job]\ntimeout_ms = 500\ngather_window_ms = 501\n"),
+            "job.toml:3:1: [job] gather_window_ms: expected an integer in 1..500, got 501");
   EXPECT_EQ(error_of("[transport]\ngid_index = -2\n"),
             "job.toml:2:1: [transport] gid_index: expected an integer in -1..65535, got -2");
   EXPECT_EQ(error_of("[tracing]\nstraggler_factor = 0.5\n"),
@@ -318,6 +321,7 @@ TEST(ConfigTest, ToTomlReadsBackToTheSameConfig) {
   c.job.attention = 3;
   c.job.gather = Gather::eager;
   c.job.heartbeat = std::chrono::milliseconds(750);
+  c.job.gather_window = std::chrono::milliseconds(7);
   c.model.experts = 6;
   c.model.a2f_dtype = Dtype::fp16;
   c.devices.attention = {"cpu:0", "asic_stub:1", "cpu:0"};  // not uniform: printed as an array

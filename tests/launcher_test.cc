@@ -280,7 +280,7 @@ TEST_F(LauncherTest, InstancesInRendezvousEndSoonWhenTheStoresHostDies) {
      // which would wait for a store that may not be up yet, as a start must.
     auto watcher = connect_tcp_store(address, std::chrono::seconds(10));
     for (int f = 0; f < 2; ++f)
-      watcher->get(fmt::format("hetmesh/ffn/{}/endpoint", f), std::chrono::seconds(60));
+      watcher->get(fmt::format("hetmesh/ffn/{}/epoch", f), std::chrono::seconds(60));
   }
   std::this_thread::sleep_for(milliseconds(100));  // and waiting for the attention instances
   auto start = Clock::now();

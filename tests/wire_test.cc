@@ -34,17 +34,28 @@ WireHeader header(uint32_t tokens, uint64_t payload_bytes) {
   h.hidden = 7168;
   h.top_k = 8;
   h.payload_bytes = payload_bytes;
+  h.epoch = 1;
   return h;
 }
 
-std::string refusal(const WireHeader& h, const SlotLimits& limits) {
+// What validate() says of `h` in slot (sender 0, micro-batch 0) of a sender at `epoch`.
+std::string refusal(const WireHeader& h, const SlotLimits& limits, uint64_t epoch = 1) {
   try {
-    validate(h, limits, 0, 0, "test");
+    validate(h, limits, 0, epoch, 0, "test");
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), kStatusProtocolError);
     return e.what();
   }
   return "accepted";
+}
+
+// A process that was replaced (epoch 1) must not be taken for its replacement (epoch 2).
+TEST(WireValidate, AnOlderIncarnationsHeaderIsRefused) {
+  const SlotLimits slot{MessageKind::a2f, 1, 1, 16, 7168, 8, /*capacity=*/1600, 100};
+  const WireHeader h = header(4, 400);
+  EXPECT_EQ(refusal(h, slot, 1), "accepted");
+  EXPECT_NE(refusal(h, slot, 2).find("epoch 1 from the sender's incarnation 2"), std::string::npos)
+      << refusal(h, slot, 2);
 }
 
 TEST(WireValidate, ProductThatWrapsIsRefused) {

@@ -16,21 +16,25 @@ struct Pending {
   int posted = 0;     // F instances whose writes have started
   uint64_t sequence = 0;
   uint32_t tokens = 0;
+  uint64_t tag = 0;
   ReadyWait ready;  // the engine's own event or flag for this slot, set by push_pull
-  int arrived = 0;
-  std::atomic<uint64_t> completed{0};  // the sequence whose every result arrived, for wait's spin
+  int settled = 0;  // F instances that answered or were lost
+  // The sequence every F has settled, for wait's spin.
+  std::atomic<uint64_t> completed{0};
   RoundTrip trip;
-  std::vector<bool> from;  // which F answered
+  std::vector<bool> from;  // [f]: answered, or lost before it answered
+  std::string failure;     // the first F lost before it answered: the round trip failed
 };
 
 // A micro-batch for one F's sender.
 struct PostJob {
   int mb = 0;
+  uint64_t sequence = 0;
 };
 
 }  // namespace
 
-struct AttentionEngine::State {
+struct AttentionEngine::State final : PeerHandler {
   EngineSpec spec;
   Device device;
   std::unique_ptr<Transport> transport;
@@ -43,17 +47,15 @@ struct AttentionEngine::State {
   std::vector<Event> ready_events;         // [mb], recorded on the caller's stream by push_pull
   PublishedRegions mine;
   std::shared_ptr<Region> a2f_send_region, a2f_header_region;
-  std::vector<Peer> ffn;
-  std::map<ConnectionId, int> ffn_of_connection;
 
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<Pending> pending;     // [mb]
-  std::string failure;              // the first fatal error; every wait reports it
-  std::atomic<bool> failed{false};  // failure is set, for wait's spin
-  SpinPolicy wait_spin;             // the waiting caller's
-  std::vector<TransportEvent> events;
-  std::unique_ptr<Heartbeat> heartbeat;  // the comm thread's
+  std::vector<Pending> pending;  // [mb]
+  std::string failure;           // the first fatal error; every call reports it from then on
+  hm_status failure_status = HM_OK;
+  std::atomic<bool> failed{false};   // failure is set, for wait's spin
+  SpinPolicy wait_spin;              // the waiting caller's
+  std::unique_ptr<PeerGroup> peers;  // the F instances
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
 
@@ -74,15 +76,55 @@ struct AttentionEngine::State {
   }
   uint64_t routing_offset() const { return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes; }
 
-  void fail(const std::string& reason) {
+  void on_failure(hm_status status, const std::string& reason) override {
     {
       std::lock_guard lock(mutex);
       if (!failure.empty()) return;
       failure = reason;
+      failure_status = status;
       failed.store(true, std::memory_order_release);
     }
     log(LogLevel::error, "attention {}: {}", spec.rank, reason);
     changed.notify_all();
+  }
+
+  // Throws the error that ended the engine, if one did. Caller holds mutex.
+  void throw_if_failed() const {
+    if (!failure.empty()) throw Error(failure_status, failure);
+  }
+
+  // Micro-batch mb's round trip is settled by every F (answered or lost). Caller holds mutex.
+  void complete(int mb, Pending& p, int64_t now) {
+    p.trip.completed = now;
+    p.completed.store(p.sequence, std::memory_order_release);
+    // Set even for a failed round trip: a device stream waiting on the flag must not hang; the
+    // host's wait() reports the failure.
+    if (arrival_flags)
+      std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
+          .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
+  }
+
+  // F `f` is lost: every round trip still waiting for its answer fails (once the other F
+  // instances have answered).
+  void on_lost_locked(int f, const std::string& reason) override {
+    const int64_t now = now_ns();
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      Pending& p = pending[static_cast<size_t>(mb)];
+      if (!p.busy || p.from[static_cast<size_t>(f)]) continue;
+      p.from[static_cast<size_t>(f)] = true;
+      if (p.failure.empty()) p.failure = reason;
+      if (++p.settled == spec.ffn) complete(mb, p, now);
+    }
+    changed.notify_all();
+  }
+
+  void on_rejoined_locked(int) override { changed.notify_all(); }
+
+  // An A's slots in a replaced F are the new process's own: nothing here to let go of.
+  bool ready_to_replace_locked(int) override { return true; }
+
+  void on_message(int f, const TransportEvent& e) override {
+    if (e.type == TransportEvent::Type::notification) on_result(f, e);
   }
 
   // F `f`'s sender: once micro-batch mb is ready, its tokens, routing, then the header that
@@ -91,21 +133,30 @@ struct AttentionEngine::State {
   void post(int f, const PostJob& job, const std::atomic<bool>& stopping) {
     const int mb = job.mb;
     Pending& p = pending[static_cast<size_t>(mb)];
-    Peer& peer = ffn[static_cast<size_t>(f)];
     try {
       if (!wait_ready(p.ready, stopping)) return;
       int64_t ready_at = now_ns();
+      std::shared_ptr<const Link> link;
+      {
+        // A job for an F lost meanwhile has nothing to do: the loss settled its share.
+        std::lock_guard lock(mutex);
+        const Peer& peer = peers->at(f);
+        if (!failure.empty() || peer.lost || !p.busy || p.sequence != job.sequence ||
+            p.from[static_cast<size_t>(f)])
+          return;
+        link = peer.link;
+      }
       WireHeader* h = send_header(mb, f);
-      *h = make_header(spec, MessageKind::a2f, mb, p.sequence, p.tokens,
+      *h = make_header(spec, peers->own_epoch(), MessageKind::a2f, mb, p.sequence, p.tokens,
                        uint64_t{p.tokens} * (uint64_t{spec.hidden} * spec.a2f_bytes +
                                              spec.routing_bytes_per_token()));
+      h->tag = p.tag;
       h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
       h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
       int64_t posted = now_ns();
       h->stamps[kPosted] = static_cast<uint64_t>(posted);
       {
         std::lock_guard lock(mutex);
-        if (!failure.empty()) return;
         if (p.trip.ready == 0) p.trip.ready = ready_at;
         if (p.trip.posted == 0) p.trip.posted = posted;  // the first F's
         p.trip.ffn[static_cast<size_t>(f)].posted_at_a = posted;
@@ -117,29 +168,34 @@ struct AttentionEngine::State {
       // F's slot for (this A, mb).
       uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
       try {
-        Connection& c = *peer.connection;
+        Connection& c = *link->connection;
+        const RemoteRegion& payload = link->region("a2f_payload");
         if (token_bytes == routing_offset()) {  // a full micro-batch: routing follows the tokens
-          c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
+          c.write(*a2f_send_region, mb * slot, payload, remote_slot * slot,
                   token_bytes + routing_bytes, std::nullopt, 0);
         } else {
-          c.write(*a2f_send_region, mb * slot, *peer.regions.at("a2f_payload"), remote_slot * slot,
-                  token_bytes, std::nullopt, 0);
-          c.write(*a2f_send_region, mb * slot + routing_offset(), *peer.regions.at("a2f_payload"),
+          c.write(*a2f_send_region, mb * slot, payload, remote_slot * slot, token_bytes,
+                  std::nullopt, 0);
+          c.write(*a2f_send_region, mb * slot + routing_offset(), payload,
                   remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
         }
         c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),
-                *peer.regions.at("a2f_headers"), remote_slot * sizeof(WireHeader),
-                sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
+                link->region("a2f_headers"), remote_slot * sizeof(WireHeader), sizeof(WireHeader),
+                static_cast<uint32_t>(remote_slot), 0);
       } catch (const Error& e) {
+        // The connection broke under the write: its peer_lost event, on the comm thread, settles
+        // what this F owed.
+        if (e.status() == kStatusPeerLost) return;
         rethrow_for_peer(e, Role::ffn, f);
       }
+    } catch (const Error& e) {
+      on_failure(e.status(), e.what());
     } catch (const std::exception& e) {
-      fail(e.what());
+      on_failure(HM_ERR_INTERNAL, e.what());
     }
   }
 
-  void on_result(const TransportEvent& e) {
-    int f = ffn_of_connection.at(e.connection);
+  void on_result(int f, const TransportEvent& e) {
     std::string from = peer_name(Role::ffn, f);
     check_slot(e.value, static_cast<uint32_t>(spec.micro_batches * spec.ffn), from);
     int mb = static_cast<int>(e.value) / spec.ffn;
@@ -156,7 +212,8 @@ struct AttentionEngine::State {
                       spec.top_k,
                       spec.f2a_slot_bytes(),
                       uint64_t{spec.hidden} * spec.f2a_bytes};
-    validate(h, limits, static_cast<uint32_t>(f), static_cast<uint32_t>(mb), from.c_str());
+    validate(h, limits, static_cast<uint32_t>(f), peers->at(f).link->epoch,
+             static_cast<uint32_t>(mb), from.c_str());
     int64_t now = now_ns();
     bool complete;
     {
@@ -177,33 +234,10 @@ struct AttentionEngine::State {
       per.f_compute_start = static_cast<int64_t>(h.stamps[kComputeStart]);
       per.f_compute_end = static_cast<int64_t>(h.stamps[kComputeEnd]);
       per.f_posted = static_cast<int64_t>(h.stamps[kPosted]);
-      complete = ++p.arrived == spec.ffn;
-      if (complete) {
-        p.trip.completed = now;
-        p.completed.store(p.sequence, std::memory_order_release);
-        if (arrival_flags)
-          std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
-              .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
-      }
+      complete = ++p.settled == spec.ffn;
+      if (complete) this->complete(mb, p, now);
     }
     if (complete) changed.notify_all();
-  }
-
-  // One turn of the comm thread: handle what the transport reports. Posting is the senders' job,
-  // so this thread only ever waits on the transport.
-  void step() {
-    comm_turn(
-        *transport, events, *heartbeat, ffn, ffn_of_connection,
-        [this](const TransportEvent& e) {
-          if (e.type == TransportEvent::Type::notification) on_result(e);
-          if (e.type == TransportEvent::Type::peer_lost)
-            throw Error(
-                kStatusPeerLost,
-                fmt::format("{} lost: {}", peer_name(Role::ffn, ffn_of_connection.at(e.connection)),
-                            e.message));
-        },
-        [](const Heartbeat::Silent& silent) { throw Error(HM_ERR_TIMEOUT, silent.reason); },
-        [this](const std::string& reason) { fail(reason); });
   }
 };
 
@@ -226,27 +260,30 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
       s.transport->register_memory(device, s.f2a_receive.data(), s.f2a_receive.size());
   s.mine.regions["f2a_headers"] =
       s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
-  s.ffn = join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn);
-  s.ffn_of_connection = rank_by_connection(s.ffn);
+  auto own_store = store.clone();  // the rejoin thread's: the caller's need not outlive the call
+  s.peers = std::make_unique<PeerGroup>(
+      s.spec, Role::ffn, *s.transport,
+      join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn), s.mutex, s);
   for (Pending& p : s.pending) {
     p.from.assign(static_cast<size_t>(spec.ffn), false);
     p.trip.ffn.resize(static_cast<size_t>(spec.ffn));
   }
-  s.heartbeat = std::make_unique<Heartbeat>(s.spec, Role::ffn, s.ffn.size());
-  s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
+  s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.peers->turn(); });
+  s.peers->start_rejoin(std::move(own_store));
   s.senders =
       start_senders<PostJob>(s.spec, Role::ffn, spec.ffn,
                              [&s](int f, const PostJob& job, const std::atomic<bool>& stopping) {
                                s.post(f, job, stopping);
                              });
-  log(LogLevel::info, "attention {}: connected to {} ffn instance(s) over {}", spec.rank, spec.ffn,
-      to_string(s.transport->kind()));
+  log(LogLevel::info, "attention {} (epoch {}): connected to {} ffn instance(s) over {}", spec.rank,
+      s.peers->own_epoch(), spec.ffn, to_string(s.transport->kind()));
 }
 
 AttentionEngine::~AttentionEngine() {
   State& s = *state_;
   for (auto& sender : s.senders)
     sender->stop();
+  s.peers->stop_rejoin();
   s.comm->stop();
   // "leave" tells each F that this A is done and its loss is not a failure. An instance that is
   // failing (its engine saw a fatal error, or it is being destroyed by an exception) must not say
@@ -258,10 +295,11 @@ AttentionEngine::~AttentionEngine() {
   }
   if (failing || std::uncaught_exceptions() > 0) return;
   static const char kLeave[] = "leave";
-  for (Peer& f : s.ffn) {
+  for (const Peer& f : s.peers->all()) {
     try {
-      if (f.connection->alive())
-        f.connection->send_control({reinterpret_cast<const uint8_t*>(kLeave), sizeof kLeave - 1});
+      if (!f.lost && f.link->connection->alive())
+        f.link->connection->send_control(
+            {reinterpret_cast<const uint8_t*>(kLeave), sizeof kLeave - 1});
     } catch (const Error&) {
     }
   }
@@ -294,9 +332,13 @@ const EngineSpec& AttentionEngine::spec() const {
   return state_->spec;
 }
 
-AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Ready ready,
-                                                   int64_t attention_start_ns) {
+uint64_t AttentionEngine::epoch() const {
+  return state_->peers->own_epoch();
+}
+
+AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, const Push& push) {
   State& s = *state_;
+  const Ready& ready = push.ready;
   if (mb < 0 || mb >= s.spec.micro_batches)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("micro-batch {} does not exist (0..{})", mb, s.spec.micro_batches - 1));
@@ -309,7 +351,13 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Read
   uint64_t sequence;
   {
     std::lock_guard lock(s.mutex);
-    if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+    s.throw_if_failed();
+    for (const Peer& f : s.peers->all())
+      if (f.lost)
+        throw Error(kStatusPeerLost,
+                    fmt::format("attention {}: push_pull of micro-batch {}: {}; no replacement "
+                                "has joined yet (wait_for_peers(), then push again, or drop it)",
+                                s.spec.rank, mb, f.lost_reason));
     Pending& p = s.pending[static_cast<size_t>(mb)];
     if (p.busy)
       throw Error(HM_ERR_INVALID_ARGUMENT,
@@ -321,12 +369,14 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Read
     p.posted = 0;
     p.sequence = sequence;
     p.tokens = tokens;
-    p.arrived = 0;
+    p.tag = push.tag;
+    p.settled = 0;
+    p.failure.clear();
     std::fill(p.from.begin(), p.from.end(), false);
     std::fill(p.trip.ffn.begin(), p.trip.ffn.end(), RoundTrip::PerFfn{});
     p.trip.micro_batch = mb;
     p.trip.sequence = sequence;
-    p.trip.attention_start = attention_start_ns;
+    p.trip.attention_start = push.attention_start_ns;
     p.trip.push_start = now_ns();
     p.trip.ready = p.trip.posted = p.trip.completed = p.trip.wait_returned = 0;
   }
@@ -348,7 +398,7 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, Read
   // Every F's sender waits for readiness itself and posts on its own: the writes to different F
   // instances run side by side.
   for (auto& sender : s.senders)
-    sender->push(PostJob{mb});
+    sender->push(PostJob{mb, sequence});
   return (sequence << 8) | static_cast<uint64_t>(mb);
 }
 
@@ -372,8 +422,15 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
   });
   std::unique_lock lock(s.mutex);
   bool done = s.changed.wait_for(lock, timeout,
-                                 [&] { return p.arrived == s.spec.ffn || !s.failure.empty(); });
-  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+                                 [&] { return p.settled == s.spec.ffn || !s.failure.empty(); });
+  s.throw_if_failed();
+  if (done && !p.failure.empty()) {
+    p.busy = false;  // every F settled: nothing of this round trip is in flight any more
+    throw Error(kStatusPeerLost,
+                fmt::format("attention {}: micro-batch {} (sequence {}) failed: {}; its slot is "
+                            "free: push it again once wait_for_peers() is true, or drop it",
+                            s.spec.rank, mb, sequence, p.failure));
+  }
   if (!done) {
     std::string missing;
     for (int f = 0; f < s.spec.ffn; ++f)
@@ -388,6 +445,7 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
     // an A that gave up must not say "leave" as if it had ended well.
     if (s.failure.empty()) {
       s.failure = reason;
+      s.failure_status = HM_ERR_TIMEOUT;
       s.failed.store(true, std::memory_order_release);
     }
     throw Error(HM_ERR_TIMEOUT, reason);
@@ -395,6 +453,24 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
   p.busy = false;
   p.trip.wait_returned = now_ns();
   return p.trip;
+}
+
+bool AttentionEngine::wait_for_peers(std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  bool all_in = s.changed.wait_for(lock, timeout, [&] {
+    if (!s.failure.empty()) return true;
+    for (const Peer& f : s.peers->all())
+      if (f.lost) return false;
+    return true;
+  });
+  s.throw_if_failed();
+  return all_in;
+}
+
+std::vector<PeerStatus> AttentionEngine::peers() const {
+  std::lock_guard lock(state_->mutex);
+  return peer_status(Role::ffn, state_->peers->all());
 }
 
 std::vector<std::pair<std::string, uint64_t>> AttentionEngine::registered() const {

@@ -57,21 +57,82 @@ std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uin
   return out;
 }
 
-std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
-                       KeyValueStore& store, Role peer_role, int peer_count) {
-  Rendezvous rendezvous(store, spec.job, role_name(spec.role), spec.rank);
-  rendezvous.publish("endpoint", transport.endpoint());
-  rendezvous.publish("regions", mine.encode());
-  std::vector<Peer> peers(static_cast<size_t>(peer_count));
+const char* to_string(PeerStatus::State state) {
+  switch (state) {
+    case PeerStatus::State::live:
+      return "live";
+    case PeerStatus::State::left:
+      return "left";
+    case PeerStatus::State::lost:
+      return "lost";
+  }
+  return "?";
+}
+
+std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers) {
+  std::vector<PeerStatus> out;
+  for (const Peer& peer : peers) {
+    auto state = peer.lost   ? PeerStatus::State::lost
+                 : peer.left ? PeerStatus::State::left
+                             : PeerStatus::State::live;
+    out.push_back({role, peer.rank, peer.link->epoch, state, peer.lost_reason});
+  }
+  return out;
+}
+
+std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role peer_role) {
+  const uint64_t header = sizeof(WireHeader);
+  const uint64_t slots = uint64_t(spec.attention) * spec.micro_batches;  // an F's, per A
+  const uint64_t results = uint64_t(spec.micro_batches) * spec.ffn;      // an A's, per F
+  if (peer_role == Role::ffn)
+    return {{"a2f_payload", spec.a2f_slot_bytes() * slots}, {"a2f_headers", header * slots}};
+  return {{"f2a_payload", spec.f2a_slot_bytes() * results}, {"f2a_headers", header * results}};
+}
+
+std::shared_ptr<const Link> connect_peer(const EngineSpec& spec, Transport& transport,
+                                         Membership& membership, Role peer_role, int rank,
+                                         uint64_t epoch,
+                                         const std::map<std::string, uint64_t>& expected) {
+  const std::string name = peer_name(peer_role, rank);
+  const std::string self = peer_name(spec.role, spec.rank);
+  auto endpoint = membership.fetch(role_name(peer_role), rank, epoch, "endpoint", spec.timeout);
+  auto regions = decode_regions(
+      membership.fetch(role_name(peer_role), rank, epoch, "regions", spec.timeout), name);
+  for (const auto& [region, bytes] : expected)
+    if (!regions.contains(region))
+      throw Error(kStatusProtocolError, fmt::format("{}: {} (epoch {}) published no region '{}'",
+                                                    self, name, epoch, region));
+  auto link = std::make_shared<Link>();
+  link->epoch = epoch;
+  link->connection = transport.connect(endpoint, spec.timeout);
+  for (const auto& [region, descriptor] : regions) {
+    auto size = expected.find(region);
+    if (size == expected.end()) continue;  // not one this engine writes to
+    auto imported = link->connection->import_region(descriptor);
+    if (imported->size() != size->second)
+      throw Error(kStatusProtocolError,
+                  fmt::format("{}: {} (epoch {}) published region '{}' of {} bytes, but this "
+                              "job's shape needs {} (were both started from the same config?)",
+                              self, name, epoch, region, imported->size(), size->second));
+    link->regions[region] = std::move(imported);
+  }
+  log(LogLevel::debug, "{}: connected to {} (epoch {}) over {}", self, name, epoch,
+      to_string(transport.kind()));
+  return link;
+}
+
+Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
+            KeyValueStore& store, Role peer_role, int peer_count) {
+  Membership membership(store, spec.job, role_name(spec.role), spec.rank);
+  Joined joined;
+  joined.epoch = membership.join({{"endpoint", transport.endpoint()}, {"regions", mine.encode()}});
+  const auto expected = expected_regions(spec, peer_role);
   for (int rank = 0; rank < peer_count; ++rank) {
-    std::string name = peer_name(peer_role, rank);
-    Peer& peer = peers[static_cast<size_t>(rank)];
+    Peer peer;
     peer.rank = rank;
-    auto endpoint = rendezvous.fetch(role_name(peer_role), rank, "endpoint", spec.timeout);
-    auto regions =
-        decode_regions(rendezvous.fetch(role_name(peer_role), rank, "regions", spec.timeout), name);
+    uint64_t epoch = membership.current_epoch(role_name(peer_role), rank, spec.timeout);
     try {
-      peer.connection = transport.connect(endpoint, spec.timeout);
+      peer.link = connect_peer(spec, transport, membership, peer_role, rank, epoch, expected);
     } catch (const Error& e) {
       // A peer that failed after publishing its endpoint refuses the connection: its own report
       // says why, better than the refusal.
@@ -82,22 +143,14 @@ std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const Publi
       }
       if (failure)
         throw Error(kStatusJobFailed, fmt::format("job '{}' failed: {}", spec.job, *failure));
-      throw Error(e.status(), fmt::format("{} {}: connecting to {}: {}", role_name(spec.role),
-                                          spec.rank, name, e.what()));
+      if (e.status() == kStatusProtocolError) throw;
+      throw Error(e.status(), fmt::format("{}: connecting to {} (epoch {}): {}",
+                                          peer_name(spec.role, spec.rank),
+                                          peer_name(peer_role, rank), epoch, e.what()));
     }
-    for (const auto& [region_name, descriptor] : regions)
-      peer.regions[region_name] = peer.connection->import_region(descriptor);
-    log(LogLevel::debug, "{} {}: connected to {} over {}", role_name(spec.role), spec.rank, name,
-        to_string(transport.kind()));
+    joined.peers.push_back(std::move(peer));
   }
-  return peers;
-}
-
-std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers) {
-  std::map<ConnectionId, int> ranks;
-  for (const Peer& peer : peers)
-    ranks[peer.connection->id()] = peer.rank;
-  return ranks;
+  return joined;
 }
 
 void pin_thread(std::thread& thread, int cpu, const char* what) {
@@ -116,6 +169,11 @@ Heartbeat::Heartbeat(const EngineSpec& spec, Role peer_role, size_t peers)
       heard_once_(peers, false),
       last_sent_(Clock::now() - spec.heartbeat) {}
 
+void Heartbeat::restart(int peer) {
+  last_heard_.at(static_cast<size_t>(peer)) = Clock::now();
+  heard_once_[static_cast<size_t>(peer)] = false;
+}
+
 void Heartbeat::heard(int peer) {
   last_heard_.at(static_cast<size_t>(peer)) = Clock::now();
   heard_once_[static_cast<size_t>(peer)] = true;
@@ -127,16 +185,16 @@ std::optional<Heartbeat::Silent> Heartbeat::tick(const std::vector<Peer>& peers)
   if (now - last_sent_ >= timeout_ / 4) {
     last_sent_ = now;
     for (const Peer& peer : peers) {
-      if (peer.left || peer.lost || !peer.connection->alive()) continue;
+      if (peer.left || peer.lost || !peer.link->connection->alive()) continue;
       try {  // a busy connection is skipped: its data is on its way, a beat would only queue
-        peer.connection->try_send_control(
+        peer.link->connection->try_send_control(
             {reinterpret_cast<const uint8_t*>(kBeat.data()), kBeat.size()});
       } catch (const Error&) {  // the connection broke: its peer_lost event follows
       }
     }
   }
   for (const Peer& peer : peers) {
-    if (peer.left || peer.lost || !peer.connection->alive()) continue;
+    if (peer.left || peer.lost || !peer.link->connection->alive()) continue;
     const size_t r = static_cast<size_t>(peer.rank);
     auto silent = now - last_heard_[r];
     if (silent <= (heard_once_[r] ? timeout_ : timeout_ + grace_)) continue;

@@ -5,6 +5,7 @@
 #include "wire.hpp"
 
 #include <hetmesh/afd/engine.hpp>
+#include <hetmesh/core/membership.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/spin.hpp>
 
@@ -49,21 +50,50 @@ struct PublishedRegions {
 std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uint8_t>& blob,
                                                            const std::string& from);
 
-struct Peer {
-  int rank = 0;
+// One incarnation of a peer as this engine reaches it: its epoch, the connection to it and its
+// regions imported on that connection. Immutable once made; replaced whole when the peer is.
+struct Link {
+  uint64_t epoch = 0;
   std::shared_ptr<Connection> connection;
   std::map<std::string, std::shared_ptr<RemoteRegion>> regions;
-  bool left = false;  // said "leave": done, its going is no failure
-  bool lost = false;  // gone without "leave"; an F serves on without it
+  const RemoteRegion& region(const std::string& name) const { return *regions.at(name); }
 };
 
-// Publishes this instance's endpoint and regions, then connects to every rank of `peer_role` in
-// rank order (a global order, so symmetric connects never wait on each other in a cycle).
-std::vector<Peer> join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
-                       KeyValueStore& store, Role peer_role, int peer_count);
+// A peer rank of an engine. Only the comm thread changes it, under the engine's mutex: the comm
+// thread reads it freely, every other thread under that mutex (a sender keeps its own reference to
+// the link it writes on, so a replacement never pulls a connection from under a write).
+struct Peer {
+  int rank = 0;
+  std::shared_ptr<const Link> link;
+  bool left = false;        // said "leave": done, its going is no failure
+  bool lost = false;        // gone without "leave" (dead, hung, or replaced), until a replacement
+  std::string lost_reason;  // "ffn 1 lost: ...", "ffn 1 hung: ...", while lost
+};
 
-// Which peer each connection leads to: connection id -> the peer's rank.
-std::map<ConnectionId, int> rank_by_connection(const std::vector<Peer>& peers);
+// What status() reports of `peers` (of `role`). Caller holds the engine's mutex.
+std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers);
+
+// The region names and sizes a peer of `peer_role` must publish in a job of this shape: a peer
+// started from another config is refused at connection time, not by a write out of range later.
+std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role peer_role);
+
+// Connects to epoch `epoch` of peer (`peer_role`, `rank`): fetches its endpoint and regions from
+// the store, connects (both sides call connect) and imports its regions, checking them against
+// `expected`.
+std::shared_ptr<const Link> connect_peer(const EngineSpec& spec, Transport& transport,
+                                         Membership& membership, Role peer_role, int rank,
+                                         uint64_t epoch,
+                                         const std::map<std::string, uint64_t>& expected);
+
+// Publishes this instance (a new epoch of it) with its endpoint and regions, then connects to
+// every rank of `peer_role` at its current epoch, in rank order (a global order, so symmetric
+// connects never wait on each other in a cycle). Returns this instance's epoch and its peers.
+struct Joined {
+  uint64_t epoch = 0;
+  std::vector<Peer> peers;
+};
+Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
+            KeyValueStore& store, Role peer_role, int peer_count);
 
 // Signs of life between an engine and its peers, for a peer that hangs while no data is due (a
 // SIGSTOPped process, a wedged host or driver): the comm thread sends every peer a heartbeat (the
@@ -75,6 +105,8 @@ class Heartbeat {
  public:
   Heartbeat(const EngineSpec& spec, Role peer_role, size_t peers);
   void heard(int peer);
+  // A new incarnation of `peer` joined: it gets the grace of one that has not spoken yet.
+  void restart(int peer);
   struct Silent {
     int rank;
     std::string reason;  // "ffn 1 hung: nothing heard from it for 5003 ms (heartbeat_ms 5000)"
@@ -91,41 +123,98 @@ class Heartbeat {
   Clock::time_point last_sent_;
 };
 
-// One turn of an engine's comm thread: polls the transport (2 ms at most), notes messages and
-// notifications as signs of life from their peer, hands each event to `handle` except
-// write_done, of which only a failure matters (fatal, unless its peer is gone), then sends
-// heartbeats and hands a silent peer to `silent` (an A fails, an F contains it). An exception
-// ends the turn and goes to `fail` (the engine's first fatal error); the thread then idles in
-// 1 ms turns.
-template <typename Handle, typename OnSilent, typename Fail>
-void comm_turn(Transport& transport, std::vector<TransportEvent>& events, Heartbeat& heartbeat,
-               const std::vector<Peer>& peers, const std::map<ConnectionId, int>& rank_of,
-               Handle&& handle, OnSilent&& silent, Fail&& fail) {
-  try {
-    events.clear();
-    transport.poll(events, std::chrono::milliseconds(2));
-    for (const auto& e : events) {
-      auto peer = rank_of.find(e.connection);
-      if (peer != rank_of.end() &&
-          (e.type == TransportEvent::Type::notification || e.type == TransportEvent::Type::control))
-        heartbeat.heard(peer->second);
-      if (e.type != TransportEvent::Type::write_done) {
-        handle(e);
-      } else if (e.status != HM_OK) {
-        // A write that failed because its peer is gone is that peer's peer_lost event's to
-        // judge (an F contains a lost A); any other failed write is fatal.
-        bool peer_gone = e.status == kStatusPeerLost ||
-                         (peer != rank_of.end() &&
-                          !peers.at(static_cast<size_t>(peer->second)).connection->alive());
-        if (!peer_gone) throw Error(e.status, "a write failed: " + e.message);
-      }
-    }
-    if (auto quiet = heartbeat.tick(peers)) silent(*quiet);
-  } catch (const std::exception& e) {
-    fail(e.what());
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
+// What an engine does about its peers; PeerGroup calls it on the comm thread.
+class PeerHandler {
+ public:
+  virtual ~PeerHandler() = default;
+  // A notification or control message from `rank`'s current incarnation.
+  virtual void on_message(int rank, const TransportEvent& event) = 0;
+  // `rank` is lost (dead, hung or replaced): Peer::lost is set, the engine's mutex is held. The
+  // engine settles what that peer owed.
+  virtual void on_lost_locked(int rank, const std::string& reason) = 0;
+  // A replacement of `rank` is in: Peer::link is its link, Peer::lost and Peer::left still say
+  // how the incarnation it replaced ended; the engine's mutex is held.
+  virtual void on_rejoined_locked(int rank) = 0;
+  // `rank` may be replaced now: nothing of its lost incarnation is still in use (the F's slots of
+  // an A the application still holds). Asked by the rejoin thread, the engine's mutex held.
+  virtual bool ready_to_replace_locked(int rank) = 0;
+  // An error the engine cannot go on after (a protocol error, a local write that failed).
+  virtual void on_failure(hm_status status, const std::string& reason) = 0;
+  // Once per turn of the comm thread, after the transport's events: for work due by the clock.
+  virtual void on_turn() {}
+};
+
+// An engine's peers, through their incarnations. The comm thread runs turn(): it polls the
+// transport, hands each event of a peer's current link to the handler, drops those of links a
+// replacement superseded (the old epoch's traffic is refused), keeps those of a link not yet
+// installed until it is, reports lost and silent peers, and installs replacements. The rejoin
+// thread follows the job's member log (MemberWatch) through a store client of its own: for a
+// replacement of a peer it has the comm thread mark the old incarnation lost, waits until the
+// engine can let it go, connects to the new one and hands its link to the comm thread.
+class PeerGroup {
+ public:
+  PeerGroup(const EngineSpec& spec, Role peer_role, Transport& transport, Joined joined,
+            std::mutex& mutex, PeerHandler& handler);
+  ~PeerGroup();
+  PeerGroup(const PeerGroup&) = delete;
+  PeerGroup& operator=(const PeerGroup&) = delete;
+
+  // Starts following the member log with `store` (the engine's own client).
+  void start_rejoin(std::unique_ptr<KeyValueStore> store);
+  // Stops the rejoin thread (a connect in progress ends within spec.timeout).
+  void stop_rejoin();
+
+  // One turn of the comm thread (2 ms of polling at most). Never throws: a fatal error goes to
+  // the handler's on_failure, after which the thread idles in 1 ms turns.
+  void turn();
+
+  uint64_t own_epoch() const { return own_epoch_; }
+  // The peers; see Peer for who may read what.
+  std::vector<Peer>& all() { return peers_; }
+  const std::vector<Peer>& all() const { return peers_; }
+  Peer& at(int rank) { return peers_.at(static_cast<size_t>(rank)); }
+
+  // Events of superseded incarnations dropped so far (the comm thread's count).
+  uint64_t stale_events() const { return stale_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Member {
+    int rank;
+    uint64_t epoch;
+  };
+  // A change the rejoin thread hands to the comm thread.
+  struct Change {
+    int rank;
+    uint64_t epoch;
+    std::shared_ptr<const Link> link;  // null: mark the incarnation before `epoch` lost
+  };
+  void lose(int rank, const std::string& reason);  // on the comm thread
+  void apply_changes();
+  void handle(const TransportEvent& event);
+  void rejoin_loop(std::unique_ptr<KeyValueStore> store);
+  void replace(Membership& membership, const Incarnation& who);
+
+  const EngineSpec& spec_;
+  Role peer_role_;
+  Transport& transport_;
+  uint64_t own_epoch_;
+  std::vector<Peer> peers_;
+  std::mutex& mutex_;
+  PeerHandler& handler_;
+  std::map<std::string, uint64_t> expected_;
+  // The comm thread's:
+  std::map<ConnectionId, Member> members_;
+  std::vector<TransportEvent> events_, early_;  // early_: of links not installed yet
+  Heartbeat heartbeat_;
+  std::atomic<uint64_t> stale_{0};
+  // Under mutex_:
+  std::vector<Change> changes_;
+  std::vector<uint64_t> superseded_;  // [rank]: the comm thread marked every epoch below lost
+  // The rejoin thread's:
+  std::vector<uint64_t> known_;  // [rank]: the newest epoch seen
+  std::atomic<bool> stopping_{false};
+  std::thread rejoin_;
+};
 
 // The transport's options for an engine: spec.transport, with the job's timeout bounding every
 // send as it bounds every wait (a peer that stops reading fails the send; nothing blocks forever).
@@ -270,15 +359,16 @@ std::vector<std::unique_ptr<PeerSender<Job>>> start_senders(const EngineSpec& sp
 // Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
 [[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);
 
-// The header of a message from this instance (spec.role, spec.rank) in micro-batch slot `mb`,
-// stamps zero.
-inline WireHeader make_header(const EngineSpec& spec, MessageKind kind, int mb, uint64_t sequence,
-                              uint32_t tokens, uint64_t payload_bytes) {
+// The header of a message from this instance (spec.role, spec.rank, `epoch`) in micro-batch slot
+// `mb`, stamps and tag zero.
+inline WireHeader make_header(const EngineSpec& spec, uint64_t epoch, MessageKind kind, int mb,
+                              uint64_t sequence, uint32_t tokens, uint64_t payload_bytes) {
   WireHeader h{};
   h.magic = kWireMagic;
   h.version = kWireVersion;
   h.kind = static_cast<uint16_t>(kind);
   h.source = static_cast<uint32_t>(spec.rank);
+  h.epoch = static_cast<uint32_t>(epoch);
   h.micro_batch = static_cast<uint32_t>(mb);
   h.sequence = sequence;
   h.tokens = tokens;

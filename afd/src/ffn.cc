@@ -14,6 +14,7 @@ struct Arrival {
   bool responding = false;  // handed out, not yet answered (the slot's credit is taken)
   bool queued = false;      // respond() was called for it; its sender has yet to post
   uint32_t tokens = 0;
+  uint64_t tag = 0;
   int64_t received = 0;
   int64_t batch_ready = 0;
 };
@@ -21,6 +22,7 @@ struct Arrival {
 // One A's part of a micro-batch, for that A's sender.
 struct RespondJob {
   int mb = 0;
+  uint64_t epoch = 0;  // the A's incarnation the part came from
   uint64_t sequence = 0;
   uint32_t tokens = 0;
   bool after_event = false;  // wait for the slot's ready event (recorded by respond)
@@ -30,7 +32,7 @@ struct RespondJob {
 
 }  // namespace
 
-struct FfnEngine::State {
+struct FfnEngine::State final : PeerHandler {
   EngineSpec spec;
   Device device;
   std::unique_ptr<Transport> transport;
@@ -41,22 +43,21 @@ struct FfnEngine::State {
   std::vector<Event> ready_events;  // [a][mb], recorded on the caller's stream by respond
   PublishedRegions mine;
   std::shared_ptr<Region> f2a_send_region, f2a_header_region;
-  std::vector<Peer> attention;
-  std::map<ConnectionId, int> attention_of_connection;
 
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<Arrival> arrivals;  // [a][mb]
   std::deque<Batch> ready_batches;
-  int gone = 0;  // attention instances that left or were lost: no more parts from them
-  int left = 0;  // of them, those that said "leave"
-  std::string failure;
+  std::atomic<int> waiting_parts{0};  // arrivals waiting (changed under mutex), for on_turn
+  int gone = 0;         // attention instances that left or were lost: no more parts from them
+  int left = 0;         // of them, those that said "leave"
+  std::string failure;  // the first fatal error; every call reports it from then on
+  hm_status failure_status = HM_OK;
   std::vector<std::string> lost;  // "attention 1 lost: ...", for FfnEngine::lost_attention
   // ready_batches is not empty, or failure is set: for get_batch's spin.
   std::atomic<bool> news{false};
-  SpinPolicy get_spin;  // the caller's of get_batch
-  std::vector<TransportEvent> events;
-  std::unique_ptr<Heartbeat> heartbeat;  // the comm thread's
+  SpinPolicy get_spin;               // the caller's of get_batch
+  std::unique_ptr<PeerGroup> peers;  // the A instances
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
 
@@ -79,26 +80,44 @@ struct FfnEngine::State {
     const Arrival& arrival = arrivals[slot(a, mb)];
     auto* in = static_cast<uint8_t*>(a2f_receive.data()) + slot(a, mb) * spec.a2f_slot_bytes();
     auto* out = static_cast<uint8_t*>(f2a_send.data()) + slot(a, mb) * spec.f2a_slot_bytes();
-    return {a, arrival.sequence, arrival.tokens, in, in + routing_offset(), out};
+    return {a,
+            peers->at(a).link->epoch,
+            arrival.sequence,
+            arrival.tag,
+            arrival.tokens,
+            in,
+            in + routing_offset(),
+            out};
   }
 
-  void fail(const std::string& reason) {
+  void on_failure(hm_status status, const std::string& reason) override {
     {
       std::lock_guard lock(mutex);
       if (!failure.empty()) return;
       failure = reason;
+      failure_status = status;
       news.store(true, std::memory_order_release);
     }
     log(LogLevel::error, "ffn {}: {}", spec.rank, reason);
     changed.notify_all();
   }
 
+  // Throws the error that ended the engine, if one did. Caller holds mutex.
+  void throw_if_failed() const {
+    if (!failure.empty()) throw Error(failure_status, failure);
+  }
+
   // Every A is gone, at least one cleanly: get_batch's end. Caller holds mutex.
   bool all_done() const { return gone == spec.attention && left > 0; }
 
+  // The part came from an incarnation of its A that was replaced since. Caller holds mutex.
+  bool replaced(const Batch::FromAttention& part) const {
+    return part.epoch != peers->at(part.rank).link->epoch;
+  }
+
   // Attention `a` may still send parts. Caller holds mutex.
   bool in_job(int a) const {
-    const Peer& peer = attention[static_cast<size_t>(a)];
+    const Peer& peer = peers->at(a);
     return !peer.left && !peer.lost;
   }
 
@@ -107,13 +126,15 @@ struct FfnEngine::State {
   Batch::FromAttention hand_out(int a, int mb, int64_t now) {
     Arrival& arrival = arrivals[slot(a, mb)];
     arrival.waiting = false;
+    waiting_parts.fetch_sub(1, std::memory_order_relaxed);
     arrival.responding = true;
     arrival.batch_ready = now;
     return part(a, mb);
   }
 
-  // Hands out complete micro-batches (gather all) or single parts (eager). Caller holds mutex.
-  void release_batches(int mb) {
+  // Hands out complete micro-batches (gather all) or single parts (eager); with `overdue`, the
+  // parts of mb that are waiting, complete or not. Caller holds mutex.
+  void release_batches(int mb, bool overdue = false) {
     int64_t now = now_ns();
     if (spec.gather == Gather::eager) {
       for (int a = 0; a < spec.attention; ++a) {
@@ -129,7 +150,7 @@ struct FfnEngine::State {
     for (int a = 0; a < spec.attention; ++a) {
       if (arrivals[slot(a, mb)].waiting)
         any = true;
-      else if (!in_job(a))
+      else if (!in_job(a) || overdue)
         continue;
       else
         return;
@@ -142,12 +163,7 @@ struct FfnEngine::State {
     news.store(true, std::memory_order_release);
   }
 
-  void on_request(const TransportEvent& e) {
-    int a = attention_of_connection.at(e.connection);
-    {
-      std::lock_guard lock(mutex);
-      if (attention[static_cast<size_t>(a)].lost) return;  // contained: nothing more of it
-    }
+  void on_request(int a, const TransportEvent& e) {
     std::string from = peer_name(Role::attention, a);
     check_slot(e.value, static_cast<uint32_t>(spec.attention * spec.micro_batches), from);
     int mb = static_cast<int>(e.value) % spec.micro_batches;
@@ -164,10 +180,14 @@ struct FfnEngine::State {
                       spec.top_k,
                       spec.a2f_slot_bytes(),
                       uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token()};
-    validate(h, limits, static_cast<uint32_t>(a), static_cast<uint32_t>(mb), from.c_str());
+    validate(h, limits, static_cast<uint32_t>(a), peers->at(a).link->epoch,
+             static_cast<uint32_t>(mb), from.c_str());
     std::lock_guard lock(mutex);
     Arrival& arrival = arrivals[slot(a, mb)];
-    if (arrival.waiting || arrival.responding || h.sequence != arrival.sequence + 1)
+    // Sequences go up by one per slot; a new incarnation of this F (sequence 0 here) takes up
+    // where the A's count is.
+    if (arrival.waiting || arrival.responding || h.sequence <= arrival.sequence ||
+        (arrival.sequence != 0 && h.sequence != arrival.sequence + 1))
       throw Error(kStatusProtocolError,
                   fmt::format("{} sent micro-batch {} sequence {}, but its slot {} (last sequence "
                               "{})",
@@ -177,8 +197,10 @@ struct FfnEngine::State {
                               arrival.sequence));
     arrival.sequence = h.sequence;
     arrival.tokens = h.tokens;
+    arrival.tag = h.tag;
     arrival.received = now_ns();
     arrival.waiting = true;
+    waiting_parts.fetch_add(1, std::memory_order_relaxed);
     release_batches(mb);
     changed.notify_all();
   }
@@ -192,30 +214,33 @@ struct FfnEngine::State {
       if (!wait_ready(ReadyWait{job.after_event ? &ready_events[s] : nullptr}, stopping)) return;
       WireHeader* h = reinterpret_cast<WireHeader*>(f2a_headers.data()) + s;
       int64_t received, batch_ready;
+      std::shared_ptr<const Link> link;
       {
         std::lock_guard lock(mutex);
         if (!failure.empty()) return;
-        if (attention[static_cast<size_t>(a)].lost) {  // nobody to answer: free the slot
+        const Peer& peer = peers->at(a);
+        if (peer.link->epoch != job.epoch) return;  // replaced: the slot is the new one's
+        if (peer.lost) {                            // nobody to answer: free the slot
           arrivals[s].responding = arrivals[s].queued = false;
           return;
         }
         received = arrivals[s].received;
         batch_ready = arrivals[s].batch_ready;
+        link = peer.link;
       }
-      *h = make_header(spec, MessageKind::f2a, mb, job.sequence, job.tokens,
+      *h = make_header(spec, peers->own_epoch(), MessageKind::f2a, mb, job.sequence, job.tokens,
                        uint64_t{job.tokens} * spec.hidden * spec.f2a_bytes);
       h->stamps[kReceived] = static_cast<uint64_t>(received);
       h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
       h->stamps[kComputeStart] = static_cast<uint64_t>(job.compute_start);
       h->stamps[kComputeEnd] = static_cast<uint64_t>(job.compute_end);
       h->stamps[kPosted] = static_cast<uint64_t>(now_ns());
-      Peer& peer = attention[static_cast<size_t>(a)];
       // A's slot for (mb, this F).
       uint64_t remote_slot = static_cast<uint64_t>(mb * spec.ffn + spec.rank);
       try {
-        peer.connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
-                               *peer.regions.at("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
-                               h->payload_bytes, std::nullopt, 0);
+        link->connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
+                                link->region("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
+                                h->payload_bytes, std::nullopt, 0);
         {
           // The credit goes back before the notifying write: once A sees it, A may send this
           // slot's next sequence at once, and the comm thread must find the slot free.
@@ -223,98 +248,111 @@ struct FfnEngine::State {
           arrivals[s].responding = false;
           arrivals[s].queued = false;
         }
-        peer.connection->write(*f2a_header_region, s * sizeof(WireHeader),
-                               *peer.regions.at("f2a_headers"), remote_slot * sizeof(WireHeader),
-                               sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
+        link->connection->write(*f2a_header_region, s * sizeof(WireHeader),
+                                link->region("f2a_headers"), remote_slot * sizeof(WireHeader),
+                                sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
       } catch (const Error& e) {
         // The connection broke under the write: its peer_lost event, on the comm thread, decides
         // (an attention instance that is gone is contained, not fatal).
         if (e.status() == kStatusPeerLost) {
           std::lock_guard lock(mutex);
-          arrivals[s].responding = arrivals[s].queued = false;
+          if (peers->at(a).link->epoch == job.epoch)
+            arrivals[s].responding = arrivals[s].queued = false;
           return;
         }
         rethrow_for_peer(e, Role::attention, a);
       }
+    } catch (const Error& e) {
+      on_failure(e.status(), e.what());
     } catch (const std::exception& e) {
-      fail(e.what());
+      on_failure(HM_ERR_INTERNAL, e.what());
     }
   }
 
   // Attention `a` is gone without "leave": contained. Its parts not yet handed out are dropped,
   // gather-all micro-batches that waited only for it are released to the live ones, and answers
-  // still owed to it are skipped by its sender. The engine fails only when no attention instance
-  // is left to serve and none left cleanly (the whole job is gone).
-  void lose_attention(int a, const std::string& reason) {
-    std::string who = peer_name(Role::attention, a);
-    int live;
-    {
-      std::lock_guard lock(mutex);
-      Peer& peer = attention[static_cast<size_t>(a)];
-      if (peer.left || peer.lost) return;
-      peer.lost = true;
-      ++gone;
-      lost.push_back(fmt::format("{} lost: {}", who, reason));
-      // Its parts not handed out yet go: from batches waiting in ready_batches too (a batch left
-      // empty goes with them), so get_batch never hands out work for an instance that is gone.
-      for (Batch& batch : ready_batches)
-        std::erase_if(batch.parts, [&](const Batch::FromAttention& part) {
-          if (part.rank != a) return false;
-          arrivals[slot(a, batch.micro_batch)].responding = false;
-          return true;
-        });
-      std::erase_if(ready_batches, [](const Batch& batch) { return batch.parts.empty(); });
-      news.store(!ready_batches.empty(), std::memory_order_relaxed);
-      for (int mb = 0; mb < spec.micro_batches; ++mb) {
-        arrivals[slot(a, mb)].waiting = false;
-        release_batches(mb);
-      }
-      live = spec.attention - gone;
-      // get_batch ends cleanly only once every A is gone and one of them said "leave": with none
-      // left to serve and none that ended well, the job is gone, and that is this engine's failure.
-      if (live == 0 && left == 0)
-        throw Error(
-            kStatusPeerLost,
-            fmt::format("every attention instance was lost (last: {} lost: {})", who, reason));
+  // still owed to it are skipped by its sender. When every A is lost and none left cleanly,
+  // get_batch waits for a replacement until its timeout.
+  void on_lost_locked(int a, const std::string& reason) override {
+    ++gone;
+    lost.push_back(reason);
+    // Its parts not handed out yet go: from batches waiting in ready_batches too (a batch left
+    // empty goes with them), so get_batch never hands out work for an instance that is gone.
+    for (Batch& batch : ready_batches)
+      std::erase_if(batch.parts, [&](const Batch::FromAttention& part) {
+        if (part.rank != a) return false;
+        arrivals[slot(a, batch.micro_batch)].responding = false;
+        return true;
+      });
+    std::erase_if(ready_batches, [](const Batch& batch) { return batch.parts.empty(); });
+    news.store(!ready_batches.empty(), std::memory_order_relaxed);
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      if (arrivals[slot(a, mb)].waiting) waiting_parts.fetch_sub(1, std::memory_order_relaxed);
+      arrivals[slot(a, mb)].waiting = false;
+      release_batches(mb);
     }
     changed.notify_all();
-    log(LogLevel::warn,
-        "ffn {}: {} lost ({}); serving the {} attention instance(s) still in the job", spec.rank,
-        who, reason, live);
   }
 
-  // One turn of the comm thread: handle what the transport reports (responses are the senders'
-  // job).
-  void step() {
-    comm_turn(
-        *transport, events, *heartbeat, attention, attention_of_connection,
-        [this](const TransportEvent& e) { on_event(e); },
-        [this](const Heartbeat::Silent& silent) { lose_attention(silent.rank, silent.reason); },
-        [this](const std::string& reason) { fail(reason); });
+  // Gather-all: the micro-batches whose oldest waiting part has waited a whole gather window go
+  // out as they are (EngineSpec::gather_window says why).
+  void on_turn() override {
+    if (spec.gather != Gather::all || waiting_parts.load(std::memory_order_relaxed) == 0) return;
+    const int64_t now = now_ns();
+    const int64_t window =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(spec.gather_window).count();
+    bool released = false;
+    {
+      std::lock_guard lock(mutex);
+      for (int mb = 0; mb < spec.micro_batches; ++mb) {
+        int64_t oldest = now;
+        for (int a = 0; a < spec.attention; ++a)
+          if (const Arrival& arrival = arrivals[slot(a, mb)]; arrival.waiting)
+            oldest = std::min(oldest, arrival.received);
+        if (now - oldest < window) continue;
+        log(LogLevel::debug,
+            "ffn {}: micro-batch {} waited {} ms for the other attention "
+            "instances; served without them",
+            spec.rank, mb, (now - oldest) / 1000000);
+        release_batches(mb, /*overdue=*/true);
+        released = true;
+      }
+    }
+    if (released) changed.notify_all();
   }
 
-  void on_event(const TransportEvent& e) {
-    switch (e.type) {
-      case TransportEvent::Type::notification:
-        on_request(e);
-        break;
-      case TransportEvent::Type::control:
-        if (std::string(e.payload.begin(), e.payload.end()) == "leave") {
-          std::lock_guard lock(mutex);
-          int a = attention_of_connection.at(e.connection);
-          Peer& peer = attention[static_cast<size_t>(a)];
-          if (!peer.left && !peer.lost) ++gone, ++left;
-          peer.left = true;
-          for (int mb = 0; mb < spec.micro_batches; ++mb)
-            release_batches(mb);  // gather-all batches that waited only for it
-          changed.notify_all();
-        }
-        break;
-      case TransportEvent::Type::peer_lost:
-        lose_attention(attention_of_connection.at(e.connection), e.message);
-        break;
-      case TransportEvent::Type::write_done:
-        break;  // comm_turn checked it
+  // A's replacement starts afresh: its slots' sequences start again, and gather-all waits for it.
+  void on_rejoined_locked(int a) override {
+    const Peer& peer = peers->at(a);
+    if (peer.lost || peer.left) --gone;
+    if (peer.left) --left;
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      if (arrivals[slot(a, mb)].waiting) waiting_parts.fetch_sub(1, std::memory_order_relaxed);
+      arrivals[slot(a, mb)] = Arrival{};
+    }
+    changed.notify_all();
+  }
+
+  // The application holds none of A's parts any more (each answered, or skipped because A is
+  // lost), so its slots can take the replacement's data.
+  bool ready_to_replace_locked(int a) override {
+    if (!peers->at(a).lost && !peers->at(a).left) return false;
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      if (arrivals[slot(a, mb)].responding || arrivals[slot(a, mb)].queued) return false;
+    return true;
+  }
+
+  void on_message(int a, const TransportEvent& e) override {
+    if (e.type == TransportEvent::Type::notification) {
+      on_request(a, e);
+    } else if (std::string(e.payload.begin(), e.payload.end()) == "leave") {
+      std::lock_guard lock(mutex);
+      Peer& peer = peers->at(a);
+      if (!peer.left && !peer.lost) ++gone, ++left;
+      peer.left = true;  // the comm thread's to write (Peer), under the mutex
+      for (int mb = 0; mb < spec.micro_batches; ++mb)
+        release_batches(mb);  // gather-all batches that waited only for it
+      changed.notify_all();
     }
   }
 };
@@ -331,22 +369,25 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
   s.f2a_send_region = s.transport->register_memory(device, s.f2a_send.data(), s.f2a_send.size());
   s.f2a_header_region =
       s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
-  s.attention = join(s.spec, *s.transport, s.mine, store, Role::attention, spec.attention);
-  s.attention_of_connection = rank_by_connection(s.attention);
-  s.heartbeat = std::make_unique<Heartbeat>(s.spec, Role::attention, s.attention.size());
-  s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.step(); });
+  auto own_store = store.clone();  // the rejoin thread's: the caller's need not outlive the call
+  s.peers = std::make_unique<PeerGroup>(
+      s.spec, Role::attention, *s.transport,
+      join(s.spec, *s.transport, s.mine, store, Role::attention, spec.attention), s.mutex, s);
+  s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.peers->turn(); });
+  s.peers->start_rejoin(std::move(own_store));
   s.senders = start_senders<RespondJob>(
       s.spec, Role::attention, spec.attention,
       [&s](int a, const RespondJob& job, const std::atomic<bool>& stopping) {
         s.respond_to(a, job, stopping);
       });
-  log(LogLevel::info, "ffn {}: connected to {} attention instance(s) over {}", spec.rank,
-      spec.attention, to_string(s.transport->kind()));
+  log(LogLevel::info, "ffn {} (epoch {}): connected to {} attention instance(s) over {}", spec.rank,
+      s.peers->own_epoch(), spec.attention, to_string(s.transport->kind()));
 }
 
 FfnEngine::~FfnEngine() {
   for (auto& sender : state_->senders)
     sender->stop();
+  state_->peers->stop_rejoin();
   state_->comm->stop();
 }
 
@@ -355,8 +396,17 @@ std::vector<std::string> FfnEngine::lost_attention() const {
   return state_->lost;
 }
 
+std::vector<PeerStatus> FfnEngine::peers() const {
+  std::lock_guard lock(state_->mutex);
+  return peer_status(Role::attention, state_->peers->all());
+}
+
 const EngineSpec& FfnEngine::spec() const {
   return state_->spec;
+}
+
+uint64_t FfnEngine::epoch() const {
+  return state_->peers->own_epoch();
 }
 
 std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
@@ -367,7 +417,7 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   bool done = s.changed.wait_for(lock, timeout, [&] {
     return !s.ready_batches.empty() || !s.failure.empty() || s.all_done();
   });
-  if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+  s.throw_if_failed();
   if (!s.ready_batches.empty()) {
     Batch batch = std::move(s.ready_batches.front());
     s.ready_batches.pop_front();
@@ -375,6 +425,11 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
     return batch;
   }
   if (s.all_done()) return std::nullopt;
+  if (!done && s.gone == s.spec.attention)
+    throw Error(HM_ERR_TIMEOUT,
+                fmt::format("ffn {}: every attention instance was lost, and none was replaced "
+                            "within {} ms (last: {})",
+                            s.spec.rank, timeout.count(), s.lost.empty() ? "?" : s.lost.back()));
   if (!done) {
     std::string waiting;
     for (int a = 0; a < s.spec.attention; ++a)
@@ -394,7 +449,7 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
   int64_t compute_end = now_ns();
   {
     std::lock_guard lock(s.mutex);
-    if (!s.failure.empty()) throw Error(kStatusPeerLost, s.failure);
+    s.throw_if_failed();
     if (batch.micro_batch < 0 || batch.micro_batch >= s.spec.micro_batches)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("respond: micro-batch {} does not exist", batch.micro_batch));
@@ -402,6 +457,7 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
       if (part.rank < 0 || part.rank >= s.spec.attention)
         throw Error(HM_ERR_INVALID_ARGUMENT,
                     fmt::format("respond: attention {} does not exist", part.rank));
+      if (s.replaced(part)) continue;
       const Arrival& arrival = s.arrivals[s.slot(part.rank, batch.micro_batch)];
       if (!arrival.responding || arrival.queued || arrival.sequence != part.sequence)
         throw Error(HM_ERR_INVALID_ARGUMENT,
@@ -414,23 +470,31 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
   // Each part's slot event is free: its last record was waited for before the slot's previous
   // answer was posted. Recording it is all the engine keeps of the caller's stream; a record that
   // fails leaves every part unanswered and awaiting respond() again.
+  // A part of an A that was replaced since is not answered: its slot is the new incarnation's
+  // (which could be replaced only once none of the old one's parts was held, so this is rare).
   if (after != nullptr)
-    for (const auto& part : batch.parts)
-      s.ready_events[s.slot(part.rank, batch.micro_batch)].record(*after);
-  {
-    std::lock_guard lock(s.mutex);
-    for (const auto& part : batch.parts)
-      if (s.arrivals[s.slot(part.rank, batch.micro_batch)].queued)
-        throw Error(HM_ERR_INVALID_ARGUMENT,
-                    fmt::format("respond: attention {} micro-batch {} was answered meanwhile",
-                                part.rank, batch.micro_batch));
-    for (const auto& part : batch.parts)
-      s.arrivals[s.slot(part.rank, batch.micro_batch)].queued = true;
-  }
+    for (const auto& part : batch.parts) {
+      bool replaced;
+      {
+        std::lock_guard lock(s.mutex);
+        replaced = s.replaced(part);
+      }
+      if (!replaced) s.ready_events[s.slot(part.rank, batch.micro_batch)].record(*after);
+    }
+  std::lock_guard lock(s.mutex);
   for (const auto& part : batch.parts)
-    s.senders[static_cast<size_t>(part.rank)]->push(RespondJob{batch.micro_batch, part.sequence,
-                                                               part.tokens, after != nullptr,
-                                                               compute_start_ns, compute_end});
+    if (!s.replaced(part) && s.arrivals[s.slot(part.rank, batch.micro_batch)].queued)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("respond: attention {} micro-batch {} was answered meanwhile",
+                              part.rank, batch.micro_batch));
+  // Queued under the engine's mutex: a sender never takes it while it holds its own.
+  for (const auto& part : batch.parts) {
+    if (s.replaced(part)) continue;
+    s.arrivals[s.slot(part.rank, batch.micro_batch)].queued = true;
+    s.senders[static_cast<size_t>(part.rank)]->push(
+        RespondJob{batch.micro_batch, part.epoch, part.sequence, part.tokens, after != nullptr,
+                   compute_start_ns, compute_end});
+  }
 }
 
 std::vector<std::pair<std::string, uint64_t>> FfnEngine::registered() const {

@@ -27,6 +27,7 @@ EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
   spec.gather = c.job.gather;
   spec.timeout = c.job.timeout;
   spec.heartbeat = c.job.heartbeat;
+  spec.gather_window = c.job.gather_window;
   return spec;
 }
 

@@ -232,8 +232,9 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   TomlSection root(reporter, document, kTables);
   JobConfig c;
 
-  static constexpr std::array<std::string_view, 7> kJob = {
-      "attention", "ffn", "micro_batches", "layers", "gather", "timeout_ms", "heartbeat_ms"};
+  static constexpr std::array<std::string_view, 8> kJob = {
+      "attention", "ffn",        "micro_batches", "layers",
+      "gather",    "timeout_ms", "heartbeat_ms",  "gather_window_ms"};
   TomlSection job = root.table("job", kJob);
   c.job.attention = job.small_integer("attention", c.job.attention, 1, kMaxInstances);
   c.job.ffn = job.small_integer("ffn", c.job.ffn, 1, kMaxInstances);
@@ -245,6 +246,9 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
       std::chrono::milliseconds(job.integer("timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
   c.job.heartbeat = std::chrono::milliseconds(
       job.integer("heartbeat_ms", c.job.heartbeat.count(), 100, kMaxTimeoutMs));
+  c.job.gather_window = std::chrono::milliseconds(
+      job.integer("gather_window_ms", std::min(c.job.gather_window, c.job.timeout).count(), 1,
+                  c.job.timeout.count()));
 
   static constexpr std::array<std::string_view, 6> kModel = {"tokens", "hidden",    "experts",
                                                              "top_k",  "a2f_dtype", "f2a_dtype"};

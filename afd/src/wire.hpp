@@ -12,7 +12,7 @@
 namespace hetmesh::afd {
 
 constexpr uint32_t kWireMagic = 0x46414d48;  // "HMAF"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;         // 2: the sender's epoch and the application's tag
 enum class MessageKind : uint16_t { a2f = 1, f2a = 2 };
 
 // Sender-side timestamps (ns, the sender's steady clock) carried for the skew-free metrics.
@@ -37,10 +37,11 @@ struct WireHeader {
   uint32_t tokens;
   uint32_t hidden;
   uint32_t top_k;
-  uint32_t reserved;
+  uint32_t epoch;          // the sender's incarnation (membership.hpp), low 32 bits
   uint64_t payload_bytes;  // tokens (and for A2F, routing) bytes at the start of the slot
   uint64_t stamps[kStampCount];
-  uint8_t padding[128 - 48 - 8 * kStampCount];
+  uint64_t tag;  // A2F: the application's value for the micro-batch (push_pull), e.g. a layer
+  uint8_t padding[128 - 56 - 8 * kStampCount];
 };
 static_assert(sizeof(WireHeader) == 128);
 
@@ -57,8 +58,9 @@ struct SlotLimits {
 };
 
 // Throws Error(kStatusProtocolError) naming the field unless `h` fits `limits` and arrived in the
-// slot of (`source`, `micro_batch`).
-inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t source,
+// slot of (`source`, `micro_batch`) from the sender's incarnation `epoch` (an older one's header,
+// written by a process that was replaced, is refused).
+inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t source, uint64_t epoch,
                      uint32_t micro_batch, const char* where) {
   auto bad = [&](const std::string& what) {
     throw Error(kStatusProtocolError, fmt::format("{}: refused header: {}", where, what));
@@ -68,6 +70,8 @@ inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t sou
     bad(fmt::format("version {} (this build speaks {})", h.version, kWireVersion));
   if (h.kind != static_cast<uint16_t>(limits.kind)) bad(fmt::format("kind {}", h.kind));
   if (h.source != source) bad(fmt::format("source {} in the slot of sender {}", h.source, source));
+  if (h.epoch != static_cast<uint32_t>(epoch))
+    bad(fmt::format("epoch {} from the sender's incarnation {}", h.epoch, epoch));
   if (h.micro_batch != micro_batch)
     bad(fmt::format("micro-batch {} in the slot of micro-batch {}", h.micro_batch, micro_batch));
   if (h.tokens == 0 || h.tokens > limits.max_tokens)

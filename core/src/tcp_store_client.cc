@@ -69,6 +69,10 @@ class TcpStoreClient final : public KeyValueStore {
 
   std::string describe() const override { return "tcp store " + address_; }
 
+  std::unique_ptr<KeyValueStore> clone() const override {
+    return connect_tcp_store(address_, io_timeout_);
+  }
+
  private:
   struct Result {
     Status status;

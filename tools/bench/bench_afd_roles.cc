@@ -63,8 +63,8 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
         auto trip = engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout);
         if (it > o.warmup) trace.trips.push_back(trip);
       }
-      handles[static_cast<size_t>(mb)] =
-          engine.push_pull(mb, static_cast<uint32_t>(c.model.tokens), {}, now_ns());
+      handles[static_cast<size_t>(mb)] = engine.push_pull(mb, static_cast<uint32_t>(c.model.tokens),
+                                                          {.attention_start_ns = now_ns()});
     }
   }
   for (int mb = 0; mb < M; ++mb)

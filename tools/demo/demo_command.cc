@@ -93,8 +93,10 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
       int64_t start = afd::now_ns();
       model.attention(layer, x[static_cast<size_t>(mb)].data(), h[static_cast<size_t>(mb)].data(),
                       staging.tokens(mb), staging.routing(mb));
-      handles[static_cast<size_t>(mb)] =
-          engine.push_pull(mb, shape.tokens, staging.upload(mb), start);
+      handles[static_cast<size_t>(mb)] = engine.push_pull(mb, shape.tokens,
+                                                          {.ready = staging.upload(mb),
+                                                           .tag = static_cast<uint64_t>(layer),
+                                                           .attention_start_ns = start});
     }
     if (o.rank == 0) std::printf("progress %d %d\n", layer + 1, shape.layers), std::fflush(stdout);
   }
@@ -128,8 +130,7 @@ int run_ffn(const JobConfig& c, const DemoOptions& o) {
   while (auto batch = engine.get_batch(c.job.timeout)) {
     int64_t start = afd::now_ns();
     for (const auto& part : batch->parts)
-      runner->run(static_cast<int>((part.sequence - 1) % static_cast<uint64_t>(c.job.layers)), part,
-                  stream);
+      runner->run(static_cast<int>(part.tag), part, stream);  // the tag is the layer
     engine.respond(*batch, &stream, start);  // once the experts queued on `stream` are done
   }
   return 0;

@@ -12,6 +12,14 @@
 // to different peers never queue behind each other. The caller's thread only enqueues work and
 // waits. Every wait has a timeout; a dead peer or a timeout is an Error naming the peer, never an
 // abort.
+//
+// Failures are contained and recoverable (docs/failures.md). A peer that dies, hangs (silent past
+// the heartbeat) or is replaced is *lost*: an A fails only the micro-batches that peer owed, with
+// Error(kStatusPeerLost) naming it, and keeps its other connections; an F serves the As still in
+// the job. A replacement (a new process with the same role and rank, started like the first)
+// rejoins the running job under a new epoch through the store; the engines connect to it on their
+// own, refuse the traffic of the epoch it replaced, and the application goes on: an A waits for it
+// with wait_for_peers() and pushes its failed micro-batches again (or drops them).
 #pragma once
 
 #include <hetmesh/core/device.hpp>
@@ -56,6 +64,11 @@ struct EngineSpec {
   // A peer silent this long (no data, no heartbeat) is hung: the engine fails naming it, even
   // when no data is due. The comm thread sends each peer a heartbeat every quarter of it.
   std::chrono::milliseconds heartbeat{5000};
+  // Gather::all serves a part that waited this long for the other As without them. Pairing is by
+  // arrival order per A, so an A that pushes a failed micro-batch again, or a replacement that
+  // joins mid-run, can leave two F instances each waiting for a part the other holds up; the
+  // window ends such a wait (and realigns the pairing) instead of the job's timeout.
+  std::chrono::milliseconds gather_window{50};
   std::string job = "hetmesh";  // rendezvous namespace
   TransportOptions transport;
   // Pin the comm thread to the first of these and the per-peer sender threads to the next ones
@@ -131,6 +144,23 @@ struct ReadySignal {
   uint32_t value = 0;
 };
 
+// How AttentionEngine::push_pull sends a micro-batch.
+struct PushOptions {
+  ReadySignal ready;               // when the slot's data is ready (default: at once)
+  uint64_t tag = 0;                // handed to each F with the part (Batch), e.g. the layer
+  int64_t attention_start_ns = 0;  // for the metrics: when this micro-batch's attention began
+};
+
+// A peer as an engine sees it now.
+struct PeerStatus {
+  Role role = Role::ffn;
+  int rank = 0;
+  uint64_t epoch = 0;  // the incarnation reached: 1 for the first, higher for replacements
+  enum class State { live, left, lost } state = State::live;
+  std::string reason;  // why it is lost: "ffn 1 lost: ...", "ffn 1 hung: ..."
+};
+const char* to_string(PeerStatus::State state);
+
 // The attention side.
 class AttentionEngine {
  public:
@@ -147,15 +177,26 @@ class AttentionEngine {
   void* result(int micro_batch, int ffn) const;
 
   using Ready = ReadySignal;
+  using Push = PushOptions;
 
   using Handle = uint64_t;
   // Sends micro-batch `mb` (its first `tokens` rows) to every F once ready; the results arrive
-  // in result(mb, *). Throws if mb's previous round trip has not been waited for.
-  Handle push_pull(int micro_batch, uint32_t tokens, Ready ready = {},
-                   int64_t attention_start_ns = 0);
-  // Waits until every F has answered; throws Error(TIMEOUT) naming the F that did not, or the
-  // error that ended the job. Returns the round trip's timestamps.
+  // in result(mb, *). Throws Error(INVALID_ARGUMENT) if mb's previous round trip has not been
+  // waited for, and Error(kStatusPeerLost) naming the F while an F is lost and not replaced yet
+  // (nothing is sent: wait_for_peers(), then push again, or drop the micro-batch).
+  Handle push_pull(int micro_batch, uint32_t tokens, const Push& push = {});
+  // Waits until every F has answered, and returns the round trip's timestamps. If an F was lost
+  // before it answered, waits for the others' answers, then throws Error(kStatusPeerLost) naming
+  // that F: the micro-batch failed, and its slot is free (its tokens and routing are still in
+  // tokens(mb) and routing(mb)), to push again once wait_for_peers() is true, or to drop. Throws
+  // Error(TIMEOUT) naming the F that did not answer within `timeout` (the engine cannot go on
+  // after that), or the error that ended the engine.
   RoundTrip wait(Handle handle, std::chrono::milliseconds timeout);
+  // Waits until every F is in the job (none lost: each lost one was replaced). Returns false if
+  // that did not happen within `timeout`; throws the error that ended the engine.
+  bool wait_for_peers(std::chrono::milliseconds timeout);
+  // Every F as this engine sees it now.
+  std::vector<PeerStatus> peers() const;
   // The word a compute stream writes (stream_write_value32) to say micro-batch `mb` is ready, for
   // push_pull's ReadySignal{.flag = true, .value = v}: pinned memory the engine owns. nullptr if
   // the device has no stream memory operations.
@@ -166,6 +207,8 @@ class AttentionEngine {
   const void* arrival_flag(int micro_batch) const;
 
   const EngineSpec& spec() const;
+  // This instance's incarnation: 1 for the first of its role and rank, higher for a replacement.
+  uint64_t epoch() const;
   // Bytes of memory this engine registered, by region name.
   std::vector<std::pair<std::string, uint64_t>> registered() const;
 
@@ -179,7 +222,9 @@ struct Batch {
   int micro_batch = 0;
   struct FromAttention {
     int rank = 0;
+    uint64_t epoch = 0;  // the A's incarnation; a part of one that was replaced is not answered
     uint64_t sequence = 0;
+    uint64_t tag = 0;  // the A's push_pull tag
     uint32_t tokens = 0;
     void* tokens_data = nullptr;   // device memory: [tokens][hidden] A2F dtype
     void* routing_data = nullptr;  // device memory: [tokens][top_k] {int32, float}
@@ -196,20 +241,25 @@ class FfnEngine {
   ~FfnEngine();
 
   // The next micro-batch: complete from every A still in the job (Gather::all), or one A's part
-  // as soon as it arrives (Gather::eager). An A that is lost (gone without saying "leave") is
-  // contained: the F serves the others without it (lost_attention() names it). Returns nullopt
-  // when every A has left or been lost, at least one of them cleanly; throws Error on a timeout,
-  // a hung A (heartbeat), or when every A was lost.
+  // as soon as it arrives (Gather::eager). An A that is lost (gone without saying "leave", or
+  // hung past the heartbeat) is contained: the F serves the others without it (lost_attention()
+  // names it) until its replacement joins. Returns nullopt when every A has left or been lost, at
+  // least one of them cleanly; throws Error(TIMEOUT) when nothing came within `timeout`, saying
+  // so when every A was lost and none replaced.
   std::optional<Batch> get_batch(std::chrono::milliseconds timeout);
   // Sends each part's output back to its A once the work queued so far on `after` (F's compute
   // stream; nullptr: the outputs are already there) has completed. The engine records an event of
   // its own on `after` during the call; the stream need only live through the call.
   void respond(const Batch& batch, const Stream* after = nullptr, int64_t compute_start_ns = 0);
 
-  // The attention instances this F lost and served on without, with why: "attention 1 lost: ...".
+  // The attention instances this F lost and served on without, with why: "attention 1 lost: ...",
+  // every loss since the start (a replaced A's too).
   std::vector<std::string> lost_attention() const;
+  // Every A as this engine sees it now.
+  std::vector<PeerStatus> peers() const;
 
   const EngineSpec& spec() const;
+  uint64_t epoch() const;  // as AttentionEngine::epoch
   std::vector<std::pair<std::string, uint64_t>> registered() const;
 
  private:

@@ -53,6 +53,10 @@ struct JobSection {
   // heartbeat_ms: a peer silent this long (no data, no heartbeat) is hung, even when no data is
   // due; >= 100. Heartbeats go out every quarter of it. An F contains a hung A as a lost one.
   std::chrono::milliseconds heartbeat{5000};
+  // gather_window_ms: gather-all serves a part that waited this long for the other As without
+  // them; 1..timeout_ms. Breaks the wait cycles a retried or replaced instance can leave between
+  // F instances (docs/failures.md).
+  std::chrono::milliseconds gather_window{50};
   bool operator==(const JobSection&) const = default;
 };
 

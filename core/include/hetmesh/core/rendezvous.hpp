@@ -47,6 +47,9 @@ class KeyValueStore {
   virtual void erase(const std::string& key) = 0;
   // For messages: "tcp store 127.0.0.1:29500".
   virtual std::string describe() const = 0;
+  // Another client of the same store, with connections of its own: for an object or thread that
+  // may outlive this client (an engine's rejoin thread). Throws as connecting does.
+  virtual std::unique_ptr<KeyValueStore> clone() const = 0;
 };
 
 // The embedded store: an in-memory map served over TCP, one thread per client. Hosted by one
