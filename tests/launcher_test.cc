@@ -175,6 +175,51 @@ INSTANTIATE_TEST_SUITE_P(
                              "attention:1", "cpu:7"}),
     [](const auto& p) { return p.param.name; });
 
+// ---- a replacement ----
+
+class ReplaceTest : public LauncherTest, public testing::WithParamInterface<std::string> {};
+
+// `hetmesh demo --replace ROLE:RANK` kills that instance halfway (SIGKILL, by the launcher) and
+// starts a new process in its place, which rejoins the running 2A2F job; nothing else restarts,
+// and the final hidden states still match the single-process reference.
+TEST_P(ReplaceTest, TheDemoStillVerifiesAfterAnInstanceIsKilledAndReplaced) {
+  const std::string victim = GetParam();
+  std::string config = write_config("replace", 10000);
+  ProcessResult r = run_process({HETMESH_CLI, "demo", "--config", config, "--replace", victim},
+                                std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.describe() << "\n" << r.out << r.err;
+  EXPECT_NE(r.out.find("killing " + victim + " (SIGKILL) at layer 1/2"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("verified: final hidden states of 2 attention x 2 micro-batches match"),
+            std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE(r.out.find("recovery: " + victim + " was killed and replaced mid-run"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.err.find("hetmesh: error:"), std::string::npos) << r.err;
+  fs::remove(config);
+}
+
+INSTANTIATE_TEST_SUITE_P(Instances, ReplaceTest, testing::Values("ffn:1", "attention:1"),
+                         [](const auto& p) {
+                           std::string name = p.param;
+                           name[name.find(':')] = '_';
+                           return name;
+                         });
+
+TEST_F(LauncherTest, ReplaceRefusesWhatItCannotDo) {
+  std::string config = write_config("replace-refused", 10000);
+  for (const auto& [value, says] : std::vector<std::pair<std::string, std::string>>{
+           {"ffn:5", "ranks 0..1"}, {"ffn", "name one instance"}, {"gpu:0", "the role is"}}) {
+    ProcessResult r = run_process({HETMESH_CLI, "demo", "--config", config, "--replace", value},
+                                  std::chrono::seconds(30));
+    EXPECT_EQ(r.exit_code, 1) << value << ": " << r.describe();
+    EXPECT_NE(r.err.find("--replace"), std::string::npos) << value << ": " << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << value << ": " << r.err;
+  }
+  fs::remove(config);
+}
+
 // ---- signals to the launcher ----
 
 class InterruptTest : public LauncherTest, public testing::WithParamInterface<int> {};

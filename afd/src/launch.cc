@@ -212,7 +212,7 @@ ChildProcess& LocalJob::start(const std::string& role, int rank,
         std::string("--store"), store_, std::string("--out"), out_})
     argv.push_back(arg);
   argv.insert(argv.end(), extra.begin(), extra.end());
-  Instance instance{role, rank, std::make_unique<ChildProcess>(argv), std::move(on_line)};
+  Instance instance{role, rank, extra, std::make_unique<ChildProcess>(argv), std::move(on_line)};
   instance.output_open = static_cast<bool>(instance.on_line);
   instances_.push_back(std::move(instance));
   return *instances_.back().process;
@@ -232,6 +232,26 @@ void LocalJob::read_output(Instance& instance, bool until_closed) {
   }
 }
 
+void LocalJob::replace(const std::string& role, int rank) {
+  replace_.emplace_back(role, rank);
+}
+
+void LocalJob::start_replacements() {
+  for (const auto& [role, rank] : std::exchange(replace_, {})) {
+    auto old = std::find_if(instances_.begin(), instances_.end(), [&](const Instance& i) {
+      return i.role == role && i.rank == rank && !i.reaped;
+    });
+    if (old == instances_.end()) continue;  // it has ended already
+    old->process->kill(SIGKILL);
+    old->process->wait(std::chrono::seconds(5));  // dead before its replacement starts
+    old->reaped = true;
+    std::vector<std::string> extra = old->extra;
+    auto on_line = old->on_line;
+    start(role, rank, extra, std::move(on_line));  // invalidates `old`
+    ++replaced_;
+  }
+}
+
 std::vector<InstanceFailure> LocalJob::wait(std::chrono::milliseconds limit,
                                             std::chrono::milliseconds stopped_limit) {
   const Clock::time_point deadline = Clock::now() + limit;
@@ -241,6 +261,7 @@ std::vector<InstanceFailure> LocalJob::wait(std::chrono::milliseconds limit,
     if (!kill_at || now + grace < *kill_at) kill_at = now + grace;
   };
   for (;;) {
+    if (interrupted_ == 0 && !kill_at) start_replacements();
     Clock::time_point now = Clock::now();
     if (int signal = InterruptGuard::signal(); signal != 0 && interrupted_ == 0) {
       interrupted_ = signal;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -185,19 +186,20 @@ void ChildProcess::write(const std::string& text) {
 
 std::string ChildProcess::read_line(std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
+  for (bool first = true;; first = false) {
     if (size_t nl = buffered_.find('\n'); nl != std::string::npos) {
       std::string line = buffered_.substr(0, nl);
       buffered_.erase(0, nl + 1);
       return line;
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0)
+    // Rounded up, and polled at least once: a short timeout (1 ms) must still see what is there.
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 && !first)
       throw Error(HM_ERR_TIMEOUT,
                   fmt::format("child {} printed no line within {} ms", pid_, timeout.count()));
     pollfd p{stdout_, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) <= 0) continue;
     char buffer[4096];
     ssize_t n = read(stdout_, buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;

@@ -22,6 +22,8 @@ class AttentionStaging {
   Route* routing(int micro_batch);
   // Enqueues the upload of micro-batch mb (if staged) and returns what push_pull should wait for.
   afd::ReadySignal upload(int micro_batch);
+  // What push_pull waits for to send micro-batch mb again (after a lost F): the uploads enqueued.
+  afd::ReadySignal uploaded() { return staged_ ? afd::ReadySignal{&stream_} : afd::ReadySignal{}; }
   // F's partials of micro-batch mb, host-readable (downloaded first if staged).
   std::vector<const void*> results(int micro_batch, std::chrono::milliseconds timeout);
 

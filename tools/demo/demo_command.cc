@@ -7,6 +7,8 @@
 //   hetmesh demo --config FILE.toml --instances ffn --store HOST:PORT
 //                                     this host's share of a job on several hosts
 //                                     (docs/launching.md)
+//   hetmesh demo --replace ffn:1      kills ffn 1 halfway and starts a replacement, which
+//                                     rejoins the running job (docs/failures.md)
 #include "demo_command.hpp"
 
 #include "job_options.hpp"
@@ -21,17 +23,21 @@
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/afd/metrics.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/membership.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <thread>
 
 namespace hetmesh::demo {
 namespace {
@@ -45,7 +51,42 @@ constexpr double kTolerance = 1e-4;
 
 struct DemoOptions : cli::JobLaunchOptions {  // role: "attention" or "ffn" in an instance
   std::string config;
+  std::string replace;  // "ROLE:RANK": killed halfway and replaced
 };
+
+// The instance --replace names, checked against the job: it must run here, and so must
+// attention 0, whose progress times the kill.
+std::pair<std::string, int> replaced_instance(const std::string& text, const JobConfig& c,
+                                              const afd::LocalInstances& local) {
+  afd::LocalInstances one;
+  try {
+    one = afd::parse_instances({text}, c);
+  } catch (const Error& e) {  // its words, under this option's name
+    std::string why = e.what();
+    const std::string prefix = "--instances " + text + ": ";
+    if (why.rfind(prefix, 0) == 0) why.erase(0, prefix.size());
+    throw Error(e.status(), fmt::format("--replace {}: {}", text, why));
+  }
+  if (one.attention.size() + one.ffn.size() != 1)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("--replace {}: name one instance, as attention:N or ffn:N", text));
+  auto runs_here = [](const std::vector<int>& ranks, int rank) {
+    return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+  };
+  std::pair<std::string, int> who{"ffn", one.ffn.empty() ? 0 : one.ffn[0]};
+  if (!one.attention.empty()) who = {"attention", one.attention[0]};
+  if (!runs_here(who.first == "ffn" ? local.ffn : local.attention, who.second) ||
+      !runs_here(local.attention, 0))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("--replace {}: it and attention 0 (whose progress times the kill) must "
+                            "both run on this host",
+                            text));
+  if (c.job.layers < 2)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("--replace {}: the job has {} layer; halfway needs at least 2", text,
+                            c.job.layers));
+  return who;
+}
 
 ModelShape model_shape(const JobConfig& c) {
   ModelShape s;
@@ -61,6 +102,24 @@ ModelShape model_shape(const JobConfig& c) {
 }
 
 // ---- the attention process ----
+
+// With --replace, every A waits halfway, after pushing that layer, until the replacement of the
+// instance the launcher kills there has joined (its epoch is 2), so that the kill falls mid-run
+// however fast the job is. The replacement itself (of an A) does not wait.
+void wait_for_replacement(KeyValueStore& store, const std::string& text, const JobConfig& c,
+                          const std::string& self_role, int self_rank) {
+  afd::LocalInstances one = afd::parse_instances({text}, c);
+  const std::string role = one.attention.empty() ? "ffn" : "attention";
+  const int rank = one.attention.empty() ? one.ffn.at(0) : one.attention.at(0);
+  Membership membership(store, afd::EngineSpec{}.job, self_role, self_rank);
+  const auto deadline = std::chrono::steady_clock::now() + c.job.timeout;
+  while (membership.current_epoch(role, rank, c.job.timeout) < 2) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error(HM_ERR_TIMEOUT, fmt::format("--replace {}: no replacement joined within {} ms",
+                                              text, c.job.timeout.count()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 int run_attention(const JobConfig& c, const DemoOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
@@ -80,10 +139,40 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   for (int mb = 0; mb < M; ++mb)
     x[static_cast<size_t>(mb)] = model.input(o.rank, mb);
   std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
+  std::vector<uint64_t> layer_of(static_cast<size_t>(M));
   afd::AttentionTrace trace{o.rank, {}};
 
+  // An F lost mid-run costs the micro-batches it owed: each is pushed again, from the tokens and
+  // routing still in its slot, once the F's replacement is in (docs/failures.md).
+  int retried = 0;
+  auto await_replacement = [&](const Error& e) {
+    if (e.status() != kStatusPeerLost) throw e;
+    ++retried;
+    if (!engine.wait_for_peers(c.job.timeout))
+      throw Error(HM_ERR_TIMEOUT, fmt::format("{}; no replacement joined within {} ms", e.what(),
+                                              c.job.timeout.count()));
+  };
+  auto push = [&](int mb, afd::ReadySignal ready, int64_t start) {
+    for (;;) {
+      try {
+        handles[static_cast<size_t>(mb)] =
+            engine.push_pull(mb, shape.tokens, {ready, layer_of[static_cast<size_t>(mb)], start});
+        return;
+      } catch (const Error& e) {
+        await_replacement(e);
+      }
+    }
+  };
   auto finish = [&](int mb) {  // wait for mb's results and add them to its residual
-    trace.trips.push_back(engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout));
+    for (;;) {
+      try {
+        trace.trips.push_back(engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout));
+        break;
+      } catch (const Error& e) {
+        await_replacement(e);
+        push(mb, staging.uploaded(), afd::now_ns());
+      }
+    }
     model.combine(h[static_cast<size_t>(mb)].data(), staging.results(mb, c.job.timeout),
                   x[static_cast<size_t>(mb)].data());
   };
@@ -93,12 +182,12 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
       int64_t start = afd::now_ns();
       model.attention(layer, x[static_cast<size_t>(mb)].data(), h[static_cast<size_t>(mb)].data(),
                       staging.tokens(mb), staging.routing(mb));
-      handles[static_cast<size_t>(mb)] = engine.push_pull(mb, shape.tokens,
-                                                          {.ready = staging.upload(mb),
-                                                           .tag = static_cast<uint64_t>(layer),
-                                                           .attention_start_ns = start});
+      layer_of[static_cast<size_t>(mb)] = static_cast<uint64_t>(layer);  // the F's tag
+      push(mb, staging.upload(mb), start);
     }
     if (o.rank == 0) std::printf("progress %d %d\n", layer + 1, shape.layers), std::fflush(stdout);
+    if (!o.replace.empty() && layer + 1 == shape.layers / 2 && engine.epoch() == 1)
+      wait_for_replacement(*store, o.replace, c, "attention", o.rank);
   }
   for (int mb = 0; mb < M; ++mb)
     finish(mb);
@@ -109,6 +198,7 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
                  static_cast<std::streamsize>(v.size() * sizeof(float)));
   std::ofstream(fs::path(o.out) / fmt::format("attention{}.trace.json", o.rank))
       << afd::trace_to_json(trace);
+  std::ofstream(fs::path(o.out) / fmt::format("attention{}.retried", o.rank)) << retried;
   std::ofstream(fs::path(o.out) / fmt::format("attention{}.registered", o.rank)) << [&] {
     uint64_t total = 0;
     for (auto& [name, bytes] : engine.registered())
@@ -147,19 +237,30 @@ std::vector<float> read_floats(const fs::path& path, size_t count) {
   return v;
 }
 
-// Starts this host's instances, shows attention 0's progress if it runs here, and waits for them
-// all; says why the job failed, if it did, or that it was interrupted.
+// Starts this host's instances, shows attention 0's progress if it runs here, kills and replaces
+// `replace` (if any) once attention 0 is halfway, and waits for them all; says why the job failed,
+// if it did, or that it was interrupted.
 bool run_instances(const JobConfig& c, const afd::LocalInstances& local, const std::string& store,
-                   const fs::path& dir) {
-  afd::LocalJob job({"demo", "--config", (dir / "job.toml").string()}, store, dir.string(),
-                    afd::EngineSpec{}.job);
+                   const fs::path& dir, const std::optional<std::pair<std::string, int>>& replace) {
+  std::vector<std::string> command = {"demo", "--config", (dir / "job.toml").string()};
+  if (replace)
+    command.insert(command.end(),
+                   {"--replace", fmt::format("{}:{}", replace->first, replace->second)});
+  afd::LocalJob job(command, store, dir.string(), afd::EngineSpec{}.job);
+  bool replaced = false;
   for (int f : local.ffn)
     job.start("ffn", f);
   for (int a : local.attention)
-    job.start("attention", a, {}, [a](const std::string& line) {
+    job.start("attention", a, {}, [&, a](const std::string& line) {
       int done = 0, total = 0;
-      if (a == 0 && std::sscanf(line.c_str(), "progress %d %d", &done, &total) == 2 && total >= 8)
-        fmt::print("  layer {}/{}\n", done, total);
+      if (a != 0 || std::sscanf(line.c_str(), "progress %d %d", &done, &total) != 2) return;
+      if (total >= 8) fmt::print("  layer {}/{}\n", done, total);
+      if (replace && !replaced && done == total / 2) {
+        replaced = true;
+        fmt::print("  killing {}:{} (SIGKILL) at layer {}/{} and starting its replacement\n",
+                   replace->first, replace->second, done, total);
+        job.replace(replace->first, replace->second);
+      }
     });
   // A healthy job ends well within this; a failing one ends at its first failure, and an instance
   // that stays stopped (SIGSTOP) beyond the timeout is killed as failed.
@@ -276,7 +377,9 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
   if (!local.everything(c)) fmt::print("{}\n", afd::describe_share(local, store));
   std::fflush(stdout);  // an invocation on another host needs the store's address now
 
-  if (!run_instances(c, local, store.address(), dir))
+  std::optional<std::pair<std::string, int>> replace;
+  if (!o.replace.empty()) replace = replaced_instance(o.replace, c, local);
+  if (!run_instances(c, local, store.address(), dir, replace))
     return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 1;
   if (local.attention.empty())
     fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",
@@ -285,6 +388,18 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
     report(c, local, dir);
   else
     return 1;
+  if (replace) {
+    std::vector<std::string> retried;
+    for (int a : local.attention) {
+      int n = 0;
+      std::ifstream(dir / fmt::format("attention{}.retried", a)) >> n;
+      retried.push_back(fmt::format("attention {}: {}", a, n));
+    }
+    fmt::print(
+        "\nrecovery: {}:{} was killed and replaced mid-run; the others went on. Micro-batches "
+        "pushed again after a lost ffn: {}\n",
+        replace->first, replace->second, fmt::join(retried, ", "));
+  }
   return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 0;
 }
 
@@ -296,6 +411,9 @@ void add_demo_command(CLI::App& app) {
                                       "Run the AFD demo: a tiny MoE transformer with "
                                       "attention and FFN in separate processes");
   demo->add_option("--config", o->config, "job config (TOML); default: 1A1F on cpu:0 over ipc");
+  demo->add_option("--replace", o->replace,
+                   "kill this instance (ffn:N or attention:N) halfway and start a replacement, "
+                   "which rejoins the running job; the result is still verified");
   cli::add_job_launch_options(*demo, *o);
   demo->callback([o] {
     JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);

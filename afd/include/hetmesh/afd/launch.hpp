@@ -149,6 +149,13 @@ class LocalJob {
                                     std::chrono::milliseconds stopped_limit);
   std::vector<InstanceFailure> wait(std::chrono::milliseconds limit) { return wait(limit, limit); }
 
+  // Kills instance (role, rank) with SIGKILL and, once it is dead, starts a new process in its
+  // place with the same arguments and output handler: a replacement, which rejoins the running
+  // job under a new epoch (docs/failures.md). The instance it replaces is no failure. Safe to call
+  // from an on_line handler; done at wait()'s next turn. Returns the instances replaced so far.
+  void replace(const std::string& role, int rank);
+  int replaced() const { return replaced_; }
+
   // The signal that interrupted wait(), or 0.
   int interrupted() const { return interrupted_; }
 
@@ -161,6 +168,7 @@ class LocalJob {
   struct Instance {
     std::string role;
     int rank;
+    std::vector<std::string> extra;
     std::unique_ptr<ChildProcess> process;
     std::function<void(const std::string&)> on_line;
     bool output_open = true;
@@ -168,12 +176,15 @@ class LocalJob {
     std::optional<std::chrono::steady_clock::time_point> stopped_since;
   };
   void read_output(Instance& instance, bool until_closed);
+  void start_replacements();
   void publish_failure(const Instance& instance, const InstanceFailure& failure);
   std::vector<std::string> command_;
   std::string store_, out_, job_;
   std::vector<Instance> instances_;
   int interrupted_ = 0;
   bool failure_published_ = false;
+  std::vector<std::pair<std::string, int>> replace_;  // requested, not yet done
+  int replaced_ = 0;
 };
 
 }  // namespace hetmesh::afd
