@@ -287,19 +287,19 @@ AttentionEngine::~AttentionEngine() {
   s.comm->stop();
   // "leave" tells each F that this A is done and its loss is not a failure. An instance that is
   // failing (its engine saw a fatal error, or it is being destroyed by an exception) must not say
-  // it: its F instances are to report it lost, not carry on as if the job had ended.
+  // it: it says "quit", so that its F instances count it lost, not done, and do not wait for a
+  // replacement of it either (a process that dies says nothing: that one may be replaced).
   bool failing;
   {
     std::lock_guard lock(s.mutex);
     failing = !s.failure.empty();
   }
-  if (failing || std::uncaught_exceptions() > 0) return;
-  static const char kLeave[] = "leave";
+  const std::string_view word = failing || std::uncaught_exceptions() > 0 ? "quit" : "leave";
   for (const Peer& f : s.peers->all()) {
     try {
       if (!f.lost && f.link->connection->alive())
         f.link->connection->send_control(
-            {reinterpret_cast<const uint8_t*>(kLeave), sizeof kLeave - 1});
+            {reinterpret_cast<const uint8_t*>(word.data()), word.size()});
     } catch (const Error&) {
     }
   }

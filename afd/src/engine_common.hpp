@@ -67,6 +67,7 @@ struct Peer {
   std::shared_ptr<const Link> link;
   bool left = false;        // said "leave": done, its going is no failure
   bool lost = false;        // gone without "leave" (dead, hung, or replaced), until a replacement
+  bool quit = false;        // lost because it said "quit": it ended after a failure of its own
   std::string lost_reason;  // "ffn 1 lost: ...", "ffn 1 hung: ...", while lost
 };
 
@@ -188,7 +189,7 @@ class PeerGroup {
     uint64_t epoch;
     std::shared_ptr<const Link> link;  // null: mark the incarnation before `epoch` lost
   };
-  void lose(int rank, const std::string& reason);  // on the comm thread
+  void lose(int rank, const std::string& reason, bool quit = false);  // on the comm thread
   void apply_changes();
   void handle(const TransportEvent& event);
   void rejoin_loop(std::unique_ptr<KeyValueStore> store);

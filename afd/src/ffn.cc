@@ -110,6 +110,13 @@ struct FfnEngine::State final : PeerHandler {
   // Every A is gone, at least one cleanly: get_batch's end. Caller holds mutex.
   bool all_done() const { return gone == spec.attention && left > 0; }
 
+  // Every A lost said "quit": none of them is to be replaced. Caller holds mutex.
+  bool every_lost_one_quit() const {
+    for (const Peer& peer : peers->all())
+      if (peer.lost && !peer.quit) return false;
+    return true;
+  }
+
   // The part came from an incarnation of its A that was replaced since. Caller holds mutex.
   bool replaced(const Batch::FromAttention& part) const {
     return part.epoch != peers->at(part.rank).link->epoch;
@@ -415,7 +422,8 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   measured.spin([&] { return s.news.load(std::memory_order_acquire); });
   std::unique_lock lock(s.mutex);
   bool done = s.changed.wait_for(lock, timeout, [&] {
-    return !s.ready_batches.empty() || !s.failure.empty() || s.all_done();
+    return !s.ready_batches.empty() || !s.failure.empty() || s.all_done() ||
+           (s.gone == s.spec.attention && s.left == 0 && s.every_lost_one_quit());
   });
   s.throw_if_failed();
   if (!s.ready_batches.empty()) {
@@ -425,6 +433,12 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
     return batch;
   }
   if (s.all_done()) return std::nullopt;
+  if (s.gone == s.spec.attention && s.left == 0 && s.every_lost_one_quit())
+    throw Error(kStatusPeerLost,
+                fmt::format("ffn {}: every attention instance was lost, each after a failure of "
+                            "its own "
+                            "(last: {})",
+                            s.spec.rank, s.lost.empty() ? "?" : s.lost.back()));
   if (!done && s.gone == s.spec.attention)
     throw Error(HM_ERR_TIMEOUT,
                 fmt::format("ffn {}: every attention instance was lost, and none was replaced "

@@ -85,6 +85,15 @@ void PeerGroup::handle(const TransportEvent& e) {
     case Type::notification:
     case Type::control:
       heartbeat_.heard(peer.rank);
+      if (e.type == Type::control &&
+          std::string_view(reinterpret_cast<const char*>(e.payload.data()), e.payload.size()) ==
+              "quit") {
+        lose(peer.rank,
+             fmt::format("{} quit: it ended after a failure of its own",
+                         peer_name(peer_role_, peer.rank)),
+             /*quit=*/true);
+        break;
+      }
       if (!peer.lost) handler_.on_message(peer.rank, e);
       break;
     case Type::peer_lost:
@@ -101,12 +110,13 @@ void PeerGroup::handle(const TransportEvent& e) {
   }
 }
 
-void PeerGroup::lose(int rank, const std::string& reason) {
+void PeerGroup::lose(int rank, const std::string& reason, bool quit) {
   {
     std::lock_guard lock(mutex_);
     Peer& peer = at(rank);
     if (peer.left || peer.lost) return;
     peer.lost = true;
+    peer.quit = quit;
     peer.lost_reason = reason;
     handler_.on_lost_locked(rank, reason);
   }
@@ -136,7 +146,7 @@ void PeerGroup::apply_changes() {
       std::lock_guard lock(mutex_);
       peer.link = std::move(change.link);
       handler_.on_rejoined_locked(change.rank);
-      peer.lost = peer.left = false;
+      peer.lost = peer.left = peer.quit = false;
       peer.lost_reason.clear();
     }
     members_[id] = {change.rank, change.epoch};

@@ -5,8 +5,12 @@
 // when its engine gave up); a lost A is contained (the other As finish their rounds, the Fs serve
 // them to the end). Printed per transport: survivors that crashed (must be 0), hung or ended
 // without naming a peer (must be 0), those contained, and the time from the signal to each
-// survivor's error (p50, p99, max). The times are CLOCK_MONOTONIC in every process of this host,
-// so they subtract exactly.
+// survivor's error (p50, p99, max). With --replace, a new process takes the victim's role and rank
+// at once and rejoins the running job: the As push again what a lost F owed, nobody fails, and it
+// prints, besides, the time from the replacement's start to its first good round trip (the first
+// round trip completed by every F, the replacement included, at each A that lost an F; at the
+// replacement itself when it is an A). The times are CLOCK_MONOTONIC in every process of this
+// host, so they subtract exactly.
 #include "commands.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -44,6 +48,7 @@ struct FaultOptions {
   int timeout_ms = 1000;        // the engines' bound on every wait: what a stopped peer costs
   int rounds = 200;             // per A, then it leaves
   std::string ffn_device = "asic_stub:0";
+  bool replace = false;  // start a replacement of the victim at once
   // internal: the instance roles
   std::string role;
   int rank = 0;
@@ -68,7 +73,9 @@ EngineSpec spec_of(const FaultOptions& o, Role role) {
   return s;
 }
 
-// An instance: serves or pushes until its engine fails, then prints "error <ns> <message>".
+// An instance: serves or pushes until its engine fails, then prints "error <ns> <message>". With
+// --replace it recovers instead, printing "lost <ns> <message>" when it first finds a peer lost
+// and, at an A, "good <ns>" at its first good round trip after that (or, a replacement, its first).
 int run_instance(const FaultOptions& o) {
   set_log_identity(fmt::format("{}:{}", o.role, o.rank));
   try {
@@ -78,22 +85,60 @@ int run_instance(const FaultOptions& o) {
       Device device = PluginRegistry::load().device(o.ffn_device);
       FfnEngine engine(spec, device, *store);
       Stream stream = device.create_stream();
+      bool noticed = false;
       while (auto batch = engine.get_batch(spec.timeout)) {
         for (const auto& part : batch->parts)
           stream.copy(part.output, part.tokens_data, uint64_t{part.tokens} * spec.hidden * 2);
         engine.respond(*batch, &stream);
+        if (o.replace && !noticed && !engine.lost_attention().empty()) {
+          noticed = true;
+          std::cout << "lost " << now_ns() << " " << engine.lost_attention().front() << std::endl;
+        }
       }
       return 0;  // every A is gone, one cleanly: served to the end
     }
     EngineSpec spec = spec_of(o, Role::attention);
     Device device = PluginRegistry::load().device("cpu:0");
     AttentionEngine engine(spec, device, *store);
+    bool lost = false, good = false;
+    // With --replace: a push refused or a round trip failed for a lost F goes again once the
+    // replacement is in (docs/failures.md).
+    auto recover = [&](const Error& e) {
+      if (!o.replace || e.status() != kStatusPeerLost) throw e;
+      if (!lost) std::cout << "lost " << now_ns() << " " << e.what() << std::endl;
+      lost = true;
+      if (!engine.wait_for_peers(std::chrono::milliseconds(10000)))
+        throw Error(HM_ERR_TIMEOUT, fmt::format("no replacement joined after: {}", e.what()));
+    };
+    std::vector<AttentionEngine::Handle> handles(static_cast<size_t>(spec.micro_batches));
+    auto push = [&](int mb) {
+      for (;;) {
+        try {
+          handles[static_cast<size_t>(mb)] = engine.push_pull(mb, spec.tokens);
+          return;
+        } catch (const Error& e) {
+          recover(e);
+        }
+      }
+    };
     for (int round = 0; round < o.rounds; ++round) {
-      std::vector<AttentionEngine::Handle> handles;
       for (int mb = 0; mb < spec.micro_batches; ++mb)
-        handles.push_back(engine.push_pull(mb, spec.tokens));
-      for (auto handle : handles)
-        engine.wait(handle, spec.timeout);
+        push(mb);
+      for (int mb = 0; mb < spec.micro_batches; ++mb) {
+        for (;;) {
+          try {
+            engine.wait(handles[static_cast<size_t>(mb)], spec.timeout);
+            break;
+          } catch (const Error& e) {
+            recover(e);
+            push(mb);
+          }
+        }
+        if (o.replace && !good && (lost || engine.epoch() > 1)) {
+          good = true;
+          std::cout << "good " << now_ns() << std::endl;
+        }
+      }
       std::cout << "round " << round << std::endl;
     }
     return 0;
@@ -112,6 +157,7 @@ double percentile(std::vector<double> v, double q) {
 struct Tally {
   int runs = 0, survivors = 0, crashed = 0, unnamed = 0, hung = 0, contained = 0;
   std::vector<double> to_error_ms;
+  std::vector<double> to_good_ms;  // --replace: the replacement's start to a good round trip
   std::vector<std::string> examples;  // one error line per kind of victim, for the reader
 };
 
@@ -127,12 +173,13 @@ void run_once(const FaultOptions& o, const std::string& transport, const char* v
   };
   std::vector<Child> children;
   auto start = [&](const char* role, int rank) {
-    children.push_back(
-        {role, rank,
-         &job.start(role, rank,
-                    {"--transport-of-instance", transport, "--attention",
-                     std::to_string(o.attention), "--ffn", std::to_string(o.ffn), "--timeout-ms",
-                     std::to_string(o.timeout_ms), "--ffn-device", o.ffn_device})});
+    std::vector<std::string> args = {"--transport-of-instance", transport,
+                                     "--attention",             std::to_string(o.attention),
+                                     "--ffn",                   std::to_string(o.ffn),
+                                     "--timeout-ms",            std::to_string(o.timeout_ms),
+                                     "--ffn-device",            o.ffn_device};
+    if (o.replace) args.push_back("--replace");
+    children.push_back({role, rank, &job.start(role, rank, args)});
   };
   for (int r = 0; r < o.ffn; ++r)
     start("ffn", r);
@@ -149,6 +196,15 @@ void run_once(const FaultOptions& o, const std::string& transport, const char* v
   int64_t signalled = now_ns();
   hit->kill(o.signal == "stop" ? SIGSTOP : SIGKILL);
   ++tally.runs;
+  int64_t replaced = 0;
+  if (o.replace) {
+    replaced = now_ns();
+    start(victim_role, 1);
+  }
+  // A timestamp after `prefix` in `line`, in ms since `since`.
+  auto ms_after = [](const std::string& line, size_t prefix, int64_t since) {
+    return static_cast<double>(std::stoll(line.substr(prefix)) - since) / 1e6;
+  };
   for (auto& c : children) {
     if (c.process == hit) continue;
     std::string error;
@@ -156,6 +212,8 @@ void run_once(const FaultOptions& o, const std::string& transport, const char* v
       for (;;) {
         std::string line = c.process->read_line(wait);
         if (line.rfind("error ", 0) == 0) error = line;
+        if (line.rfind("lost ", 0) == 0) tally.to_error_ms.push_back(ms_after(line, 5, signalled));
+        if (line.rfind("good ", 0) == 0) tally.to_good_ms.push_back(ms_after(line, 5, replaced));
       }
     } catch (const Error&) {  // stdout closed: the instance has ended
     }
@@ -194,9 +252,13 @@ void run_bench(const FaultOptions& o) {
       "engine timeout {} ms\n",
       o.attention, o.ffn, o.ffn_device, o.signal == "stop" ? "SIGSTOP" : "SIGKILL",
       o.victim == "both" ? "A or F (alternating)" : o.victim, o.runs, o.timeout_ms);
-  fmt::print("{:>9} {:>6} {:>10} {:>8} {:>8} {:>6} {:>10} | {:>13} {:>8} {:>8}\n", "transport",
+  if (o.replace)
+    fmt::print("a replacement of the victim starts at once and rejoins; 'contained' counts every "
+               "instance that ended well, the replacement included\n");
+  fmt::print("{:>9} {:>6} {:>10} {:>8} {:>8} {:>6} {:>10} | {:>13} {:>8} {:>8}{}\n", "transport",
              "runs", "survivors", "crashed", "unnamed", "hung", "contained", "to error p50",
-             "p99 ms", "max ms");
+             "p99 ms", "max ms",
+             o.replace ? " | start to good p50   p99 ms   max ms" : "");
   std::vector<std::string> examples;
   for (const std::string& transport : o.transports) {
     Tally tally;
@@ -204,10 +266,14 @@ void run_bench(const FaultOptions& o) {
       const char* victim = o.victim == "both" ? (run % 2 ? "attention" : "ffn") : o.victim.c_str();
       run_once(o, transport, victim, out, tally);
     }
-    fmt::print("{:>9} {:>6} {:>10} {:>8} {:>8} {:>6} {:>10} | {:>13.1f} {:>8.1f} {:>8.1f}\n",
+    std::string good;
+    if (o.replace)
+      good = fmt::format(" | {:>17.1f} {:>8.1f} {:>8.1f}", percentile(tally.to_good_ms, 0.5),
+                         percentile(tally.to_good_ms, 0.99), percentile(tally.to_good_ms, 1.0));
+    fmt::print("{:>9} {:>6} {:>10} {:>8} {:>8} {:>6} {:>10} | {:>13.1f} {:>8.1f} {:>8.1f}{}\n",
                transport, tally.runs, tally.survivors, tally.crashed, tally.unnamed, tally.hung,
                tally.contained, percentile(tally.to_error_ms, 0.5),
-               percentile(tally.to_error_ms, 0.99), percentile(tally.to_error_ms, 1.0));
+               percentile(tally.to_error_ms, 0.99), percentile(tally.to_error_ms, 1.0), good);
     for (auto& e : tally.examples)
       examples.push_back(transport + ": " + e);
   }
@@ -237,6 +303,9 @@ void add_bench_faults_command(CLI::App& bench) {
   cmd->add_option("--timeout-ms", o->timeout_ms, "The engines' bound on every wait")
       ->capture_default_str();
   cmd->add_option("--ffn-device", o->ffn_device, "F's device")->capture_default_str();
+  cmd->add_flag("--replace", o->replace,
+                "Start a replacement of the victim at once: it rejoins the running job, and the "
+                "time from its start to the first good round trip is measured");
   cmd->add_option("--role", o->role, "internal")->group("");
   cmd->add_option("--rank", o->rank, "internal")->group("");
   cmd->add_option("--store", o->store, "internal")->group("");
