@@ -157,7 +157,7 @@ double percentile(std::vector<double> v, double q) {
 struct Tally {
   int runs = 0, survivors = 0, crashed = 0, unnamed = 0, hung = 0, contained = 0;
   std::vector<double> to_error_ms;
-  std::vector<double> to_good_ms;  // --replace: the replacement's start to a good round trip
+  std::vector<double> to_good_ms;     // --replace: the replacement's start to a good round trip
   std::vector<std::string> examples;  // one error line per kind of victim, for the reader
 };
 
@@ -173,11 +173,16 @@ void run_once(const FaultOptions& o, const std::string& transport, const char* v
   };
   std::vector<Child> children;
   auto start = [&](const char* role, int rank) {
-    std::vector<std::string> args = {"--transport-of-instance", transport,
-                                     "--attention",             std::to_string(o.attention),
-                                     "--ffn",                   std::to_string(o.ffn),
-                                     "--timeout-ms",            std::to_string(o.timeout_ms),
-                                     "--ffn-device",            o.ffn_device};
+    std::vector<std::string> args = {"--transport-of-instance",
+                                     transport,
+                                     "--attention",
+                                     std::to_string(o.attention),
+                                     "--ffn",
+                                     std::to_string(o.ffn),
+                                     "--timeout-ms",
+                                     std::to_string(o.timeout_ms),
+                                     "--ffn-device",
+                                     o.ffn_device};
     if (o.replace) args.push_back("--replace");
     children.push_back({role, rank, &job.start(role, rank, args)});
   };
@@ -253,12 +258,12 @@ void run_bench(const FaultOptions& o) {
       o.attention, o.ffn, o.ffn_device, o.signal == "stop" ? "SIGSTOP" : "SIGKILL",
       o.victim == "both" ? "A or F (alternating)" : o.victim, o.runs, o.timeout_ms);
   if (o.replace)
-    fmt::print("a replacement of the victim starts at once and rejoins; 'contained' counts every "
-               "instance that ended well, the replacement included\n");
+    fmt::print(
+        "a replacement of the victim starts at once and rejoins; 'contained' counts every "
+        "instance that ended well, the replacement included\n");
   fmt::print("{:>9} {:>6} {:>10} {:>8} {:>8} {:>6} {:>10} | {:>13} {:>8} {:>8}{}\n", "transport",
              "runs", "survivors", "crashed", "unnamed", "hung", "contained", "to error p50",
-             "p99 ms", "max ms",
-             o.replace ? " | start to good p50   p99 ms   max ms" : "");
+             "p99 ms", "max ms", o.replace ? " | start to good p50   p99 ms   max ms" : "");
   std::vector<std::string> examples;
   for (const std::string& transport : o.transports) {
     Tally tally;
