@@ -185,9 +185,13 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
       layer_of[static_cast<size_t>(mb)] = static_cast<uint64_t>(layer);  // the F's tag
       push(mb, staging.upload(mb), start);
     }
+    const bool halfway = !o.replace.empty() && layer + 1 == shape.layers / 2 && engine.epoch() == 1;
+    // Every A reaches halfway before attention 0's progress line sets off the kill: one still
+    // joining would find the F it connects to dead.
+    if (halfway)
+      barrier(*store, "demo-halfway", c.job.attention, c.job.timeout, afd::EngineSpec{}.job);
     if (o.rank == 0) std::printf("progress %d %d\n", layer + 1, shape.layers), std::fflush(stdout);
-    if (!o.replace.empty() && layer + 1 == shape.layers / 2 && engine.epoch() == 1)
-      wait_for_replacement(*store, o.replace, c, "attention", o.rank);
+    if (halfway) wait_for_replacement(*store, o.replace, c, "attention", o.rank);
   }
   for (int mb = 0; mb < M; ++mb)
     finish(mb);
