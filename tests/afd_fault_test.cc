@@ -419,6 +419,93 @@ INSTANTIATE_TEST_SUITE_P(
                     Replacement{2, 2, TransportKind::tcp, "attention", SIGSTOP}),
     [](const testing::TestParamInfo<Replacement>& p) { return replacement_name(p.param); });
 
+// The As still in the job finish while a lost A's replacement is starting: the F must not take
+// their "leave" for the end of the job. A start claims its epoch in the store before anything
+// else (here the test claims one, as a replacement's first step would, before the survivor
+// finishes); the F sees the claim, waits, and serves the replacement when it joins (epoch 3).
+// Without the claim the F ends when the others leave (AfdFaultTest's A kills).
+TEST(AfdReplacement, AnFWaitsForAReplacementThatIsStartingWhenTheOthersAreDone) {
+  TcpStoreServer store("127.0.0.1:0");
+  LocalJob job({}, store.address(), testing::TempDir());
+  const std::vector<std::string> args = {"2", "1", "ipc", "cpu:0", "recover", "20"};
+  ChildProcess& ffn = job.start("ffn", 0, args);
+  ChildProcess& a0 = job.start("attention", 0, args);
+  ChildProcess& a1 = job.start("attention", 1, args);
+  ASSERT_EQ(ffn.read_line(kWait), "epoch 1");
+  ASSERT_EQ(a1.read_line(kWait), "epoch 1");
+  ASSERT_EQ(a1.read_line(kWait), "round 0");
+  a1.kill(SIGKILL);
+  a1.wait(kWait);
+  auto client = connect_tcp_store(store.address(), kWait);
+  ASSERT_EQ(client->add(EngineSpec{}.job + "/attention/1/epochs", 1), 2);
+  ProcessResult survivor = a0.wait(kWait);
+  ASSERT_EQ(survivor.exit_code, 0) << survivor.describe();
+  // attention 0 has left; the F is still serving, for the replacement (it prints nothing until
+  // it ends, and its stdout closes when it exits).
+  try {
+    std::string line = ffn.read_line(std::chrono::milliseconds(300));
+    FAIL() << "the F ended before the replacement joined: " << line;
+  } catch (const Error& e) {
+    ASSERT_EQ(e.status(), HM_ERR_TIMEOUT) << "the F ended before the replacement joined";
+  }
+  ChildProcess& replacement = job.start("attention", 1, args);
+  EXPECT_EQ(replacement.read_line(kWait), "epoch 3");
+  std::string last;
+  try {
+    for (;;)
+      last = replacement.read_line(kWait);
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(last, "retried 0 refused 0");
+  ProcessResult r = replacement.wait(kWait);
+  EXPECT_EQ(r.exit_code, 0) << r.describe();
+  std::string served;
+  try {
+    for (;;)
+      served = ffn.read_line(kWait);
+  } catch (const Error&) {
+  }
+  EXPECT_NE(served.find("served on without attention 1"), std::string::npos) << served;
+  ProcessResult f = ffn.wait(kWait);
+  EXPECT_EQ(f.exit_code, 0) << f.describe();
+}
+
+// An instance still joining when a peer dies follows the peer's replacement: F (epoch 1) is
+// killed after it published itself, A starts and dials it, and a new F (epoch 2) starts while A
+// is still trying. A's connection to the dead epoch fails, A finds epoch 2 in the store and
+// connects to it, and the job runs to the end. Without that, A would fail its start.
+TEST(AfdReplacement, AnInstanceThatIsJoiningFollowsAPeersReplacement) {
+  TcpStoreServer store("127.0.0.1:0");
+  LocalJob job({}, store.address(), testing::TempDir());
+  const std::vector<std::string> args = {"1", "1", "ipc", "cpu:0", "recover", "20"};
+  ChildProcess& dead = job.start("ffn", 0, args);
+  auto client = connect_tcp_store(store.address(), kWait);
+  const std::string key = EngineSpec{}.job + "/ffn/0/epoch";
+  for (auto start = std::chrono::steady_clock::now(); !client->try_get(key);) {
+    ASSERT_LT(std::chrono::steady_clock::now() - start, kWait) << "ffn 0 never published itself";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  dead.kill(SIGKILL);
+  dead.wait(kWait);
+  ChildProcess& attention = job.start("attention", 0, args);
+  // Time for A to read epoch 1 and dial it (its dial lasts kChildTimeout).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ChildProcess& ffn = job.start("ffn", 0, args);
+  EXPECT_EQ(ffn.read_line(kWait), "epoch 2");
+  EXPECT_EQ(attention.read_line(kWait), "epoch 1");
+  std::string last;
+  try {
+    for (;;)
+      last = attention.read_line(kWait);
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(last, "retried 0 refused 0");
+  ProcessResult a = attention.wait(kWait);
+  EXPECT_EQ(a.exit_code, 0) << a.describe();
+  ProcessResult f = ffn.wait(kWait);
+  EXPECT_EQ(f.exit_code, 0) << f.describe();
+}
+
 class AfdHeartbeatTest : public testing::TestWithParam<TransportKind> {};
 
 // Heartbeats keep an idle job alive: A stays silent for three heartbeats between two rounds, and

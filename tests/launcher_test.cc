@@ -200,11 +200,12 @@ TEST_P(ReplaceTest, TheDemoStillVerifiesAfterAnInstanceIsKilledAndReplaced) {
   fs::remove(config);
 }
 
-INSTANTIATE_TEST_SUITE_P(Instances, ReplaceTest, testing::Values("ffn:1"), [](const auto& p) {
-  std::string name = p.param;
-  name[name.find(':')] = '_';
-  return name;
-});
+INSTANTIATE_TEST_SUITE_P(Instances, ReplaceTest, testing::Values("ffn:1", "attention:1"),
+                         [](const auto& p) {
+                           std::string name = p.param;
+                           name[name.find(':')] = '_';
+                           return name;
+                         });
 
 TEST_F(LauncherTest, ReplaceRefusesWhatItCannotDo) {
   std::string config = write_config("replace-refused", 10000);

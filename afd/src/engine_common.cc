@@ -131,22 +131,38 @@ Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions
     Peer peer;
     peer.rank = rank;
     uint64_t epoch = membership.current_epoch(role_name(peer_role), rank, spec.timeout);
-    try {
-      peer.link = connect_peer(spec, transport, membership, peer_role, rank, epoch, expected);
-    } catch (const Error& e) {
-      // A peer that failed after publishing its endpoint refuses the connection: its own report
-      // says why, better than the refusal.
-      std::optional<std::string> failure;
+    while (!peer.link) {
       try {
-        failure = job_failure(store, spec.job);
-      } catch (const Error&) {
+        peer.link = connect_peer(spec, transport, membership, peer_role, rank, epoch, expected);
+      } catch (const Error& e) {
+        // A peer that failed after publishing its endpoint refuses the connection: its own report
+        // says why, better than the refusal.
+        std::optional<std::string> failure;
+        try {
+          failure = job_failure(store, spec.job);
+        } catch (const Error&) {
+        }
+        if (failure)
+          throw Error(kStatusJobFailed, fmt::format("job '{}' failed: {}", spec.job, *failure));
+        if (e.status() == kStatusProtocolError) throw;
+        // It died while this instance was joining, and a replacement took its place: that one.
+        uint64_t newest = epoch;
+        try {
+          newest =
+              membership.current_epoch(role_name(peer_role), rank, std::chrono::milliseconds(0));
+        } catch (const Error&) {
+        }
+        if (newest > epoch) {
+          log(LogLevel::info,
+              "{}: {} (epoch {}) is gone ({}); connecting to its replacement (epoch {})",
+              peer_name(spec.role, spec.rank), peer_name(peer_role, rank), epoch, e.what(), newest);
+          epoch = newest;
+          continue;
+        }
+        throw Error(e.status(), fmt::format("{}: connecting to {} (epoch {}): {}",
+                                            peer_name(spec.role, spec.rank),
+                                            peer_name(peer_role, rank), epoch, e.what()));
       }
-      if (failure)
-        throw Error(kStatusJobFailed, fmt::format("job '{}' failed: {}", spec.job, *failure));
-      if (e.status() == kStatusProtocolError) throw;
-      throw Error(e.status(), fmt::format("{}: connecting to {} (epoch {}): {}",
-                                          peer_name(spec.role, spec.rank),
-                                          peer_name(peer_role, rank), epoch, e.what()));
     }
     joined.peers.push_back(std::move(peer));
   }

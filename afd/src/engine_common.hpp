@@ -178,6 +178,12 @@ class PeerGroup {
   // Events of superseded incarnations dropped so far (the comm thread's count).
   uint64_t stale_events() const { return stale_.load(std::memory_order_relaxed); }
 
+  // Whether a start of `rank` newer than epoch `than` has claimed its epoch: a replacement is on
+  // its way (or died joining), though the member log may not announce it yet. Asks the store;
+  // any thread but the comm thread, without the engine's mutex. A store that cannot answer
+  // counts as no (logged).
+  bool newer_epoch_claimed(int rank, uint64_t than);
+
  private:
   struct Member {
     int rank;
@@ -215,6 +221,9 @@ class PeerGroup {
   std::vector<uint64_t> known_;  // [rank]: the newest epoch seen
   std::atomic<bool> stopping_{false};
   std::thread rejoin_;
+  // newer_epoch_claimed's client of the store, its own (the rejoin thread blocks in its reads).
+  std::mutex ask_mutex_;
+  std::unique_ptr<KeyValueStore> ask_store_;
 };
 
 // The transport's options for an engine: spec.transport, with the job's timeout bounding every

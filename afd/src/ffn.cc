@@ -107,11 +107,13 @@ struct FfnEngine::State final : PeerHandler {
     if (!failure.empty()) throw Error(failure_status, failure);
   }
 
-  // Every A is gone, at least one cleanly: get_batch's end. Caller holds mutex.
+  // Every A is gone, at least one cleanly: get_batch's end, unless a lost one is being replaced.
+  // Caller holds mutex.
   bool all_done() const { return gone == spec.attention && left > 0; }
 
-  // Every A lost said "quit": none of them is to be replaced. Caller holds mutex.
-  bool every_lost_one_quit() const {
+  // Every A was lost, each saying "quit": none of them is to be replaced. Caller holds mutex.
+  bool every_one_quit() const {
+    if (gone != spec.attention || left != 0) return false;
     for (const Peer& peer : peers->all())
       if (peer.lost && !peer.quit) return false;
     return true;
@@ -420,31 +422,63 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   State& s = *state_;
   TimedWait measured(s.get_spin);
   measured.spin([&] { return s.news.load(std::memory_order_acquire); });
+  const auto deadline = Clock::now() + timeout;
   std::unique_lock lock(s.mutex);
-  bool done = s.changed.wait_for(lock, timeout, [&] {
-    return !s.ready_batches.empty() || !s.failure.empty() || s.all_done() ||
-           (s.gone == s.spec.attention && s.left == 0 && s.every_lost_one_quit());
-  });
-  s.throw_if_failed();
-  if (!s.ready_batches.empty()) {
-    Batch batch = std::move(s.ready_batches.front());
-    s.ready_batches.pop_front();
-    s.news.store(!s.ready_batches.empty() || !s.failure.empty(), std::memory_order_relaxed);
-    return batch;
-  }
-  if (s.all_done()) return std::nullopt;
-  if (s.gone == s.spec.attention && s.left == 0 && s.every_lost_one_quit())
-    throw Error(kStatusPeerLost,
-                fmt::format("ffn {}: every attention instance was lost, each after a failure of "
-                            "its own "
-                            "(last: {})",
-                            s.spec.rank, s.lost.empty() ? "?" : s.lost.back()));
-  if (!done && s.gone == s.spec.attention)
-    throw Error(HM_ERR_TIMEOUT,
-                fmt::format("ffn {}: every attention instance was lost, and none was replaced "
-                            "within {} ms (last: {})",
-                            s.spec.rank, timeout.count(), s.lost.empty() ? "?" : s.lost.back()));
-  if (!done) {
+  // Lost As whose replacement has claimed its epoch, by rank and the lost epoch: while one of
+  // them is not in yet, the As that left do not end the job.
+  std::vector<std::pair<int, uint64_t>> coming;
+  auto awaiting = [&] {
+    return std::any_of(coming.begin(), coming.end(),
+                       [&](const auto& c) { return s.peers->at(c.first).link->epoch == c.second; });
+  };
+  for (;;) {
+    const bool woke = s.changed.wait_until(lock, deadline, [&] {
+      return !s.ready_batches.empty() || !s.failure.empty() || (s.all_done() && !awaiting()) ||
+             s.every_one_quit();
+    });
+    s.throw_if_failed();
+    if (!s.ready_batches.empty()) {
+      Batch batch = std::move(s.ready_batches.front());
+      s.ready_batches.pop_front();
+      s.news.store(!s.ready_batches.empty() || !s.failure.empty(), std::memory_order_relaxed);
+      return batch;
+    }
+    if (s.all_done() && !awaiting()) {
+      // Every A left or was lost. One lost that is being replaced will send again: the job is
+      // not over until it has joined (the store says so before the member log does).
+      std::vector<std::pair<int, uint64_t>> lost;
+      for (const Peer& peer : s.peers->all())
+        if (peer.lost && !peer.quit) lost.emplace_back(peer.rank, peer.link->epoch);
+      if (lost.empty()) return std::nullopt;
+      lock.unlock();
+      std::erase_if(
+          lost, [&](const auto& l) { return !s.peers->newer_epoch_claimed(l.first, l.second); });
+      lock.lock();
+      if (lost.empty()) return std::nullopt;
+      for (const auto& [a, epoch] : lost)
+        log(LogLevel::info,
+            "ffn {}: the other attention instances are done; waiting for {}'s replacement",
+            s.spec.rank, peer_name(Role::attention, a));
+      coming = std::move(lost);
+      continue;
+    }
+    if (s.every_one_quit())
+      throw Error(kStatusPeerLost,
+                  fmt::format("ffn {}: every attention instance was lost, each after a failure of "
+                              "its own (last: {})",
+                              s.spec.rank, s.lost.empty() ? "?" : s.lost.back()));
+    if (woke) continue;
+    if (awaiting())
+      throw Error(HM_ERR_TIMEOUT,
+                  fmt::format("ffn {}: the other attention instances are done, and the "
+                              "replacement of {} did not join within {} ms",
+                              s.spec.rank, peer_name(Role::attention, coming.front().first),
+                              timeout.count()));
+    if (s.gone == s.spec.attention)
+      throw Error(HM_ERR_TIMEOUT,
+                  fmt::format("ffn {}: every attention instance was lost, and none was replaced "
+                              "within {} ms (last: {})",
+                              s.spec.rank, timeout.count(), s.lost.empty() ? "?" : s.lost.back()));
     std::string waiting;
     for (int a = 0; a < s.spec.attention; ++a)
       for (int mb = 0; mb < s.spec.micro_batches; ++mb)
@@ -455,7 +489,6 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
                 fmt::format("ffn {}: no complete micro-batch within {} ms{}{}", s.spec.rank,
                             timeout.count(), waiting.empty() ? "" : "; partial: ", waiting));
   }
-  return std::nullopt;
 }
 
 void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute_start_ns) {

@@ -41,6 +41,7 @@ PeerGroup::~PeerGroup() {
 }
 
 void PeerGroup::start_rejoin(std::unique_ptr<KeyValueStore> store) {
+  ask_store_ = store->clone();
   rejoin_ =
       std::thread([this, store = std::move(store)]() mutable { rejoin_loop(std::move(store)); });
 }
@@ -48,6 +49,19 @@ void PeerGroup::start_rejoin(std::unique_ptr<KeyValueStore> store) {
 void PeerGroup::stop_rejoin() {
   stopping_.store(true, std::memory_order_release);
   if (rejoin_.joinable()) rejoin_.join();
+}
+
+bool PeerGroup::newer_epoch_claimed(int rank, uint64_t than) {
+  std::lock_guard lock(ask_mutex_);
+  if (!ask_store_) return false;
+  try {
+    Membership membership(*ask_store_, spec_.job, role_name(spec_.role), spec_.rank);
+    return membership.claimed_epoch(role_name(peer_role_), rank) > than;
+  } catch (const std::exception& e) {
+    log(LogLevel::warn, "{}: cannot ask the store whether {} is being replaced: {}",
+        peer_name(spec_.role, spec_.rank), peer_name(peer_role_, rank), e.what());
+    return false;
+  }
 }
 
 void PeerGroup::turn() {

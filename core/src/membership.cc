@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 
 namespace hetmesh {
@@ -78,6 +79,11 @@ uint64_t Membership::current_epoch(const std::string& role, int rank, millisecon
                 fmt::format("{}: {} {} published a malformed epoch ({} bytes)", store_.describe(),
                             role, rank, text.size()));
   return *epoch;
+}
+
+uint64_t Membership::claimed_epoch(const std::string& role, int rank) {
+  return static_cast<uint64_t>(
+      std::max<int64_t>(0, store_.add(rendezvous_.key(role, rank, "epochs"), 0)));
 }
 
 std::vector<uint8_t> Membership::fetch(const std::string& role, int rank, uint64_t epoch,

@@ -244,8 +244,9 @@ class FfnEngine {
   // as soon as it arrives (Gather::eager). An A that is lost (gone without saying "leave", or
   // hung past the heartbeat) is contained: the F serves the others without it (lost_attention()
   // names it) until its replacement joins. Returns nullopt when every A has left or been lost, at
-  // least one of them cleanly; throws Error(TIMEOUT) when nothing came within `timeout`, saying
-  // so when every A was lost and none replaced.
+  // least one of them cleanly, and no lost one is being replaced (a start that has claimed a newer
+  // epoch of it in the store is waited for); throws Error(TIMEOUT) when nothing came within
+  // `timeout`, saying so when every A was lost and none replaced, or a replacement never joined.
   std::optional<Batch> get_batch(std::chrono::milliseconds timeout);
   // Sends each part's output back to its A once the work queued so far on `after` (F's compute
   // stream; nullptr: the outputs are already there) has completed. The engine records an event of

@@ -45,6 +45,9 @@ class Membership {
   // Another instance's current epoch, waiting for it to join (watching the job's failure, as
   // wait_for_key does).
   uint64_t current_epoch(const std::string& role, int rank, std::chrono::milliseconds timeout);
+  // The last epoch another instance claimed (0 if none), without waiting: a start that claimed
+  // one may still be publishing it, or may have died before it could.
+  uint64_t claimed_epoch(const std::string& role, int rank);
   // What epoch `epoch` of that instance published as `what`, waiting for it likewise.
   std::vector<uint8_t> fetch(const std::string& role, int rank, uint64_t epoch,
                              const std::string& what, std::chrono::milliseconds timeout);
