@@ -21,6 +21,7 @@ require_tests "$build/bin/transport_test" '*verbs*' 33
 require_tests "$build/bin/transport_test" 'RegistrationFallback/*verbs*' 5
 require_tests "$build/bin/transport_selection_test" '*ThisHostAgreesWithSysfs*' 1
 require_tests "$build/bin/afd_engine_test" '*verbs*' 2
+require_tests "$build/bin/afd_fault_test" '*verbs*' 4
 
 echo "== transport suite over verbs (registration fallback order included)"
 "$build/bin/transport_test" --gtest_filter='*verbs*' --gtest_brief=1
@@ -30,6 +31,9 @@ echo "== transport selection: auto must pick verbs (rxe0) for a peer on another 
 
 echo "== AFD engine over verbs"
 "$build/bin/afd_engine_test" --gtest_filter='*verbs*' --gtest_brief=1
+
+echo "== faults and a replacement over verbs: an F or an A killed mid-run, survivors contained or failing by name, a replacement rejoining"
+"$build/bin/afd_fault_test" --gtest_filter='*verbs*' --gtest_brief=1
 
 echo "== hetmesh demo over verbs: A on cpu, F on asic_stub (staged registration)"
 (cd /tmp && "$OLDPWD/$build/bin/hetmesh" demo --config "$OLDPWD/examples/configs/2a2f-cpu-asic_stub-verbs.toml")

@@ -2,6 +2,8 @@
 // attention or FFN instances of a job (--role), which meet through a real TCP store.
 #include "engine_common.hpp"
 
+#include "verbs_support.hpp"
+
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/log.hpp>
@@ -200,23 +202,9 @@ struct Shape {
 
 class AfdJobTest : public testing::TestWithParam<Shape> {};
 
-bool verbs_usable() {
-  try {
-    Transport::create(TransportOptions{TransportKind::verbs});
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 TEST_P(AfdJobTest, EveryAttentionGetsEveryFfnsAnswer) {
   const Shape s = GetParam();
-  if (s.kind == TransportKind::verbs && !verbs_usable()) {
-    const char* required = std::getenv("HETMESH_REQUIRE_TRANSPORTS");
-    if (required == nullptr || std::string(required).find("verbs") == std::string::npos)
-      GTEST_SKIP() << "no usable RDMA device (set HETMESH_REQUIRE_TRANSPORTS=verbs to fail)";
-    FAIL() << "verbs is required but unusable here";
-  }
+  HETMESH_SKIP_UNLESS_USABLE(s.kind);
   Job job;
   for (int f = 0; f < s.ffn; ++f)
     job.spawn("ffn", f, s.attention, s.ffn, "all", s.kind);

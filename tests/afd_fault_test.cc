@@ -5,6 +5,8 @@
 // The F instances answer through a device stream (a stream copy of the tokens into the outputs,
 // then respond(batch, &stream)), the path on which a survivor once polled an event that its own
 // loop had already destroyed. This binary re-runs itself as the instances (--role).
+#include "verbs_support.hpp"
+
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
@@ -235,6 +237,7 @@ class AfdFaultTest : public testing::TestWithParam<Fault> {};
 // serve them to the end and name the lost A.
 TEST_P(AfdFaultTest, SurvivorsEndByThemselvesNamingThePeerAndNeverCrash) {
   const Fault f = GetParam();
+  HETMESH_SKIP_UNLESS_USABLE(f.kind);
   const bool contained = std::string(f.victim) == "attention";
   constexpr int kRounds = 40;  // per A, when an A is the victim: the survivors finish them
   // Repeated: the crash this guards against depended on how the threads interleaved.
@@ -337,6 +340,7 @@ class AfdReplacementTest : public testing::TestWithParam<Replacement> {};
 // instance is replaced before the heartbeat finds it hung: the new epoch supersedes it.
 TEST_P(AfdReplacementTest, TheReplacementRejoinsAndTheJobFinishes) {
   const Replacement r = GetParam();
+  HETMESH_SKIP_UNLESS_USABLE(r.kind);
   constexpr int kRounds = 300;  // the hit comes after 3: most of the run is after it
   TcpStoreServer store("127.0.0.1:0");
   LocalJob job({}, store.address(), testing::TempDir());
@@ -416,7 +420,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Replacement{1, 1, TransportKind::ipc, "ffn", SIGKILL},
                     Replacement{1, 1, TransportKind::tcp, "attention", SIGKILL},
                     Replacement{2, 2, TransportKind::ipc, "ffn", SIGSTOP},
-                    Replacement{2, 2, TransportKind::tcp, "attention", SIGSTOP}),
+                    Replacement{2, 2, TransportKind::tcp, "attention", SIGSTOP},
+                    Replacement{2, 2, TransportKind::verbs, "ffn", SIGKILL},
+                    Replacement{2, 2, TransportKind::verbs, "attention", SIGKILL}),
     [](const testing::TestParamInfo<Replacement>& p) { return replacement_name(p.param); });
 
 // The As still in the job finish while a lost A's replacement is starting: the F must not take
@@ -571,7 +577,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Fault{3, 2, TransportKind::tcp, "cpu:0", "attention", SIGKILL},
                     Fault{2, 2, TransportKind::ipc, "cpu:0", "ffn", SIGSTOP},
                     Fault{2, 2, TransportKind::tcp, "asic_stub:0", "ffn", SIGSTOP},
-                    Fault{2, 2, TransportKind::ipc, "cpu:0", "attention", SIGSTOP}),
+                    Fault{2, 2, TransportKind::ipc, "cpu:0", "attention", SIGSTOP},
+                    Fault{2, 2, TransportKind::verbs, "asic_stub:0", "ffn", SIGKILL},
+                    Fault{2, 2, TransportKind::verbs, "cpu:0", "attention", SIGKILL}),
     [](const testing::TestParamInfo<Fault>& p) { return fault_name(p.param); });
 
 }  // namespace
