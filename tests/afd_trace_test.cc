@@ -116,6 +116,84 @@ bool mentions(const std::vector<std::string>& problems, const std::string& text)
   return false;
 }
 
+// ---- peer changes: what an instance saw of its peers, in the summary and the trace ----
+
+afd::InstanceHistory ffn0_saw_attention1_replaced() {
+  afd::InstanceHistory h{afd::Role::ffn, 0, {}};
+  h.history.changes = {{5'000'000, afd::Role::attention, 1, 1, afd::PeerStatus::State::lost,
+                        "attention 1 lost: the peer closed the connection"},
+                       {9'500'000, afd::Role::attention, 1, 2, afd::PeerStatus::State::live, ""}};
+  h.history.stale_events = 3;
+  return h;
+}
+
+TEST(PeerHistory, RoundTripsThroughJson) {
+  afd::InstanceHistory h =
+      afd::history_from_json(afd::history_to_json(ffn0_saw_attention1_replaced()));
+  EXPECT_EQ(h.role, afd::Role::ffn);
+  EXPECT_EQ(h.rank, 0);
+  EXPECT_EQ(h.history.stale_events, 3u);
+  ASSERT_EQ(h.history.changes.size(), 2u);
+  const afd::PeerChange& lost = h.history.changes[0];
+  EXPECT_EQ(lost.at_ns, 5'000'000);
+  EXPECT_EQ(lost.role, afd::Role::attention);
+  EXPECT_EQ(lost.rank, 1);
+  EXPECT_EQ(lost.epoch, 1u);
+  EXPECT_EQ(lost.state, afd::PeerStatus::State::lost);
+  EXPECT_EQ(lost.reason, "attention 1 lost: the peer closed the connection");
+  EXPECT_EQ(h.history.changes[1].state, afd::PeerStatus::State::live);
+  EXPECT_EQ(h.history.changes[1].epoch, 2u);
+}
+
+TEST(PeerHistory, MalformedJsonIsRefused) {
+  for (const std::string text :
+       {"", "[]", R"({"role":"gpu","rank":0,"stale_events":0,"changes":[]})",
+        R"({"role":"ffn","rank":0,"changes":[]})",
+        R"({"role":"ffn","rank":0,"stale_events":0,"changes":[{"at_ns":1}]})"}) {
+    try {
+      afd::history_from_json(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT) << text;
+    }
+  }
+}
+
+TEST(PeerHistory, ChangesAreDescribedInTimeOrderFromTheOrigin) {
+  afd::InstanceHistory a0{afd::Role::attention, 0, {}};
+  a0.history.changes = {{7'000'000, afd::Role::ffn, 1, 1, afd::PeerStatus::State::lost,
+                         "ffn 1 hung: nothing heard from it for 1003 ms"}};
+  auto lines = afd::describe_histories({ffn0_saw_attention1_replaced(), a0}, 1'000'000);
+  EXPECT_EQ(lines,
+            (std::vector<std::string>{
+                "ffn 0 at +4.0 ms: attention 1 lost: the peer closed the connection (epoch 1)",
+                "attention 0 at +6.0 ms: ffn 1 hung: nothing heard from it for 1003 ms (epoch 1)",
+                "ffn 0 at +8.5 ms: attention 1 joined (epoch 2)",
+                "ffn 0: 3 event(s) of superseded incarnations dropped"}));
+  EXPECT_TRUE(afd::describe_histories({afd::InstanceHistory{}}, 0).empty());
+}
+
+TEST(PeerHistory, TheChromeTraceMarksEachChangeOnItsInstance) {
+  fs::path path = fs::temp_directory_path() / fmt::format("hetmesh-history-{}.json", getpid());
+  afd::write_chrome_trace(path.string(), {}, {ffn0_saw_attention1_replaced()});
+  std::ifstream in(path);
+  json trace = json::parse(in);
+  fs::remove(path);
+  std::vector<std::string> marks;
+  bool named = false;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name" && e["pid"] == afd::kFfnPidBase)
+      named = e["args"]["name"] == "ffn 0";
+    if (e["ph"] != "i") continue;
+    EXPECT_EQ(e["pid"], afd::kFfnPidBase) << e.dump();
+    marks.push_back(fmt::format("{} at {} us, epoch {}", e["name"].get<std::string>(),
+                                e["ts"].get<double>(), e["args"]["epoch"].get<int>()));
+  }
+  EXPECT_TRUE(named);
+  EXPECT_EQ(marks, (std::vector<std::string>{"attention 1 lost at 5000 us, epoch 1",
+                                             "attention 1 joined at 9500 us, epoch 2"}));
+}
+
 // Runs `hetmesh demo` once for the whole suite: 2A2F over ipc, the trace into a temporary folder.
 class DemoTraceTest : public testing::Test {
  protected:

@@ -473,6 +473,11 @@ std::vector<PeerStatus> AttentionEngine::peers() const {
   return peer_status(Role::ffn, state_->peers->all());
 }
 
+PeerHistory AttentionEngine::peer_history() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->peers->history_locked();
+}
+
 std::vector<std::pair<std::string, uint64_t>> AttentionEngine::registered() const {
   const State& s = *state_;
   return {{"a2f_send", s.a2f_send.size()},

@@ -15,12 +15,12 @@ int64_t now_ns() {
       .count();
 }
 
-const char* role_name(Role role) {
+const char* to_string(Role role) {
   return role == Role::attention ? "attention" : "ffn";
 }
 
 std::string peer_name(Role role, int rank) {
-  return fmt::format("{} {}", role_name(role), rank);
+  return fmt::format("{} {}", to_string(role), rank);
 }
 
 HostSlots::HostSlots(const Device& device, uint64_t bytes) : size_(bytes) {
@@ -95,9 +95,9 @@ std::shared_ptr<const Link> connect_peer(const EngineSpec& spec, Transport& tran
                                          const std::map<std::string, uint64_t>& expected) {
   const std::string name = peer_name(peer_role, rank);
   const std::string self = peer_name(spec.role, spec.rank);
-  auto endpoint = membership.fetch(role_name(peer_role), rank, epoch, "endpoint", spec.timeout);
+  auto endpoint = membership.fetch(to_string(peer_role), rank, epoch, "endpoint", spec.timeout);
   auto regions = decode_regions(
-      membership.fetch(role_name(peer_role), rank, epoch, "regions", spec.timeout), name);
+      membership.fetch(to_string(peer_role), rank, epoch, "regions", spec.timeout), name);
   for (const auto& [region, bytes] : expected)
     if (!regions.contains(region))
       throw Error(kStatusProtocolError, fmt::format("{}: {} (epoch {}) published no region '{}'",
@@ -123,14 +123,14 @@ std::shared_ptr<const Link> connect_peer(const EngineSpec& spec, Transport& tran
 
 Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions& mine,
             KeyValueStore& store, Role peer_role, int peer_count) {
-  Membership membership(store, spec.job, role_name(spec.role), spec.rank);
+  Membership membership(store, spec.job, to_string(spec.role), spec.rank);
   Joined joined;
   joined.epoch = membership.join({{"endpoint", transport.endpoint()}, {"regions", mine.encode()}});
   const auto expected = expected_regions(spec, peer_role);
   for (int rank = 0; rank < peer_count; ++rank) {
     Peer peer;
     peer.rank = rank;
-    uint64_t epoch = membership.current_epoch(role_name(peer_role), rank, spec.timeout);
+    uint64_t epoch = membership.current_epoch(to_string(peer_role), rank, spec.timeout);
     while (!peer.link) {
       try {
         peer.link = connect_peer(spec, transport, membership, peer_role, rank, epoch, expected);
@@ -149,7 +149,7 @@ Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions
         uint64_t newest = epoch;
         try {
           newest =
-              membership.current_epoch(role_name(peer_role), rank, std::chrono::milliseconds(0));
+              membership.current_epoch(to_string(peer_role), rank, std::chrono::milliseconds(0));
         } catch (const Error&) {
         }
         if (newest > epoch) {

@@ -23,7 +23,6 @@
 
 namespace hetmesh::afd {
 
-const char* role_name(Role role);
 std::string peer_name(Role role, int rank);  // "attention 1", "ffn 0"
 
 // Host memory for headers and flags: pinned on the device when it has pinned memory (stream
@@ -175,8 +174,9 @@ class PeerGroup {
   const std::vector<Peer>& all() const { return peers_; }
   Peer& at(int rank) { return peers_.at(static_cast<size_t>(rank)); }
 
-  // Events of superseded incarnations dropped so far (the comm thread's count).
-  uint64_t stale_events() const { return stale_.load(std::memory_order_relaxed); }
+  // The peers' changes so far, and the superseded incarnations' events dropped. Caller holds the
+  // engine's mutex.
+  PeerHistory history_locked() const;
 
   // Whether a start of `rank` newer than epoch `than` has claimed its epoch: a replacement is on
   // its way (or died joining), though the member log may not announce it yet. Asks the store;
@@ -196,6 +196,7 @@ class PeerGroup {
     std::shared_ptr<const Link> link;  // null: mark the incarnation before `epoch` lost
   };
   void lose(int rank, const std::string& reason, bool quit = false);  // on the comm thread
+  void record_locked(PeerChange change);
   void apply_changes();
   void handle(const TransportEvent& event);
   void rejoin_loop(std::unique_ptr<KeyValueStore> store);
@@ -216,6 +217,7 @@ class PeerGroup {
   std::atomic<uint64_t> stale_{0};
   // Under mutex_:
   std::vector<Change> changes_;
+  std::deque<PeerChange> history_;    // the latest kMaxHistory
   std::vector<uint64_t> superseded_;  // [rank]: the comm thread marked every epoch below lost
   // The rejoin thread's:
   std::vector<uint64_t> known_;  // [rank]: the newest epoch seen

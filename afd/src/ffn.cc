@@ -410,6 +410,11 @@ std::vector<PeerStatus> FfnEngine::peers() const {
   return peer_status(Role::attention, state_->peers->all());
 }
 
+PeerHistory FfnEngine::peer_history() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->peers->history_locked();
+}
+
 const EngineSpec& FfnEngine::spec() const {
   return state_->spec;
 }

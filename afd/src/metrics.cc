@@ -116,6 +116,8 @@ std::string format_metrics(const Metrics& m) {
           : "* one-way times omitted: A and F do not share a clock; use the skew-free net cost\n";
   for (const auto& s : m.stragglers)
     out += "straggler: " + s + "\n";
+  for (const auto& line : m.peer_changes)
+    out += "peers: " + line + "\n";
   return out;
 }
 
@@ -169,7 +171,8 @@ const std::vector<std::string>& trace_slice_names() {
   return names;
 }
 
-void write_chrome_trace(const std::string& path, const std::vector<AttentionTrace>& traces) {
+void write_chrome_trace(const std::string& path, const std::vector<AttentionTrace>& traces,
+                        const std::vector<InstanceHistory>& histories) {
   // Every phase of every round trip is a complete event ("X") named after its metric, on a track
   // per (A, micro-batch) in A's process and per (A, micro-batch) in each F's process. The events
   // are written in time order; metadata events name the processes and tracks.
@@ -234,6 +237,21 @@ void write_chrome_trace(const std::string& path, const std::vector<AttentionTrac
         slice("F2A network", fpid, ftid, r.f_posted, r.received_at_a, fargs);
       }
     }
+  }
+  for (const InstanceHistory& h : histories) {
+    const int pid = h.role == Role::attention ? h.rank : kFfnPidBase + h.rank;
+    if (h.role == Role::ffn) ffn_ranks.insert(h.rank);
+    for (const PeerChange& change : h.history.changes)
+      slices.push_back(
+          {{"name", fmt::format("{} {} {}", to_string(change.role), change.rank,
+                                change.state == PeerStatus::State::lost ? "lost" : "joined")},
+           {"cat", "peers"},
+           {"ph", "i"},
+           {"s", "p"},  // spans the instance's process
+           {"pid", pid},
+           {"tid", 0},
+           {"ts", static_cast<double>(change.at_ns) / 1e3},
+           {"args", {{"epoch", change.epoch}, {"reason", change.reason}}}});
   }
   for (int f : ffn_ranks)
     name_process(kFfnPidBase + f, fmt::format("ffn {}", f));

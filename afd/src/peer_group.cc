@@ -14,6 +14,8 @@ constexpr std::chrono::milliseconds kWatchSlice{20};
 // Events of a link not installed yet that the comm thread keeps (the credits bound a real peer's to
 // a few per micro-batch); beyond it the oldest go.
 constexpr size_t kMaxEarlyEvents = 4096;
+// Peer changes kept for PeerHistory: a job whose peers come and go for days keeps the latest.
+constexpr size_t kMaxHistory = 1024;
 
 }  // namespace
 
@@ -51,12 +53,21 @@ void PeerGroup::stop_rejoin() {
   if (rejoin_.joinable()) rejoin_.join();
 }
 
+void PeerGroup::record_locked(PeerChange change) {
+  if (history_.size() == kMaxHistory) history_.pop_front();
+  history_.push_back(std::move(change));
+}
+
+PeerHistory PeerGroup::history_locked() const {
+  return {{history_.begin(), history_.end()}, stale_.load(std::memory_order_relaxed)};
+}
+
 bool PeerGroup::newer_epoch_claimed(int rank, uint64_t than) {
   std::lock_guard lock(ask_mutex_);
   if (!ask_store_) return false;
   try {
-    Membership membership(*ask_store_, spec_.job, role_name(spec_.role), spec_.rank);
-    return membership.claimed_epoch(role_name(peer_role_), rank) > than;
+    Membership membership(*ask_store_, spec_.job, to_string(spec_.role), spec_.rank);
+    return membership.claimed_epoch(to_string(peer_role_), rank) > than;
   } catch (const std::exception& e) {
     log(LogLevel::warn, "{}: cannot ask the store whether {} is being replaced: {}",
         peer_name(spec_.role, spec_.rank), peer_name(peer_role_, rank), e.what());
@@ -133,6 +144,7 @@ void PeerGroup::lose(int rank, const std::string& reason, bool quit) {
     peer.quit = quit;
     peer.lost_reason = reason;
     handler_.on_lost_locked(rank, reason);
+    record_locked({now_ns(), peer_role_, rank, peer.link->epoch, PeerStatus::State::lost, reason});
   }
   log(LogLevel::warn, "{}: {}", peer_name(spec_.role, spec_.rank), reason);
 }
@@ -162,6 +174,7 @@ void PeerGroup::apply_changes() {
       handler_.on_rejoined_locked(change.rank);
       peer.lost = peer.left = peer.quit = false;
       peer.lost_reason.clear();
+      record_locked({now_ns(), peer_role_, change.rank, change.epoch, PeerStatus::State::live, {}});
     }
     members_[id] = {change.rank, change.epoch};
     heartbeat_.restart(change.rank);
@@ -180,7 +193,7 @@ void PeerGroup::apply_changes() {
 }
 
 void PeerGroup::rejoin_loop(std::unique_ptr<KeyValueStore> store) {
-  Membership membership(*store, spec_.job, role_name(spec_.role), spec_.rank);
+  Membership membership(*store, spec_.job, to_string(spec_.role), spec_.rank);
   MemberWatch watch(*store, spec_.job, spec_.timeout);
   bool store_lost = false;
   while (!stopping_.load(std::memory_order_acquire)) {
@@ -198,7 +211,7 @@ void PeerGroup::rejoin_loop(std::unique_ptr<KeyValueStore> store) {
         std::this_thread::sleep_for(kWatchSlice);
       continue;
     }
-    if (!who || who->role != role_name(peer_role_)) continue;
+    if (!who || who->role != to_string(peer_role_)) continue;
     if (who->rank >= static_cast<int>(known_.size())) {
       log(LogLevel::warn, "{}: the member log announces {} {}, which this job does not have",
           peer_name(spec_.role, spec_.rank), who->role, who->rank);

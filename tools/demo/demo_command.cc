@@ -203,6 +203,8 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   std::ofstream(fs::path(o.out) / fmt::format("attention{}.trace.json", o.rank))
       << afd::trace_to_json(trace);
   std::ofstream(fs::path(o.out) / fmt::format("attention{}.retried", o.rank)) << retried;
+  std::ofstream(fs::path(o.out) / fmt::format("attention{}.peers.json", o.rank))
+      << afd::history_to_json({afd::Role::attention, o.rank, engine.peer_history()});
   std::ofstream(fs::path(o.out) / fmt::format("attention{}.registered", o.rank)) << [&] {
     uint64_t total = 0;
     for (auto& [name, bytes] : engine.registered())
@@ -227,6 +229,8 @@ int run_ffn(const JobConfig& c, const DemoOptions& o) {
       runner->run(static_cast<int>(part.tag), part, stream);  // the tag is the layer
     engine.respond(*batch, &stream, start);  // once the experts queued on `stream` are done
   }
+  std::ofstream(fs::path(o.out) / fmt::format("ffn{}.peers.json", o.rank))
+      << afd::history_to_json({afd::Role::ffn, o.rank, engine.peer_history()});
   return 0;
 }
 
@@ -325,9 +329,25 @@ void report(const JobConfig& c, const afd::LocalInstances& local, const fs::path
     std::ifstream in(dir / fmt::format("attention{}.trace.json", a));
     traces.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
   }
+  // What each instance saw of its peers: who was lost and who joined, if anyone.
+  std::vector<afd::InstanceHistory> histories;
+  auto read_history = [&](const std::string& name) {
+    std::ifstream in(dir / name);
+    if (in) histories.push_back(afd::history_from_json({std::istreambuf_iterator<char>(in), {}}));
+  };
+  for (int a : local.attention)
+    read_history(fmt::format("attention{}.peers.json", a));
+  for (int f : local.ffn)
+    read_history(fmt::format("ffn{}.peers.json", f));
   // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
   afd::Metrics metrics = afd::compute_metrics(traces, /*same_host_clock=*/local.everything(c),
                                               c.tracing.straggler_factor);
+  int64_t origin = 0;
+  for (const auto& trace : traces)
+    for (const auto& trip : trace.trips)
+      if (origin == 0 || (trip.attention_start != 0 && trip.attention_start < origin))
+        origin = trip.attention_start;
+  metrics.peer_changes = afd::describe_histories(histories, origin);
   auto row = [&](const char* label, const char* name) {
     const afd::Percentiles& p = metrics.values[name];
     fmt::print("  {:<12} p50 {:>9.1f} us   p99 {:>9.1f} us\n", label, p.p50, p.p99);
@@ -338,7 +358,7 @@ void report(const JobConfig& c, const afd::LocalInstances& local, const fs::path
   row("round trip", "round trip");
   fmt::print("\n{}", afd::format_metrics(metrics));
   if (c.tracing.enabled && !c.tracing.chrome_trace.empty()) {
-    afd::write_chrome_trace(c.tracing.chrome_trace, traces);
+    afd::write_chrome_trace(c.tracing.chrome_trace, traces, histories);
     fmt::print("\ntrace: {} (open in https://ui.perfetto.dev or chrome://tracing)\n",
                fs::absolute(c.tracing.chrome_trace).string());
   }

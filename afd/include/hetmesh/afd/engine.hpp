@@ -42,6 +42,7 @@ class KeyValueStore;
 namespace hetmesh::afd {
 
 enum class Role { attention, ffn };
+const char* to_string(Role role);  // "attention", "ffn"
 // How an F instance gathers a micro-batch.
 enum class Gather {
   all,   // wait for every A instance's tokens, then run the experts once
@@ -161,6 +162,24 @@ struct PeerStatus {
 };
 const char* to_string(PeerStatus::State state);
 
+// A change in an engine's peers as the engine saw it: an incarnation lost, or a replacement that
+// joined. What the trace and the metrics mark (afd/metrics.hpp).
+struct PeerChange {
+  int64_t at_ns = 0;  // now_ns()
+  Role role = Role::ffn;
+  int rank = 0;
+  uint64_t epoch = 0;                                 // the incarnation lost, or the replacement's
+  PeerStatus::State state = PeerStatus::State::lost;  // lost, or live: the replacement is in
+  std::string reason;                                 // why it was lost
+};
+
+// What an engine saw of its peers since it started: their changes (the latest 1024) and the
+// events of superseded incarnations it dropped (an old epoch's traffic, refused).
+struct PeerHistory {
+  std::vector<PeerChange> changes;
+  uint64_t stale_events = 0;
+};
+
 // The attention side.
 class AttentionEngine {
  public:
@@ -195,8 +214,9 @@ class AttentionEngine {
   // Waits until every F is in the job (none lost: each lost one was replaced). Returns false if
   // that did not happen within `timeout`; throws the error that ended the engine.
   bool wait_for_peers(std::chrono::milliseconds timeout);
-  // Every F as this engine sees it now.
+  // Every F as this engine sees it now, and what it saw happen to them.
   std::vector<PeerStatus> peers() const;
+  PeerHistory peer_history() const;
   // The word a compute stream writes (stream_write_value32) to say micro-batch `mb` is ready, for
   // push_pull's ReadySignal{.flag = true, .value = v}: pinned memory the engine owns. nullptr if
   // the device has no stream memory operations.
@@ -256,8 +276,9 @@ class FfnEngine {
   // The attention instances this F lost and served on without, with why: "attention 1 lost: ...",
   // every loss since the start (a replaced A's too).
   std::vector<std::string> lost_attention() const;
-  // Every A as this engine sees it now.
+  // Every A as this engine sees it now, and what it saw happen to them.
   std::vector<PeerStatus> peers() const;
+  PeerHistory peer_history() const;
 
   const EngineSpec& spec() const;
   uint64_t epoch() const;  // as AttentionEngine::epoch

@@ -29,6 +29,22 @@ struct AttentionTrace {
   std::vector<RoundTrip> trips;
 };
 
+// What one instance saw of its peers (its engine's peer_history()): marked in the Chrome trace on
+// that instance's process, and listed by format_metrics.
+struct InstanceHistory {
+  Role role = Role::attention;
+  int rank = 0;
+  PeerHistory history;
+};
+// As JSON text and back; throws Error(INVALID_ARGUMENT) on malformed input.
+std::string history_to_json(const InstanceHistory& history);
+InstanceHistory history_from_json(const std::string& text);
+// One line per change, in time order, with times from `origin_ns` (0: from the first change):
+// "ffn 0 at +12.3 ms: attention 1 lost: <why> (epoch 1)", "ffn 0 at +40.2 ms: attention 1 joined
+// (epoch 2)", then one per instance that dropped a superseded incarnation's events.
+std::vector<std::string> describe_histories(const std::vector<InstanceHistory>& histories,
+                                            int64_t origin_ns);
+
 struct Metrics {
   // name -> distribution; names are listed in metric_names().
   std::map<std::string, Percentiles> values;
@@ -36,6 +52,7 @@ struct Metrics {
   std::map<int, Percentiles> straggle;
   std::vector<std::string> stragglers;  // "ffn 1 answers 35.2 us after the first (p50)"
   bool same_host_clock = true;
+  std::vector<std::string> peer_changes;  // describe_histories(), when the caller has them
 };
 
 const std::vector<std::string>& metric_names();
@@ -51,9 +68,12 @@ AttentionTrace trace_from_json(const std::string& text);
 // Writes every round trip as Chrome trace JSON (opens in Perfetto): a process per A instance (pid
 // = its rank) and per F instance (pid = kFfnPidBase + rank), a track per (A, micro-batch) in each,
 // and one complete event ("ph": "X", ts and dur in microseconds) per phase, named as in
-// trace_slice_names(), in time order. Throws Error if the file cannot be written.
+// trace_slice_names(), in time order; each peer change in `histories` is an instant event ("ph":
+// "i") on its instance's process, named "attention 1 lost" or "attention 1 joined", with the
+// epoch and the reason. Throws Error if the file cannot be written.
 constexpr int kFfnPidBase = 1000;
 const std::vector<std::string>& trace_slice_names();
-void write_chrome_trace(const std::string& path, const std::vector<AttentionTrace>& traces);
+void write_chrome_trace(const std::string& path, const std::vector<AttentionTrace>& traces,
+                        const std::vector<InstanceHistory>& histories = {});
 
 }  // namespace hetmesh::afd
