@@ -58,9 +58,10 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store) {
 }
 
 // A pushes `rounds` rounds of every micro-batch and checks each F's answer. With `after`, it
-// first waits until the store key `after` exists; at the end it sets "<rank>.done".
+// first waits until the store key `after` exists; at the end it calls finish() (unless
+// `finish` is false) and sets "<rank>.done".
 int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds,
-                  const std::string& after) {
+                  const std::string& after, bool finish) {
   Device device = PluginRegistry::load().device("cpu:0");
   AttentionEngine engine(spec, device, store);
   if (!after.empty()) store.get(after, kTimeout);
@@ -89,6 +90,7 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds,
     }
     std::cout << "round " << round << std::endl;
   }
+  if (finish) engine.finish();
   store.set(fmt::format("{}.done", spec.rank), {1});
   return 0;
 }
@@ -153,7 +155,8 @@ int child_main(int argc, char** argv) {
     spec.role = Role::attention;
     if (argc < 14) return 2;
     if (role == "rogue") return run_rogue(spec, *store, argv[13]);
-    return run_attention(spec, *store, std::stoi(argv[13]), argc > 14 ? argv[14] : "");
+    return run_attention(spec, *store, std::stoi(argv[13]), argc > 14 ? argv[14] : "",
+                         argc <= 15 || std::string(argv[15]) != "no-finish");
   } catch (const Error& e) {
     std::cout << "error " << status_name(e.status()) << ": " << e.what() << std::endl;
     // The job's first failure, for the others' rendezvous waits (as run_instance publishes it).
@@ -245,6 +248,25 @@ TEST(AfdEagerTest, SlowAttentionDoesNotStallTheOthers) {
   ASSERT_FALSE(lines.empty());
   for (const auto& l : lines)
     EXPECT_NE(l.find("parts 1"), std::string::npos) << l;
+}
+
+// Only finish() says an A is done. An A that ends its rounds and is destroyed without it ends as
+// one that failed ("quit"): its F does not take the job for finished, and does not wait for a
+// replacement either. (Every AfdJobTest A calls finish(), and its Fs end cleanly.)
+TEST(AfdFailureTest, AnAttentionEngineDestroyedWithoutFinishQuits) {
+  Job job;
+  ChildProcess& ffn = job.spawn("ffn", 0, 1, 1, "all", TransportKind::tcp);
+  ChildProcess& attention =
+      job.spawn("attention", 0, 1, 1, "all", TransportKind::tcp, {"2", "", "no-finish"});
+  EXPECT_EQ(attention.wait(kTimeout * 2).exit_code, 0);
+  auto lines = lines_until_exit(ffn);
+  ProcessResult f = ffn.wait(kTimeout);
+  EXPECT_EQ(f.exit_code, 1) << f.describe();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find("every attention instance was lost, each after a failure of its "
+                              "own (last: attention 0 quit"),
+            std::string::npos)
+      << lines.back();
 }
 
 TEST(AfdFailureTest, KilledFfnIsAClearErrorForAttention) {

@@ -97,6 +97,7 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds) {
     }
     std::cout << "round " << round << std::endl;
   }
+  engine.finish();
   return 0;
 }
 
@@ -155,6 +156,7 @@ int recovering_attention(const EngineSpec& spec, KeyValueStore& store, int round
     }
     std::cout << "round " << round << std::endl;
   }
+  engine.finish();
   std::cout << "retried " << retried << " refused " << refused << std::endl;
   return 0;
 }
@@ -192,6 +194,7 @@ int idle_attention(const EngineSpec& spec, KeyValueStore& store) {
     engine.wait(engine.push_pull(0, spec.tokens), kChildTimeout);
     std::cout << "round " << round << std::endl;
   }
+  engine.finish();
   return 0;
 }
 

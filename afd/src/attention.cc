@@ -51,13 +51,15 @@ struct AttentionEngine::State final : PeerHandler {
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<Pending> pending;  // [mb]
-  std::string failure;           // the first fatal error; every call reports it from then on
-  hm_status failure_status = HM_OK;
+  FirstFailure failure;
+  bool closed = false;               // finish() or the destructor: the threads are stopped
   std::atomic<bool> failed{false};   // failure is set, for wait's spin
   SpinPolicy wait_spin;              // the waiting caller's
   std::unique_ptr<PeerGroup> peers;  // the F instances
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
+
+  void close(std::string_view word);
 
   State(const EngineSpec& s, const Device& d)
       : spec(s),
@@ -79,18 +81,11 @@ struct AttentionEngine::State final : PeerHandler {
   void on_failure(hm_status status, const std::string& reason) override {
     {
       std::lock_guard lock(mutex);
-      if (!failure.empty()) return;
-      failure = reason;
-      failure_status = status;
+      if (!failure.set(status, reason)) return;
       failed.store(true, std::memory_order_release);
     }
     log(LogLevel::error, "attention {}: {}", spec.rank, reason);
     changed.notify_all();
-  }
-
-  // Throws the error that ended the engine, if one did. Caller holds mutex.
-  void throw_if_failed() const {
-    if (!failure.empty()) throw Error(failure_status, failure);
   }
 
   // Micro-batch mb's round trip is settled by every F (answered or lost). Caller holds mutex.
@@ -141,7 +136,7 @@ struct AttentionEngine::State final : PeerHandler {
         // A job for an F lost meanwhile has nothing to do: the loss settled its share.
         std::lock_guard lock(mutex);
         const Peer& peer = peers->at(f);
-        if (!failure.empty() || peer.lost || !p.busy || p.sequence != job.sequence ||
+        if (failure.has() || peer.lost || !p.busy || p.sequence != job.sequence ||
             p.from[static_cast<size_t>(f)])
           return;
         link = peer.link;
@@ -279,23 +274,20 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
       s.peers->own_epoch(), spec.ffn, to_string(s.transport->kind()));
 }
 
-AttentionEngine::~AttentionEngine() {
-  State& s = *state_;
-  for (auto& sender : s.senders)
-    sender->stop();
-  s.peers->stop_rejoin();
-  s.comm->stop();
-  // "leave" tells each F that this A is done and its loss is not a failure. An instance that is
-  // failing (its engine saw a fatal error, or it is being destroyed by an exception) must not say
-  // it: it says "quit", so that its F instances count it lost, not done, and do not wait for a
-  // replacement of it either (a process that dies says nothing: that one may be replaced).
-  bool failing;
+// Stops the engine's threads, then tells every F how this A ends: "leave" (done: its going is no
+// failure) or "quit" (it ended after a failure: its Fs count it lost, and do not wait for a
+// replacement of it either; a process that dies says nothing, and that one may be replaced).
+void AttentionEngine::State::close(std::string_view word) {
   {
-    std::lock_guard lock(s.mutex);
-    failing = !s.failure.empty();
+    std::lock_guard lock(mutex);
+    if (closed) return;
+    closed = true;
   }
-  const std::string_view word = failing || std::uncaught_exceptions() > 0 ? "quit" : "leave";
-  for (const Peer& f : s.peers->all()) {
+  for (auto& sender : senders)
+    sender->stop();
+  peers->stop_rejoin();
+  comm->stop();
+  for (const Peer& f : peers->all()) {
     try {
       if (!f.lost && f.link->connection->alive())
         f.link->connection->send_control(
@@ -303,6 +295,23 @@ AttentionEngine::~AttentionEngine() {
     } catch (const Error&) {
     }
   }
+}
+
+AttentionEngine::~AttentionEngine() {
+  // Without finish() this A did not say it was done: it ends as one that failed.
+  state_->close("quit");
+}
+
+void AttentionEngine::finish() {
+  State& s = *state_;
+  bool failed;
+  {
+    std::lock_guard lock(s.mutex);
+    failed = s.failure.has();
+  }
+  s.close(failed ? "quit" : "leave");
+  std::lock_guard lock(s.mutex);
+  s.failure.throw_if_set();
 }
 
 void* AttentionEngine::tokens(int mb) const {
@@ -351,7 +360,10 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   uint64_t sequence;
   {
     std::lock_guard lock(s.mutex);
-    s.throw_if_failed();
+    s.failure.throw_if_set();
+    if (s.closed)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("attention {}: push_pull after finish()", s.spec.rank));
     for (const Peer& f : s.peers->all())
       if (f.lost)
         throw Error(kStatusPeerLost,
@@ -410,6 +422,9 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
   Pending& p = s.pending[static_cast<size_t>(mb)];
   {
     std::lock_guard lock(s.mutex);
+    if (s.closed)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("attention {}: wait after finish()", s.spec.rank));
     if (!p.busy || p.sequence != sequence)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("handle for micro-batch {} sequence {} was already waited for", mb,
@@ -421,9 +436,9 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
            s.failed.load(std::memory_order_acquire);
   });
   std::unique_lock lock(s.mutex);
-  bool done = s.changed.wait_for(lock, timeout,
-                                 [&] { return p.settled == s.spec.ffn || !s.failure.empty(); });
-  s.throw_if_failed();
+  bool done =
+      s.changed.wait_for(lock, timeout, [&] { return p.settled == s.spec.ffn || s.failure.has(); });
+  s.failure.throw_if_set();
   if (done && !p.failure.empty()) {
     p.busy = false;  // every F settled: nothing of this round trip is in flight any more
     throw Error(kStatusPeerLost,
@@ -443,11 +458,7 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
         p.posted > 0 ? "" : " (never posted: its readiness signal did not come)");
     // The engine cannot go on with a round trip it gave up on (its slot is still in flight), and
     // an A that gave up must not say "leave" as if it had ended well.
-    if (s.failure.empty()) {
-      s.failure = reason;
-      s.failure_status = HM_ERR_TIMEOUT;
-      s.failed.store(true, std::memory_order_release);
-    }
+    if (s.failure.set(HM_ERR_TIMEOUT, reason)) s.failed.store(true, std::memory_order_release);
     throw Error(HM_ERR_TIMEOUT, reason);
   }
   p.busy = false;
@@ -459,12 +470,12 @@ bool AttentionEngine::wait_for_peers(std::chrono::milliseconds timeout) {
   State& s = *state_;
   std::unique_lock lock(s.mutex);
   bool all_in = s.changed.wait_for(lock, timeout, [&] {
-    if (!s.failure.empty()) return true;
+    if (s.failure.has()) return true;
     for (const Peer& f : s.peers->all())
       if (f.lost) return false;
     return true;
   });
-  s.throw_if_failed();
+  s.failure.throw_if_set();
   return all_in;
 }
 

@@ -70,6 +70,27 @@ struct Peer {
   std::string lost_reason;  // "ffn 1 lost: ...", "ffn 1 hung: ...", while lost
 };
 
+// The first error an engine cannot go on after: every call reports it from then on. Under the
+// engine's mutex.
+class FirstFailure {
+ public:
+  // Keeps the first error only; returns whether this one was it.
+  bool set(hm_status status, const std::string& reason) {
+    if (has()) return false;
+    status_ = status == HM_OK ? HM_ERR_INTERNAL : status;
+    reason_ = reason;
+    return true;
+  }
+  bool has() const { return status_ != HM_OK; }
+  void throw_if_set() const {
+    if (has()) throw Error(status_, reason_);
+  }
+
+ private:
+  hm_status status_ = HM_OK;
+  std::string reason_;
+};
+
 // What status() reports of `peers` (of `role`). Caller holds the engine's mutex.
 std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers);
 

@@ -49,10 +49,9 @@ struct FfnEngine::State final : PeerHandler {
   std::vector<Arrival> arrivals;  // [a][mb]
   std::deque<Batch> ready_batches;
   std::atomic<int> waiting_parts{0};  // arrivals waiting (changed under mutex), for on_turn
-  int gone = 0;         // attention instances that left or were lost: no more parts from them
-  int left = 0;         // of them, those that said "leave"
-  std::string failure;  // the first fatal error; every call reports it from then on
-  hm_status failure_status = HM_OK;
+  int gone = 0;  // attention instances that left or were lost: no more parts from them
+  int left = 0;  // of them, those that said "leave"
+  FirstFailure failure;
   std::vector<std::string> lost;  // "attention 1 lost: ...", for FfnEngine::lost_attention
   // ready_batches is not empty, or failure is set: for get_batch's spin.
   std::atomic<bool> news{false};
@@ -93,18 +92,11 @@ struct FfnEngine::State final : PeerHandler {
   void on_failure(hm_status status, const std::string& reason) override {
     {
       std::lock_guard lock(mutex);
-      if (!failure.empty()) return;
-      failure = reason;
-      failure_status = status;
+      if (!failure.set(status, reason)) return;
       news.store(true, std::memory_order_release);
     }
     log(LogLevel::error, "ffn {}: {}", spec.rank, reason);
     changed.notify_all();
-  }
-
-  // Throws the error that ended the engine, if one did. Caller holds mutex.
-  void throw_if_failed() const {
-    if (!failure.empty()) throw Error(failure_status, failure);
   }
 
   // Every A is gone, at least one cleanly: get_batch's end, unless a lost one is being replaced.
@@ -226,7 +218,7 @@ struct FfnEngine::State final : PeerHandler {
       std::shared_ptr<const Link> link;
       {
         std::lock_guard lock(mutex);
-        if (!failure.empty()) return;
+        if (failure.has()) return;
         const Peer& peer = peers->at(a);
         if (peer.link->epoch != job.epoch) return;  // replaced: the slot is the new one's
         if (peer.lost) {                            // nobody to answer: free the slot
@@ -438,14 +430,14 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   };
   for (;;) {
     const bool woke = s.changed.wait_until(lock, deadline, [&] {
-      return !s.ready_batches.empty() || !s.failure.empty() || (s.all_done() && !awaiting()) ||
+      return !s.ready_batches.empty() || s.failure.has() || (s.all_done() && !awaiting()) ||
              s.every_one_quit();
     });
-    s.throw_if_failed();
+    s.failure.throw_if_set();
     if (!s.ready_batches.empty()) {
       Batch batch = std::move(s.ready_batches.front());
       s.ready_batches.pop_front();
-      s.news.store(!s.ready_batches.empty() || !s.failure.empty(), std::memory_order_relaxed);
+      s.news.store(!s.ready_batches.empty() || s.failure.has(), std::memory_order_relaxed);
       return batch;
     }
     if (s.all_done() && !awaiting()) {
@@ -501,7 +493,7 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
   int64_t compute_end = now_ns();
   {
     std::lock_guard lock(s.mutex);
-    s.throw_if_failed();
+    s.failure.throw_if_set();
     if (batch.micro_batch < 0 || batch.micro_batch >= s.spec.micro_batches)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("respond: micro-batch {} does not exist", batch.micro_batch));

@@ -113,15 +113,8 @@ void VerbsLink::create_queue_pair() {
   if (send_cq_ == nullptr || recv_cq_ == nullptr)
     throw Error(HM_ERR_BACKEND,
                 fmt::format("verbs: ibv_create_cq failed: {}", std::strerror(errno)));
-  ibv_qp_init_attr init{};
-  init.send_cq = send_cq_;
-  init.recv_cq = recv_cq_;
-  init.qp_type = IBV_QPT_RC;
-  init.cap.max_send_wr = send_depth_;
-  init.cap.max_recv_wr = recv_depth_;
-  init.cap.max_send_sge = 1;
-  init.cap.max_recv_sge = 1;
-  init.cap.max_inline_data = max_inline_;
+  ibv_qp_init_attr init =
+      rc_qp_attributes(send_cq_, recv_cq_, send_depth_, recv_depth_, max_inline_);
   qp_ = ibv_create_qp(verbs.pd(), &init);
   if (qp_ == nullptr)
     throw Error(HM_ERR_BACKEND,

@@ -111,6 +111,20 @@ int find_ipv4_gid(ibv_context* context, uint8_t port, uint8_t ports, int table_l
   return -1;
 }
 
+ibv_qp_init_attr rc_qp_attributes(ibv_cq* send_cq, ibv_cq* recv_cq, uint32_t send_depth,
+                                  uint32_t recv_depth, uint32_t max_inline) {
+  ibv_qp_init_attr init{};
+  init.send_cq = send_cq;
+  init.recv_cq = recv_cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = send_depth;
+  init.cap.max_recv_wr = recv_depth;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  init.cap.max_inline_data = max_inline;
+  return init;
+}
+
 int32_t probe_max_inline(ibv_context* context, ibv_pd* pd, uint32_t send_depth,
                          uint32_t recv_depth) {
   ibv_cq* cq = ibv_create_cq(context, static_cast<int>(std::max(send_depth, recv_depth)), nullptr,
@@ -118,15 +132,7 @@ int32_t probe_max_inline(ibv_context* context, ibv_pd* pd, uint32_t send_depth,
   if (cq == nullptr) return -1;
   int32_t granted = -1;
   for (uint32_t wanted : kInlineProbes) {
-    ibv_qp_init_attr init{};
-    init.send_cq = cq;
-    init.recv_cq = cq;
-    init.qp_type = IBV_QPT_RC;
-    init.cap.max_send_wr = send_depth;
-    init.cap.max_recv_wr = recv_depth;
-    init.cap.max_send_sge = 1;
-    init.cap.max_recv_sge = 1;
-    init.cap.max_inline_data = wanted;
+    ibv_qp_init_attr init = rc_qp_attributes(cq, cq, send_depth, recv_depth, wanted);
     ibv_qp* qp = ibv_create_qp(pd, &init);
     if (qp == nullptr) continue;
     granted = static_cast<int32_t>(init.cap.max_inline_data);  // what the provider granted

@@ -11,6 +11,11 @@
 
 namespace hetmesh::detail {
 
+// The attributes of the RC QP a verbs link creates, one SGE each way: the link's QPs and the
+// probe of what inline size they get are made from this one description.
+ibv_qp_init_attr rc_qp_attributes(ibv_cq* send_cq, ibv_cq* recv_cq, uint32_t send_depth,
+                                  uint32_t recv_depth, uint32_t max_inline);
+
 // ibv_get_device_list's array, freed when this goes. A device opened from it stays open after.
 struct DeviceList {
   ibv_device** devices = nullptr;

@@ -70,6 +70,7 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
   for (int mb = 0; mb < M; ++mb)
     trace.trips.push_back(engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout));
   measured_end = now_ns();
+  engine.finish();
   std::ofstream(fs::path(o.out) / fmt::format("attention{}.trace.json", o.rank))
       << afd::trace_to_json(trace);
   std::ofstream(fs::path(o.out) / fmt::format("attention{}.info.json", o.rank)) << nlohmann::json{

@@ -73,6 +73,10 @@ EngineSpec spec_of(const FaultOptions& o, Role role) {
   return s;
 }
 
+// How long a replacement may take to join: what an A waits for it, and what an F may idle
+// meanwhile (the job pauses while a lost F is replaced; verbs on soft-RoCE takes seconds).
+constexpr std::chrono::milliseconds kJoinLimit{10000};
+
 // An instance: serves or pushes until its engine fails, then prints "error <ns> <message>". With
 // --replace it recovers instead, printing "lost <ns> <message>" when it first finds a peer lost
 // and, at an A, "good <ns>" at its first good round trip after that (or, a replacement, its first).
@@ -86,7 +90,7 @@ int run_instance(const FaultOptions& o) {
       FfnEngine engine(spec, device, *store);
       Stream stream = device.create_stream();
       bool noticed = false;
-      while (auto batch = engine.get_batch(spec.timeout)) {
+      while (auto batch = engine.get_batch(o.replace ? kJoinLimit : spec.timeout)) {
         for (const auto& part : batch->parts)
           stream.copy(part.output, part.tokens_data, uint64_t{part.tokens} * spec.hidden * 2);
         engine.respond(*batch, &stream);
@@ -107,7 +111,7 @@ int run_instance(const FaultOptions& o) {
       if (!o.replace || e.status() != kStatusPeerLost) throw e;
       if (!lost) std::cout << "lost " << now_ns() << " " << e.what() << std::endl;
       lost = true;
-      if (!engine.wait_for_peers(std::chrono::milliseconds(10000)))
+      if (!engine.wait_for_peers(kJoinLimit))
         throw Error(HM_ERR_TIMEOUT, fmt::format("no replacement joined after: {}", e.what()));
     };
     std::vector<AttentionEngine::Handle> handles(static_cast<size_t>(spec.micro_batches));
@@ -141,6 +145,7 @@ int run_instance(const FaultOptions& o) {
       }
       std::cout << "round " << round << std::endl;
     }
+    engine.finish();
     return 0;
   } catch (const std::exception& e) {
     std::cout << "error " << now_ns() << " " << e.what() << std::endl;

@@ -195,6 +195,7 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   }
   for (int mb = 0; mb < M; ++mb)
     finish(mb);
+  engine.finish();  // done: each F ends once every A has said so
 
   std::ofstream result(fs::path(o.out) / fmt::format("attention{}.bin", o.rank), std::ios::binary);
   for (const auto& v : x)

@@ -186,7 +186,13 @@ class AttentionEngine {
   // Allocates and registers every slot on `device`, publishes them through `store`, connects to
   // every F and waits for the world (bounded by spec.timeout).
   AttentionEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store);
+  // Without finish(), the F instances are told this A ended after a failure ("quit").
   ~AttentionEngine();
+
+  // This A is done: every F is told so ("leave"; an F's get_batch ends once every A has left or
+  // was lost) and the engine stops; push_pull and wait are refused from then on. Call it after
+  // the last wait. An engine that had failed says "quit" instead, and finish() throws its error.
+  void finish();
 
   // Where the caller (or its compute stream) puts micro-batch `mb`'s tokens ([tokens][hidden] in
   // the A2F dtype) and routing ([tokens][top_k] of {int32 expert, float weight}); device memory.
