@@ -18,6 +18,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -533,6 +535,50 @@ TEST(AfdReplacement, AnInstanceThatIsJoiningFollowsAPeersReplacement) {
   EXPECT_EQ(f.exit_code, 0) << f.describe();
 }
 
+// ---- the store's host dies mid-run ----
+
+// This binary as a store's host: prints the store's address, then serves until killed.
+int host_store() {
+  TcpStoreServer server("127.0.0.1:0");
+  std::cout << server.address() << std::endl;
+  for (;;)
+    pause();
+}
+
+// A running job needs its store only for replacements: when the store's host is killed mid-run,
+// every instance finishes its rounds (each answer checked) and exits 0; their rejoin threads
+// only warn that no replacement can join now.
+TEST(AfdStoreLoss, ARunningJobOutlivesItsStoresHost) {
+  ChildProcess store_host({self_executable(), "--host-store"});
+  const std::string address = store_host.read_line(kWait);
+  LocalJob job({}, address, testing::TempDir());
+  const std::vector<std::string> args = {"2", "2", "tcp", "cpu:0", "recover", "200"};
+  std::vector<ChildProcess*> children;
+  for (int f = 0; f < 2; ++f)
+    children.push_back(&job.start("ffn", f, args));
+  for (int a = 0; a < 2; ++a)
+    children.push_back(&job.start("attention", a, args));
+  for (ChildProcess* c : children)
+    ASSERT_EQ(c->read_line(kWait), "epoch 1");
+  for (int round = 0; round < 3; ++round)
+    ASSERT_EQ(children[2]->read_line(kWait), fmt::format("round {}", round));
+  store_host.kill(SIGKILL);
+  store_host.wait(kWait);
+  for (size_t i = 0; i < children.size(); ++i) {
+    std::string last;
+    try {
+      for (;;)
+        last = children[i]->read_line(kWait);
+    } catch (const Error&) {
+    }
+    ProcessResult r = children[i]->wait(kWait);
+    EXPECT_EQ(r.exit_code, 0) << "instance " << i << ": " << r.describe() << " " << last;
+    if (i >= 2) {
+      EXPECT_EQ(last, "retried 0 refused 0") << "attention " << i - 2;
+    }
+  }
+}
+
 class AfdHeartbeatTest : public testing::TestWithParam<TransportKind> {};
 
 // Heartbeats keep an idle job alive: A stays silent for three heartbeats between two rounds, and
@@ -608,6 +654,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::strcmp(argv[1], "--role") == 0) return hetmesh::afd::child_main(argc, argv);
+  if (argc == 2 && std::strcmp(argv[1], "--host-store") == 0) return hetmesh::afd::host_store();
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
