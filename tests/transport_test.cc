@@ -1,7 +1,8 @@
 // One suite for every transport (ipc, tcp, verbs), run with real processes: this binary re-runs
 // itself as the peer (--peer), which echoes every write it is notified of back into our region.
 // Memory kinds: cpu memory (host-addressable) and asic_stub device memory (not host-addressable,
-// which forces the staging paths), in every combination across the two processes. The verbs
+// which forces the staging paths), in every combination across the two processes; with a GPU,
+// cuda memory against each of them too. The verbs
 // registration fallback order has its own cases (VerbsRegistrationFallbackTest).
 #include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/subprocess.hpp>
@@ -50,6 +51,12 @@ std::string after(const std::string& line, const std::string& tag) {
 
 Device open_device(const std::string& memory) {
   return PluginRegistry::load().device(memory + ":0");
+}
+
+// Whether this machine has a device of that plugin (cuda's pairs run on the GPU machine only).
+bool has_device(const std::string& memory) {
+  auto plugin = PluginRegistry::load().find(memory);
+  return plugin && plugin->device_count() > 0;
 }
 
 // The process under test and the peer both hold one of these.
@@ -108,7 +115,7 @@ int run_peer(const std::string& kind, const std::string& memory) {
 
 struct Param {
   TransportKind kind;
-  std::string local, remote;  // memory kinds: "cpu" or "asic_stub"
+  std::string local, remote;  // memory kinds: "cpu", "asic_stub" or "cuda"
   // Registration fallback steps only: the step's name and the knobs that force it, set in both
   // processes.
   std::string step;
@@ -130,6 +137,8 @@ bool required(TransportKind kind) {
 class TransportTest : public testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
+    for (const std::string& memory : {GetParam().local, GetParam().remote})
+      if (!has_device(memory)) GTEST_SKIP() << "no " << memory << " device here";
     try {
       local_ = std::make_unique<Side>(GetParam().kind, GetParam().local);
     } catch (const Error& e) {
@@ -498,6 +507,12 @@ std::vector<Param> all_params() {
   for (TransportKind kind : {TransportKind::ipc, TransportKind::tcp, TransportKind::verbs})
     for (auto [local, remote] : {std::pair{"cpu", "cpu"}, std::pair{"asic_stub", "asic_stub"},
                                  std::pair{"cpu", "asic_stub"}, std::pair{"asic_stub", "cpu"}})
+      params.push_back({kind, local, remote});
+  // GPU memory, where a GPU is: one DMA to and from a peer's host memory over ipc, the ring to
+  // another plugin's device memory, and the staged paths of tcp.
+  for (TransportKind kind : {TransportKind::ipc, TransportKind::tcp})
+    for (auto [local, remote] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"},
+                                 std::pair{"cuda", "cuda"}, std::pair{"cuda", "asic_stub"}})
       params.push_back({kind, local, remote});
   return params;
 }

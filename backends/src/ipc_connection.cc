@@ -5,9 +5,14 @@
 //                 that plugin, and both sides are host-addressable (cpu device memory, pinned host
 //                 memory): a plain memcpy into the mapping does it, in write() itself up to
 //                 kInlineCopyBytes when nothing is pending, else on the completion thread;
-//  - device copy: the source belongs to the mapping's plugin, whose copy engine does it with
-//                 memcpy_async on the connection's stream for that plugin (a "lane"); an event
-//                 recorded behind it tells the completion thread when the bytes have landed;
+//  - device copy: one copy engine reaches both sides, and does it with memcpy_async on the
+//                 connection's stream for that device (a "lane"); an event recorded behind it
+//                 tells the completion thread when the bytes have landed. The engine is the
+//                 mapping's plugin's when the source is its device memory, or host memory
+//                 (registered with that plugin where it registers host memory); or the source
+//                 device's own when the mapping is host memory (a peer's cpu memory or pinned
+//                 memory), which it registers likewise: one DMA, device to the peer's host
+//                 memory or host to the peer's device memory, where two plugins meet;
 //  - the ring:    everything else (different plugins on the two sides, memory without IPC) goes
 //                 through the staging ring the writer owns: the completion thread copies the source
 //                 into a free slot (through a bounce buffer for device memory the host cannot
@@ -79,8 +84,15 @@ class IpcRemoteRegion : public RemoteRegion, public std::enable_shared_from_this
   // byte 0 of the region lies in this process, and whether host code may write it there.
   Lane* lane = nullptr;
   std::optional<IpcMapping> mapping;
+  void* mapping_base = nullptr;  // the whole allocation as mapped here
+  uint64_t mapping_size = 0;
   uint8_t* mapped = nullptr;
   bool host_addressable = false;
+  // A host-addressable mapping written by other devices' copy engines: by device selector, the
+  // lane and the mapping's registration with that device's plugin (the lane is null where the
+  // registration was refused). After `mapping`, so each registration goes before the mapping.
+  std::mutex writers_mutex;
+  std::map<std::string, std::pair<Lane*, std::optional<HostRegistration>>> writers;
 };
 
 // How a write reaches the peer's memory, or that the queued operation is a control message.
@@ -177,7 +189,8 @@ class IpcConnection : public Connection {
       throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
 
     Lane* lane = nullptr;
-    Route route = route_for(*source, *target, &lane);
+    // The region's bookkeeping of who writes it (writers) is mutable state of its own.
+    Route route = route_for(*source, const_cast<IpcRemoteRegion&>(*target), &lane);
     uint8_t* to = target->mapped + dst_offset;
     const uint8_t* from = static_cast<const uint8_t*>(source->base()) + src_offset;
     std::unique_lock lock(queue_mutex_);
@@ -192,12 +205,20 @@ class IpcConnection : public Connection {
     bool landed = false, deferred = false;
     switch (route) {
       case Route::device_copy:
-        deferred = ring_busy || deferred_copies_ > 0;  // a later copy must not overtake it
+        // A later copy must not overtake it: one on another engine's stream waits until the
+        // copies before it have landed.
+        deferred =
+            ring_busy || deferred_copies_ > 0 || (copies_pending_ > 0 && copies_lane_ != lane);
         if (!deferred) start_copy(*lane, slot, to, from, length);  // in the stream, in order
         deferred_copies_ += deferred;
+        ++copies_pending_;
+        copies_lane_ = lane;
         break;
       case Route::host_copy:
-        landed = length <= kInlineCopyBytes && !ring_busy && host_copies_queued_ == 0;
+        // Host and device copies meet in a host-addressable mapping that device sources write
+        // too: a host copy lands by itself only when no device copy is still on its way.
+        landed = length <= kInlineCopyBytes && !ring_busy && host_copies_queued_ == 0 &&
+                 copies_pending_ == 0;
         if (landed) std::memcpy(to, from, length);
         host_copies_queued_ += !landed;
         break;
@@ -295,15 +316,44 @@ class IpcConnection : public Connection {
   // registered with that plugin, else on the plugin's device 0. nullptr if this process has no
   // such plugin (the ring then carries the writes).
   Lane* lane_for(const std::string& plugin) {
-    std::lock_guard lock(lanes_mutex_);
-    if (auto it = lanes_.find(plugin); it != lanes_.end()) return it->second.get();
     std::optional<Device> device = shared_->registered_device_of(plugin);
     if (!device) {
       auto loaded = PluginRegistry::load().find(plugin);
       if (!loaded || loaded->device_count() == 0) return nullptr;
       device.emplace(loaded, 0);
     }
-    return lanes_.emplace(plugin, std::make_unique<Lane>(*device)).first->second.get();
+    return lane_on(*device);
+  }
+
+  // The lane on `device`, created on first use: one stream per device, so copies by one engine
+  // land in the order they were issued.
+  Lane* lane_on(const Device& device) {
+    std::lock_guard lock(lanes_mutex_);
+    auto& lane = lanes_[device.selector()];
+    if (!lane) lane = std::make_unique<Lane>(device);
+    return lane.get();
+  }
+
+  // The lane of `device`'s copy engine for writes into `dst`, a host-addressable mapping,
+  // registered with that plugin on first use where it registers host memory; nullptr if it
+  // refused.
+  Lane* writer_lane(IpcRemoteRegion& dst, const Device& device) {
+    std::lock_guard lock(dst.writers_mutex);
+    auto [it, first] = dst.writers.try_emplace(device.selector());
+    if (!first) return it->second.first;
+    try {
+      if (device.has(HM_CAP_HOST_REGISTER))
+        it->second.second.emplace(device, dst.mapping_base, dst.mapping_size);
+      it->second.first = lane_on(device);
+      log(LogLevel::debug, "ipc: region {} of peer {}: {}'s copy engine writes it directly{}",
+          dst.id, peer_id_, device.selector(), it->second.second ? " (registered with it)" : "");
+    } catch (const Error& e) {
+      log(LogLevel::info,
+          "ipc: region {} of peer {} cannot be registered with {} ({}); writes from {} memory "
+          "go through the ring",
+          dst.id, peer_id_, device.selector(), e.what(), device.selector());
+    }
+    return it->second.first;
   }
 
   // Opens the peer's allocation for zero-copy writes. A handle this process cannot open (no such
@@ -347,6 +397,8 @@ class IpcConnection : public Connection {
                   fmt::format("region descriptor of region {}: [{}, +{}) overruns the exported "
                               "allocation of {} bytes",
                               remote.id, offset, remote.size(), info.size));
+    remote.mapping_base = mapping->data();
+    remote.mapping_size = info.size;
     remote.mapped = static_cast<uint8_t*>(mapping->data()) + offset;
     remote.host_addressable = host_addressable(lane->device, mapping->data());
     remote.mapping.emplace(std::move(*mapping));
@@ -356,16 +408,29 @@ class IpcConnection : public Connection {
   // ---- issuing writes ----
 
   // Zero-copy needs the peer's memory mapped here, and either host code able to reach both sides
-  // or a copy engine that reaches both (the mapping's plugin, on the source's device or with peer
-  // copy). Anything else is staged through the ring.
-  static Route route_for(const IpcRegion& src, const IpcRemoteRegion& dst, Lane** lane) {
+  // or one copy engine that reaches both: the mapping's plugin's (for its own device memory, on
+  // the source's device or with peer copy, or for host memory), or, into a host-addressable
+  // mapping, the source device's. Anything else is staged through the ring.
+  Route route_for(const IpcRegion& src, IpcRemoteRegion& dst, Lane** lane) {
     if (dst.lane == nullptr) return Route::ring;
-    if (dst.host_addressable && src.access().direct()) return Route::host_copy;
+    const bool host_source = src.access().direct();
+    if (dst.host_addressable && host_source) return Route::host_copy;
     const Device& engine = dst.lane->device;
-    if (src.device().plugin_ptr() != engine.plugin_ptr()) return Route::ring;
-    if (src.device().index() != engine.index() && !engine.has(HM_CAP_PEER_COPY)) return Route::ring;
-    *lane = dst.lane;
-    return Route::device_copy;
+    if (src.device().plugin_ptr() == engine.plugin_ptr()) {
+      if (src.device().index() != engine.index() && !engine.has(HM_CAP_PEER_COPY))
+        return Route::ring;
+      *lane = dst.lane;
+      return Route::device_copy;
+    }
+    if (host_source && src.reachable_by(engine)) {  // host memory into the peer's device memory
+      *lane = dst.lane;
+      return Route::device_copy;
+    }
+    if (dst.host_addressable) {  // device memory into the peer's host memory
+      *lane = writer_lane(dst, src.device());
+      if (*lane != nullptr) return Route::device_copy;
+    }
+    return Route::ring;
   }
 
   // Waits (bounded) for room in the queue; returns the slot the next operation goes to.
@@ -422,6 +487,7 @@ class IpcConnection : public Connection {
         std::lock_guard lock(queue_mutex_);
         host_copies_queued_ -= op->route == Route::host_copy && !op->landed;
         ring_writes_queued_ -= op->route == Route::ring;
+        copies_pending_ -= op->route == Route::device_copy;
         deferred_copies_ -= op->deferred;
         ++head_;
       }
@@ -634,6 +700,8 @@ class IpcConnection : public Connection {
   uint64_t host_copies_queued_ = 0;
   uint64_t ring_writes_queued_ = 0;
   uint64_t deferred_copies_ = 0;
+  uint64_t copies_pending_ = 0;  // device copies not yet retired, the latest on copies_lane_
+  const Lane* copies_lane_ = nullptr;
   // Every ring chunk sent so far has been landed by the peer. Written by the completion thread.
   std::atomic<bool> ring_drained_{true};
 

@@ -56,12 +56,20 @@ class IpcRegion : public Region, public std::enable_shared_from_this<IpcRegion> 
   RegionDescriptor describe() const override { return descriptor_; }
   // The ring path's way in and out; HostAccess serialises its own users.
   HostAccess& access() const { return access_; }
+  // Whether the copy engine of `engine`'s plugin may read this region, which is host memory
+  // (access().direct()): registered with that plugin on first use and while the region lives,
+  // where the plugin registers host memory; as it is where it does not (its engine reads plain
+  // host memory, HM-R25). False if the registration was refused (logged once).
+  bool reachable_by(const Device& engine) const;
 
  private:
   std::shared_ptr<IpcShared> shared_;
   uint32_t id_;
   RegionDescriptor descriptor_;
   mutable HostAccess access_;
+  mutable std::mutex registrations_mutex_;
+  // By plugin: the registration, or nullopt where it was refused.
+  mutable std::map<const Plugin*, std::optional<HostRegistration>> registrations_;
 };
 
 }  // namespace hetmesh::detail

@@ -85,6 +85,25 @@ IpcRegion::IpcRegion(std::shared_ptr<IpcShared> shared, uint32_t id, const Devic
   descriptor_ = to_bytes(d);
 }
 
+bool IpcRegion::reachable_by(const Device& engine) const {
+  if (!engine.has(HM_CAP_HOST_REGISTER)) return true;
+  std::lock_guard lock(registrations_mutex_);
+  auto [it, first] = registrations_.try_emplace(&engine.plugin());
+  if (first) {
+    try {
+      it->second.emplace(engine, const_cast<void*>(base()), size());
+      log(LogLevel::debug, "ipc: region {} ({} bytes of {}) registered with {} for its copy engine",
+          id_, size(), device().selector(), engine.selector());
+    } catch (const Error& e) {
+      log(LogLevel::info,
+          "ipc: region {} cannot be registered with {} ({}); its writes to {} "
+          "memory go through the ring",
+          id_, engine.selector(), e.what(), engine.plugin().name());
+    }
+  }
+  return it->second.has_value();
+}
+
 IpcRegion::~IpcRegion() {
   std::lock_guard lock(shared_->regions_mutex);
   shared_->regions.erase(id_);

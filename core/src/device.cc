@@ -214,6 +214,17 @@ void IpcMapping::reset() {
   if (void* ptr = release()) release_quietly(*device_, device_->api().ipc_close, "ipc_close", ptr);
 }
 
+HostRegistration::HostRegistration(const Device& device, void* ptr, uint64_t size) {
+  call(device, device.api().host_register, "host_register", ptr, size);
+  device_ = device;
+  handle_ = ptr;
+}
+
+void HostRegistration::reset() {
+  if (void* ptr = release())
+    release_quietly(*device_, device_->api().host_unregister, "host_unregister", ptr);
+}
+
 hm_ipc_handle ipc_export(const Device& device, void* ptr) {
   hm_ipc_handle handle{};
   call(device, device.api().ipc_export, "ipc_export", ptr, &handle);

@@ -1,6 +1,7 @@
 // `hetmesh bench transport`: latency (p50, p99) and bandwidth of one transport between two
-// processes, per message size, with a baseline measured in the same run (memcpy always; more for
-// some transports) and the ratio. A second copy of this program is the peer.
+// processes, per message size, with baselines measured in the same run (memcpy, and one
+// memcpy_async of the source memory into pinned host memory through its plugin, always; more for
+// some transports) and the ratios. A second copy of this program is the peer.
 #include "commands.hpp"
 
 #include <hetmesh/core/hex.hpp>
@@ -163,6 +164,7 @@ struct Row {
   uint64_t size;
   double latency_p50_us, latency_p99_us, bandwidth_gbps;
   double memcpy_p50_us, memcpy_gbps;
+  double dma_p50_us = 0, dma_gbps = 0;  // one memcpy_async by the source's plugin, and its sync
   double tool_gbps = 0;  // the transport's own baseline tool (ucx_perftest, ib_write_bw); 0 = none
   double tool_lat_us = 0;  // ib_write_lat typical one-way latency; 0 = none
   int count = 0;           // writes in the bandwidth stream
@@ -315,6 +317,33 @@ void measure_memcpy(Row& row, int iterations) {
   row.memcpy_gbps = static_cast<double>(row.size) / (row.memcpy_p50_us * 1e3);
 }
 
+// One DMA: a single memcpy_async of the same bytes by the source's plugin, from its memory into
+// pinned host memory (the plugin's own; plain host memory where it has none), then the stream's
+// sync. The least one write of that memory to a host peer can cost, through the ABI alone.
+void measure_one_dma(Row& row, const Device& device, const Buffer& source, int iterations) {
+  Buffer pinned;
+  std::vector<uint8_t> plain;
+  void* host = nullptr;
+  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
+    pinned = device.allocate(row.size, MemoryKind::pinned_host);
+    host = pinned.data();
+  } else {
+    plain.resize(row.size);
+    host = plain.data();
+  }
+  Stream stream = device.create_stream();
+  std::vector<double> us;
+  for (int i = 0; i < iterations + 10; ++i) {
+    auto t0 = Clock::now();
+    stream.copy(host, source.data(), row.size);
+    stream.synchronize(kWait);
+    auto t1 = Clock::now();
+    if (i >= 10) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  row.dma_p50_us = percentile(us, 0.5);
+  row.dma_gbps = static_cast<double>(row.size) / (row.dma_p50_us * 1e3);
+}
+
 // Latency: a write with notification, echoed back by the peer; half the round trip.
 void measure_latency(Row& row, End& end, Connection& connection, const RemoteRegion& target,
                      int iterations, std::vector<TransportEvent>& events) {
@@ -376,10 +405,12 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
       : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
                              : " (ib_write_bw -t too), adaptive poller");
   const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
-  fmt::print("{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>9} {:>9} {:>12}\n", "size",
-             "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
-             fmt::format("{} GB/s", tool), fmt::format("{} ratio", tool),
-             o.transport == "verbs" ? "ib_lat us" : "");
+  fmt::print(
+      "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>9} {:>9} "
+      "{:>12}\n",
+      "size", "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
+      "1-DMA p50 us", "lat ratio", "bw ratio", fmt::format("{} GB/s", tool),
+      fmt::format("{} ratio", tool), o.transport == "verbs" ? "ib_lat us" : "");
   nlohmann::json out = {
       {"transport", o.transport},       {"memory", o.memory}, {"peer_memory", peer_memory},
       {"iterations", o.iterations},     {"window", o.window}, {"busy_poll", o.busy_poll},
@@ -390,16 +421,23 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
                                                          r.bandwidth_gbps / r.tool_gbps)
                                            : fmt::format("{:>9} {:>9}", "-", "-");
     if (r.tool_lat_us > 0) baseline += fmt::format(" {:>12.2f}", r.tool_lat_us);
-    fmt::print("{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {}\n",
-               human(r.size), r.latency_p50_us, r.latency_p99_us, r.bandwidth_gbps, r.memcpy_p50_us,
-               r.memcpy_gbps, ratio, baseline);
+    fmt::print(
+        "{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {:>11.2f} {:>9.2f} "
+        "{:>8.2f} | {}\n",
+        human(r.size), r.latency_p50_us, r.latency_p99_us, r.bandwidth_gbps, r.memcpy_p50_us,
+        r.memcpy_gbps, ratio, r.dma_p50_us, r.latency_p50_us / r.dma_p50_us,
+        r.bandwidth_gbps / r.dma_gbps, baseline);
     out["rows"].push_back({{"size", r.size},
                            {"latency_p50_us", r.latency_p50_us},
                            {"latency_p99_us", r.latency_p99_us},
                            {"bandwidth_GBps", r.bandwidth_gbps},
                            {"memcpy_p50_us", r.memcpy_p50_us},
                            {"memcpy_GBps", r.memcpy_gbps},
-                           {"bandwidth_ratio_to_memcpy", ratio}});
+                           {"bandwidth_ratio_to_memcpy", ratio},
+                           {"one_dma_p50_us", r.dma_p50_us},
+                           {"one_dma_GBps", r.dma_gbps},
+                           {"latency_ratio_to_one_dma", r.latency_p50_us / r.dma_p50_us},
+                           {"bandwidth_ratio_to_one_dma", r.bandwidth_gbps / r.dma_gbps}});
     if (r.tool_gbps > 0) {
       out["rows"].back()[fmt::format("{}_bw_GBps", tool)] = r.tool_gbps;
       out["rows"].back()[fmt::format("bandwidth_ratio_to_{}", tool)] =
@@ -443,6 +481,7 @@ void run_bench(const BenchOptions& o) {
     measure_latency(row, *end, *connection, *target, o.iterations, events);
     measure_bandwidth(row, *end, *connection, *target, o, events);
     measure_memcpy(row, o.iterations);
+    measure_one_dma(row, end->device, end->memory, o.iterations);
     if (!ucx_perftest.empty() && size >= 4096)
       row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(row.count, 200));
     // perftest right after our stream of the same size, so that load on a shared host drifts as

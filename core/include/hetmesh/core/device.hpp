@@ -155,6 +155,18 @@ class IpcMapping : public DeviceHandle<void*> {
 
 hm_ipc_handle ipc_export(const Device& device, void* ptr);
 
+// Host memory page-locked with a device's plugin (host_register, HM_CAP_HOST_REGISTER), so its
+// copy engine reaches it at full speed; unregistered on destruction. The memory stays mapped
+// until then.
+class HostRegistration : public DeviceHandle<void*> {
+ public:
+  HostRegistration(const Device& device, void* ptr, uint64_t size);
+  HostRegistration(HostRegistration&&) noexcept = default;
+  ~HostRegistration() { reset(); }
+  void* data() const { return handle_; }
+  void reset();
+};
+
 // An exported dma-buf, released on destruction.
 class DmaBuf {
  public:

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs THERE, on the one-GPU machine, after ci/gpu/build-and-test.sh has built build/gpu: the
+# heterogeneous data path between the GPU and other plugins' memory.
+#   1. the transport suite's cuda pairs (ipc and tcp: cuda <-> cpu, cuda <-> cuda across two
+#      processes, cuda -> asic_stub), odd sizes and offsets, many writes in flight, a peer killed;
+#   2. `hetmesh bench transport` over ipc for cuda:0 -> cpu, cpu -> cuda:0, cuda:0 -> cuda:0 (two
+#      processes on one GPU) and rocm (hip-on-cuda) -> cuda:0, each beside its same-run one-DMA
+#      baseline (one memcpy_async by the source's plugin into pinned host memory, and its sync);
+#   3. `hetmesh bench afd` with StepMesh's per-A traffic, A on cuda:0 and F on cpu:0.
+# Results go to $OUT: data-path.log, transport-*.json, bench-afd.json.
+#
+#   run(kind="nvidia-h200", carry=[".deps/gpu"], timeout_s=600,
+#       command="bash ci/gpu/build-and-test.sh >/dev/null; bash ci/gpu/data-path.sh")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+OUT=${OUT:-$PWD/build/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/data-path.log") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export LD_LIBRARY_PATH=$PWD/.deps/gpu/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+build=$PWD/build/gpu
+hetmesh=$build/bin/hetmesh
+section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
+status=0
+
+cmake --build "$build" -j "$(nproc)" --target hetmesh-cli transport_test hetmesh-device-cpu \
+  hetmesh-device-asic_stub hetmesh-device-cuda || { echo "build failed"; exit 2; }
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
+
+section "transport suite: the cuda pairs"
+timeout -k 10 300 "$build/bin/transport_test" --gtest_filter='*cuda*' --gtest_brief=1 || status=1
+
+work=$(mktemp -d)
+bench_transport() {  # NAME MEMORY PEER_MEMORY [env...]
+  local name=$1 memory=$2 peer=$3
+  shift 3
+  section "hetmesh bench transport --transport ipc --memory $memory --peer-memory $peer"
+  (cd "$work" && env "$@" timeout -k 5 120 "$hetmesh" bench transport --transport ipc \
+    --memory "$memory" --peer-memory "$peer" --sizes 8 4K 64K 896K 1792K --iterations 500 \
+    --json "$OUT/transport-$name.json") || status=1
+}
+bench_transport cuda-to-cpu cuda:0 cpu
+bench_transport cpu-to-cuda cpu cuda:0
+bench_transport cuda-to-cuda cuda:0 cuda:0
+hip_on_cuda=$build/lib/hetmesh/hip-on-cuda
+if [[ -f $hip_on_cuda/libamdhip64.so.5 ]]; then
+  bench_transport rocm-to-cuda rocm:0 cuda:0 LD_LIBRARY_PATH="$hip_on_cuda:$LD_LIBRARY_PATH"
+fi
+
+section "hetmesh bench afd: StepMesh per-A traffic, A on cuda:0, F on cpu:0"
+sed 's/^ffn = "cuda:1"/ffn = "cpu:0"/' "$root/examples/configs/stepmesh-1a1f-cuda.toml" \
+  >"$work/stepmesh-1a1f-cuda-cpu.toml"
+(cd "$work" && timeout -k 5 180 "$hetmesh" bench afd --config "$work/stepmesh-1a1f-cuda-cpu.toml" \
+  --iterations 1000 --json "$OUT/bench-afd.json") || status=1
+
+rm -rf "$work"
+section done
+exit $status
