@@ -37,6 +37,8 @@ EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
   spec.transport.listen_host = c.transport.listen_host;
   spec.transport.rdma_device = c.transport.rdma_device;
   spec.transport.gid_index = c.transport.gid_index;
+  spec.transport.staging_slots = static_cast<uint32_t>(c.transport.staging_slots);
+  spec.transport.staging_slot_bytes = static_cast<uint64_t>(c.transport.staging_slot_kib) << 10;
   spec.transport.poller_cpu = c.affinity.poller_cpu;
   spec.comm_cpus = c.affinity.comm_cpus;
   return spec;

@@ -268,14 +268,18 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
 
   c.plugins = read_plugins(reporter, root);
 
-  static constexpr std::array<std::string_view, 4> kTransport = {"kind", "listen_host",
-                                                                 "rdma_device", "gid_index"};
+  static constexpr std::array<std::string_view, 6> kTransport = {
+      "kind", "listen_host", "rdma_device", "gid_index", "staging_slots", "staging_slot_kib"};
   TomlSection transport = root.table("transport", kTransport);
   if (size_t kind = transport.choice("kind", 0, kTransportNames); kind != 0)
     c.transport.kind = parse_transport_kind(std::string(kTransportNames[kind]));
   c.transport.listen_host = transport.string("listen_host", c.transport.listen_host, false);
   c.transport.rdma_device = transport.string("rdma_device", c.transport.rdma_device);
   c.transport.gid_index = transport.small_integer("gid_index", c.transport.gid_index, -1, 65535);
+  c.transport.staging_slots =
+      transport.small_integer("staging_slots", c.transport.staging_slots, 2, 64);
+  c.transport.staging_slot_kib =
+      transport.integer("staging_slot_kib", c.transport.staging_slot_kib, 4, 64 << 10);
 
   static constexpr std::array<std::string_view, 2> kRendezvous = {"kind", "address"};
   TomlSection rendezvous = root.table("rendezvous", kRendezvous);

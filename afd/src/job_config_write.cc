@@ -55,10 +55,12 @@ std::string to_toml(const JobConfig& c) {
     for (const auto& [name, options] : c.plugins.options)
       out += fmt::format("{} = {}\n", name, toml_quote(options));
   }
-  out +=
-      fmt::format("\n[transport]\nkind = {}\nlisten_host = {}\nrdma_device = {}\ngid_index = {}\n",
-                  toml_quote(to_string(c.transport.kind)), toml_quote(c.transport.listen_host),
-                  toml_quote(c.transport.rdma_device), c.transport.gid_index);
+  out += fmt::format(
+      "\n[transport]\nkind = {}\nlisten_host = {}\nrdma_device = {}\ngid_index = {}\n"
+      "staging_slots = {}\nstaging_slot_kib = {}\n",
+      toml_quote(to_string(c.transport.kind)), toml_quote(c.transport.listen_host),
+      toml_quote(c.transport.rdma_device), c.transport.gid_index, c.transport.staging_slots,
+      c.transport.staging_slot_kib);
   out += fmt::format("\n[rendezvous]\nkind = {}\naddress = {}\n",
                      toml_quote(to_string(c.rendezvous.kind)), toml_quote(c.rendezvous.address));
   out += fmt::format("\n[tracing]\nenabled = {}\nchrome_trace = {}\nstraggler_factor = {}\n",

@@ -131,6 +131,9 @@ class IpcConnection : public Connection {
         peer_id_(link_->peer_id()),
         rings_(link_->rings()),
         credits_(rings_.outgoing.slots()),
+        ring_registered_(rings_.outgoing.slot(0),
+                         uint64_t{rings_.outgoing.slots()} * rings_.outgoing.slot_bytes(),
+                         fmt::format("ipc: the staging ring to peer {}", peer_id_)),
         queue_(kMaxInFlight) {
     progress_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "hm-ipc-progress");
@@ -611,11 +614,10 @@ class IpcConnection : public Connection {
     for (uint64_t sent = 0; sent < w.length;) {
       uint64_t n = std::min(w.length - sent, rings_.outgoing.slot_bytes());
       uint16_t slot = take_slot();
-      uint8_t* to = rings_.outgoing.slot(slot);
-      w.src->access().read(w.src_offset + sent, n, [&](const uint8_t* data, uint64_t part) {
-        std::memcpy(to, data, part);
-        to += part;
-      });
+      // Straight into the slot: by the host, or by the source device's copy engine (the ring
+      // registered with it), while the peer lands the chunk before.
+      if (!w.src->access().direct()) ring_registered_.ensure(w.src->device());
+      w.src->access().copy_out(w.src_offset + sent, n, rings_.outgoing.slot(slot));
       Frame f = make_frame(kChunk);
       f.slot = slot;
       f.region = w.dst->id;
@@ -681,6 +683,7 @@ class IpcConnection : public Connection {
   uint32_t credits_;
   uint32_t next_slot_ = 0;
   uint32_t returned_slot_ = 0;
+  HostRegistrations ring_registered_;  // the outgoing ring, with the sources' plugins
 
   std::mutex lanes_mutex_;
   std::map<std::string, std::unique_ptr<Lane>> lanes_;

@@ -13,10 +13,10 @@
 
 namespace hetmesh::detail {
 
-RingLink exchange_rings(const Fd& socket, const std::string& peer_id,
-                        std::chrono::milliseconds timeout) {
+RingLink exchange_rings(const Fd& socket, const std::string& peer_id, uint32_t slots,
+                        uint64_t slot_bytes, std::chrono::milliseconds timeout) {
   RingLink link;
-  link.outgoing = SharedRing::create(kRingSlots, kSlotBytes);
+  link.outgoing = SharedRing::create(slots, slot_bytes);
   link.messages_out = MessageRing::create(kMessageRingBytes);
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
@@ -24,7 +24,8 @@ RingLink exchange_rings(const Fd& socket, const std::string& peer_id,
                 fmt::format("socketpair for the ring credit channel: {}", std::strerror(errno)));
   link.credits_in = Fd(pair[0]);
   Fd peer_end(pair[1]);
-  Hello mine{kHelloMagic, kProtocolVersion, kRingSlots, kSlotBytes, kMessageRingBytes};
+  Hello mine{kHelloMagic, kProtocolVersion, static_cast<uint16_t>(slots), slot_bytes,
+             kMessageRingBytes};
   int fds[] = {link.outgoing.fd(), peer_end.get(), link.messages_out.fd()};
   send_with_fds(socket.get(), &mine, sizeof mine, fds, "ipc hello");
   peer_end.reset();  // only the peer holds it now, so its death reads as EOF on credits_in
@@ -74,7 +75,10 @@ IpcLink::IpcLink(ConnectionId id, std::shared_ptr<IpcShared> shared, std::string
       peer_id_(std::move(peer_id)),
       socket_(std::move(socket)),
       self_wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-      rings_(std::move(rings)) {
+      rings_(std::move(rings)),
+      ring_registered_(rings_.incoming.slot(0),
+                       uint64_t{rings_.incoming.slots()} * rings_.incoming.slot_bytes(),
+                       fmt::format("ipc: the staging ring from peer {}", peer_id_)) {
   if (!self_wake_)
     throw Error(HM_ERR_BACKEND,
                 fmt::format("eventfd for the ipc progress thread: {}", std::strerror(errno)));
@@ -237,11 +241,10 @@ void IpcLink::receive_chunk(const Frame& f, std::vector<TransportEvent>& out) {
     throw Error(kStatusProtocolError,
                 fmt::format("write to region {} at [{}, +{}) is outside its {} bytes; refused",
                             f.region, f.offset, f.length, region->size()));
-  const uint8_t* data = ring.slot(f.slot);
-  region->access().write(f.offset, f.length, [&](uint8_t* chunk, uint64_t n) {
-    std::memcpy(chunk, data, n);
-    data += n;
-  });
+  // Straight from the slot: by the host, or by the region's copy engine (the ring registered with
+  // it where it can be), while the peer fills the next slot.
+  if (!region->access().direct()) ring_registered_.ensure(region->device());
+  region->access().copy_in(f.offset, ring.slot(f.slot), f.length);
   return_slot(f.slot);
   if ((f.flags & kLastChunk) && (f.flags & kWithNotify)) {
     TransportEvent& note = out.emplace_back();

@@ -44,8 +44,8 @@ struct RingLink {
 
 // Exchanges hellos on a freshly connected socket: our outgoing rings and the peer's end of our
 // credit channel travel to the peer; the peer's rings and our end of its channel arrive here.
-RingLink exchange_rings(const Fd& socket, const std::string& peer_id,
-                        std::chrono::milliseconds timeout);
+RingLink exchange_rings(const Fd& socket, const std::string& peer_id, uint32_t slots,
+                        uint64_t slot_bytes, std::chrono::milliseconds timeout);
 
 class IpcLink {
  public:
@@ -116,6 +116,7 @@ class IpcLink {
   Fd socket_;
   Fd self_wake_;  // eventfd: a poller that leaves frames behind wakes the progress thread
   RingLink rings_;
+  HostRegistrations ring_registered_;  // the incoming ring, with the regions' plugins (reader's)
   std::atomic<bool> alive_{true};
   std::atomic<bool> closing_{false};
   std::mutex send_mutex_;  // the outgoing message ring

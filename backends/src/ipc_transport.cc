@@ -143,8 +143,10 @@ namespace {
 
 class IpcTransport : public Transport {
  public:
-  explicit IpcTransport(const TransportOptions&)
-      : shared_(make_shared_state()),
+  explicit IpcTransport(const TransportOptions& options)
+      : slots_(options.staging_slots),
+        slot_bytes_(options.staging_slot_bytes),
+        shared_(make_shared_state()),
         listener_(SocketAddress{fmt::format("unix:@hetmesh-{}", shared_->id)}, shared_->id) {}
 
   TransportKind kind() const override { return TransportKind::ipc; }
@@ -181,7 +183,7 @@ class IpcTransport : public Transport {
                               "between hosts)",
                               peer_id, host, shared_->host));
     Fd socket = connect_symmetric(listener_, shared_->id, peer_id, SocketAddress{address}, timeout);
-    RingLink rings = exchange_rings(socket, peer_id, timeout);
+    RingLink rings = exchange_rings(socket, peer_id, slots_, slot_bytes_, timeout);
     log(LogLevel::debug,
         "ipc: connected to {} at {} (staging rings: {} × {} bytes out, {} × {} in; message rings: "
         "{} bytes out, {} in)",
@@ -300,6 +302,8 @@ class IpcTransport : public Transport {
     return now - last < kActiveWindow;
   }
 
+  uint32_t slots_;
+  uint64_t slot_bytes_;
   std::shared_ptr<IpcShared> shared_;
   Listener listener_;
   std::atomic<ConnectionId> next_connection_{1};
@@ -310,6 +314,13 @@ class IpcTransport : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_ipc_transport(const TransportOptions& options) {
+  if (options.staging_slots < kMinRingSlots || options.staging_slots > kMaxRingSlots ||
+      options.staging_slot_bytes < kMinSlotBytes || options.staging_slot_bytes > kMaxSlotBytes)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("ipc: a staging ring of {} slots of {} bytes is outside {}..{} slots "
+                            "of {}..{} bytes",
+                            options.staging_slots, options.staging_slot_bytes, kMinRingSlots,
+                            kMaxRingSlots, kMinSlotBytes, kMaxSlotBytes));
   return std::make_unique<IpcTransport>(options);
 }
 

@@ -13,10 +13,9 @@ constexpr uint32_t kFrameMagic = 0x46504948;  // "HIPF"
 // 2: frames travel in a shared-memory message ring; the socket carries wake-ups only.
 constexpr uint16_t kProtocolVersion = 2;
 
-// Ring geometry of the rings this side creates: four slots pipeline the writer's copy into one
-// slot with the reader's copy out of another.
-constexpr uint32_t kRingSlots = 4;
-constexpr uint64_t kSlotBytes = 2 << 20;
+// The staging ring's geometry comes from TransportOptions (staging_slots, staging_slot_bytes).
+constexpr uint32_t kMinRingSlots = 2;
+constexpr uint64_t kMinSlotBytes = 4 << 10;
 // The message ring this side creates: thousands of frames, and always room for the largest
 // control message.
 constexpr uint64_t kMessageRingBytes = 256 << 10;

@@ -1,6 +1,9 @@
 #include "staging.hpp"
 
+#include <hetmesh/core/log.hpp>
+
 #include <algorithm>
+#include <cstring>
 
 namespace hetmesh::detail {
 
@@ -61,6 +64,42 @@ void HostAccess::write(uint64_t offset, uint64_t length,
     to_device_.stream.copy(base_ + offset + done, to_device_.data, n);
     to_device_.stream.synchronize(kCopyTimeout);
     done += n;
+  }
+}
+
+void HostAccess::copy_out(uint64_t offset, uint64_t length, uint8_t* host) {
+  if (direct()) {
+    std::memcpy(host, base_ + offset, length);
+    return;
+  }
+  std::lock_guard lock(to_host_.mutex);
+  to_host_.stream.copy(host, base_ + offset, length);
+  to_host_.stream.synchronize(kCopyTimeout);
+}
+
+void HostAccess::copy_in(uint64_t offset, const uint8_t* host, uint64_t length) {
+  if (direct()) {
+    std::memcpy(base_ + offset, host, length);
+    return;
+  }
+  std::lock_guard lock(to_device_.mutex);
+  to_device_.stream.copy(base_ + offset, host, length);
+  to_device_.stream.synchronize(kCopyTimeout);
+}
+
+void HostRegistrations::ensure(const Device& device) {
+  if (!device.has(HM_CAP_HOST_REGISTER)) return;
+  auto [it, first] = done_.try_emplace(&device.plugin());
+  if (!first) return;
+  try {
+    it->second.emplace(device, base_, size_);
+    log(LogLevel::debug, "{} ({} bytes) registered with {} for its copy engine", what_, size_,
+        device.selector());
+  } catch (const Error& e) {
+    log(LogLevel::info,
+        "{} cannot be registered with {} ({}); its copy engine reaches it as plain "
+        "host memory",
+        what_, device.selector(), e.what());
   }
 }
 

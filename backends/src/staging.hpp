@@ -5,7 +5,10 @@
 #include <hetmesh/core/device.hpp>
 
 #include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 
 namespace hetmesh::detail {
 
@@ -29,6 +32,13 @@ class HostAccess {
   void write(uint64_t offset, uint64_t length,
              const std::function<void(uint8_t*, uint64_t)>& source);
 
+  // One copy between the region and host memory, with no bounce buffer: by the host where it can
+  // address the region, else by the device's copy engine (host memory of any kind, HM-R25; at
+  // full speed where it is pinned or registered with the plugin, HostRegistrations). Returns once
+  // the bytes are there.
+  void copy_out(uint64_t offset, uint64_t length, uint8_t* host);
+  void copy_in(uint64_t offset, const uint8_t* host, uint64_t length);
+
  private:
   // One bounce buffer and stream per direction. A read's sink and a write's source may block on a
   // socket; with a single lock for both, two peers echoing into each other's staged regions wait
@@ -44,6 +54,22 @@ class HostAccess {
 
   uint8_t* base_;
   Lane to_host_, to_device_;
+};
+
+// Host memory (a staging ring) registered with each plugin that copies in or out of it, on first
+// use and while this lives; where a plugin cannot register it, its copy engine still reaches it
+// as plain host memory (HM-R25), only slower. One thread's (the ring's owner's).
+class HostRegistrations {
+ public:
+  HostRegistrations(void* base, uint64_t size, std::string what)
+      : base_(base), size_(size), what_(std::move(what)) {}
+  void ensure(const Device& device);
+
+ private:
+  void* base_;
+  uint64_t size_;
+  std::string what_;
+  std::map<const Plugin*, std::optional<HostRegistration>> done_;
 };
 
 }  // namespace hetmesh::detail

@@ -32,20 +32,44 @@ section "transport suite: the cuda pairs"
 timeout -k 10 300 "$build/bin/transport_test" --gtest_filter='*cuda*' --gtest_brief=1 || status=1
 
 work=$(mktemp -d)
-bench_transport() {  # NAME MEMORY PEER_MEMORY [env...]
+bench_transport() {  # NAME MEMORY PEER_MEMORY [bench options...] [-- env...]
   local name=$1 memory=$2 peer=$3
   shift 3
-  section "hetmesh bench transport --transport ipc --memory $memory --peer-memory $peer"
-  (cd "$work" && env "$@" timeout -k 5 120 "$hetmesh" bench transport --transport ipc \
-    --memory "$memory" --peer-memory "$peer" --sizes 8 4K 64K 896K 1792K --iterations 500 \
+  local options=() envs=()
+  while (($#)) && [[ $1 != -- ]]; do options+=("$1"); shift; done
+  (($#)) && shift && envs=("$@")
+  section "hetmesh bench transport --transport ipc --memory $memory --peer-memory $peer ${options[*]}"
+  (cd "$work" && env "${envs[@]}" timeout -k 5 120 "$hetmesh" bench transport --transport ipc \
+    --memory "$memory" --peer-memory "$peer" --iterations 500 "${options[@]}" \
     --json "$OUT/transport-$name.json") || status=1
 }
-bench_transport cuda-to-cpu cuda:0 cpu
-bench_transport cpu-to-cuda cpu cuda:0
-bench_transport cuda-to-cuda cuda:0 cuda:0
+sizes=(--sizes 8 4K 64K 896K 1792K)
+bench_transport cuda-to-cpu cuda:0 cpu "${sizes[@]}"
+bench_transport cpu-to-cuda cpu cuda:0 "${sizes[@]}"
+bench_transport cuda-to-cuda cuda:0 cuda:0 "${sizes[@]}"
+# Two processes on one GPU again, under MPS (a daemon of this run's own, private pipe directory).
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  mps=$(mktemp -d)
+  export CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    bench_transport cuda-to-cuda-mps cuda:0 cuda:0 "${sizes[@]}"
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS did not start"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+  echo "no nvidia-cuda-mps-control here: two processes on one GPU measured without MPS only"
+fi
+# Device memory of two plugins: through the staging ring, for several geometries.
 hip_on_cuda=$build/lib/hetmesh/hip-on-cuda
 if [[ -f $hip_on_cuda/libamdhip64.so.5 ]]; then
-  bench_transport rocm-to-cuda rocm:0 cuda:0 LD_LIBRARY_PATH="$hip_on_cuda:$LD_LIBRARY_PATH"
+  for geometry in "4 2048" "8 1024" "16 512" "32 256" "16 128"; do
+    read -r slots kib <<<"$geometry"
+    bench_transport "rocm-to-cuda-${slots}x${kib}" rocm:0 cuda:0 --sizes 64K 896K 1792K \
+      --staging-slots "$slots" --staging-slot-kib "$kib" -- LD_LIBRARY_PATH="$hip_on_cuda:$LD_LIBRARY_PATH"
+  done
 fi
 
 section "hetmesh bench afd: StepMesh per-A traffic, A on cuda:0, F on cpu:0"

@@ -38,6 +38,9 @@ struct BenchOptions {
   int window = 8;
   std::string json;
   bool busy_poll = false;  // verbs: the completion poller never sleeps
+  // ipc: the staging ring's geometry (TransportOptions)
+  uint32_t staging_slots = TransportOptions{}.staging_slots;
+  uint64_t staging_slot_kib = TransportOptions{}.staging_slot_bytes >> 10;
   bool peer = false;
 };
 
@@ -84,6 +87,8 @@ struct End {
     TransportOptions options;
     options.kind = parse_transport_kind(o.transport);
     options.busy_poll = o.busy_poll;
+    options.staging_slots = o.staging_slots;
+    options.staging_slot_bytes = o.staging_slot_kib << 10;
     transport = Transport::create(options);
     region = transport->register_memory(device, memory.data(), size);
   }
@@ -411,10 +416,15 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
       "size", "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
       "1-DMA p50 us", "lat ratio", "bw ratio", fmt::format("{} GB/s", tool),
       fmt::format("{} ratio", tool), o.transport == "verbs" ? "ib_lat us" : "");
-  nlohmann::json out = {
-      {"transport", o.transport},       {"memory", o.memory}, {"peer_memory", peer_memory},
-      {"iterations", o.iterations},     {"window", o.window}, {"busy_poll", o.busy_poll},
-      {"rows", nlohmann::json::array()}};
+  nlohmann::json out = {{"transport", o.transport},
+                        {"memory", o.memory},
+                        {"peer_memory", peer_memory},
+                        {"iterations", o.iterations},
+                        {"window", o.window},
+                        {"busy_poll", o.busy_poll},
+                        {"staging_slots", o.staging_slots},
+                        {"staging_slot_kib", o.staging_slot_kib},
+                        {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
     double ratio = r.bandwidth_gbps / r.memcpy_gbps;
     std::string baseline = r.tool_gbps > 0 ? fmt::format("{:>9.3f} {:>9.2f}", r.tool_gbps,
@@ -464,6 +474,8 @@ void run_bench(const BenchOptions& o) {
                                         "--transport",     o.transport,    "--memory",  peer_memory,
                                         "--sizes",         human(max_size)};
   if (o.busy_poll) peer_args.push_back("--busy-poll");
+  peer_args.insert(peer_args.end(), {"--staging-slots", std::to_string(o.staging_slots),
+                                     "--staging-slot-kib", std::to_string(o.staging_slot_kib)});
   ChildProcess peer(peer_args);
   auto peer_endpoint = from_hex(peer.read_line(kWait).substr(9), "the peer's endpoint line");
   auto peer_region = from_hex(peer.read_line(kWait).substr(7), "the peer's region line");
@@ -525,6 +537,13 @@ void add_bench_transport_command(CLI::App& bench) {
   cmd->add_option("--json", o->json, "also write the results here");
   cmd->add_flag("--busy-poll", o->busy_poll,
                 "verbs: the completion pollers of both ends spin instead of sleeping");
+  cmd->add_option("--staging-slots", o->staging_slots,
+                  "ipc: slots of each side's staging ring (between two plugins' device memories)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
+  cmd->add_option("--staging-slot-kib", o->staging_slot_kib, "ipc: bytes of a staging slot, KiB")
+      ->capture_default_str()
+      ->check(CLI::Range(4, 64 << 10));
   cmd->add_flag("--peer", o->peer, "internal: run as the benchmark's peer")->group("");
   cmd->callback([o] {
     if (o->peer) {

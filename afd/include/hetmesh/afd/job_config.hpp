@@ -96,6 +96,9 @@ struct TransportSection {
   std::string listen_host = "127.0.0.1";  // where tcp and the verbs out-of-band channel listen
   std::string rdma_device;                // verbs: "" = the first active RDMA device
   int gid_index = -1;                     // verbs: -1 = the first IPv4-mapped GID
+  // ipc: the staging ring between two plugins' device memories (TransportOptions says how).
+  int staging_slots = 16;
+  int64_t staging_slot_kib = 512;
   bool operator==(const TransportSection&) const = default;
 };
 

@@ -61,6 +61,11 @@ struct TransportOptions {
   int gid_index = -1;
   int poller_cpu = -1;
   bool busy_poll = false;
+  // ipc: the staging ring each side creates for the writes no single copy can make (between two
+  // plugins' device memories, or memory without IPC): a write goes in slot-sized chunks, the
+  // writer filling one slot while the reader empties another. 2..64 slots of 4 KiB..64 MiB.
+  uint32_t staging_slots = 16;
+  uint64_t staging_slot_bytes = 512 << 10;
 };
 
 // Serialised, transport-specific descriptions exchanged through rendezvous.
