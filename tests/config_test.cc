@@ -67,6 +67,8 @@ kind = "verbs"
 listen_host = "10.0.0.1"
 rdma_device = "mlx5_0"
 gid_index = 3
+staging_slots = 8
+staging_slot_kib = 1024
 [rendezvous]
 kind = "tcp"
 address = "[::1]:29500"
@@ -95,6 +97,8 @@ poller_cpu = 4
   EXPECT_EQ(c.transport.kind, TransportKind::verbs);
   EXPECT_EQ(c.transport.rdma_device, "mlx5_0");
   EXPECT_EQ(c.transport.gid_index, 3);
+  EXPECT_EQ(c.transport.staging_slots, 8);
+  EXPECT_EQ(c.transport.staging_slot_kib, 1024);
   EXPECT_EQ(c.rendezvous.address, "[::1]:29500");
   EXPECT_FALSE(c.tracing.enabled);
   EXPECT_EQ(c.tracing.chrome_trace, "");
@@ -153,6 +157,11 @@ TEST(ConfigTest, OutOfRangeValues) {
             "job.toml:3:1: [job] gather_window_ms: expected an integer in 1..500, got 501");
   EXPECT_EQ(error_of("[transport]\ngid_index = -2\n"),
             "job.toml:2:1: [transport] gid_index: expected an integer in -1..65535, got -2");
+  EXPECT_EQ(error_of("[transport]\nstaging_slots = 1\n"),
+            "job.toml:2:1: [transport] staging_slots: expected an integer in 2..64, got 1");
+  EXPECT_EQ(
+      error_of("[transport]\nstaging_slot_kib = 65537\n"),
+      "job.toml:2:1: [transport] staging_slot_kib: expected an integer in 4..65536, got 65537");
   EXPECT_EQ(error_of("[tracing]\nstraggler_factor = 0.5\n"),
             "job.toml:2:1: [tracing] straggler_factor: expected a number > 1, got 0.5");
   EXPECT_EQ(error_of("[affinity]\ncomm_cpus = [1,\n  -3]\n"),

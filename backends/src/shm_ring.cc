@@ -100,8 +100,10 @@ SharedRing SharedRing::adopt(Fd fd, uint32_t slots, uint64_t slot_bytes) {
   uint64_t bytes = ring_bytes(slots, slot_bytes);
   check_peer_memfd(fd.get(), bytes, fmt::format("{} × {}", slots, slot_bytes));
   SharedRing ring;
-  // Read-only: this side only ever copies out of the peer's ring.
-  ring.base_ = map_ring(fd.get(), bytes, PROT_READ, "incoming");
+  // Read-write, though this side only copies out of the peer's ring: a copy engine registers only
+  // writable memory (cuMemHostRegister refuses a read-only mapping), and the writer never reads
+  // its slots back, so nothing written here reaches the peer.
+  ring.base_ = map_ring(fd.get(), bytes, PROT_READ | PROT_WRITE, "incoming");
   ring.fd_ = std::move(fd);
   ring.slots_ = slots;
   ring.slot_bytes_ = slot_bytes;

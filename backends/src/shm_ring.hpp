@@ -30,7 +30,7 @@ class SharedRing {
   // A new ring of `slots` × `slot_bytes`, mapped read-write and sealed against resizing, so a
   // reader that maps it can never fault on a page that vanished.
   static SharedRing create(uint32_t slots, uint64_t slot_bytes);
-  // Maps a peer's ring read-only. Throws Error(kStatusProtocolError) unless `fd` is a memfd sealed
+  // Maps a peer's ring (read-write: see adopt). Throws Error(kStatusProtocolError) unless `fd` is a memfd sealed
   // against shrinking and at least slots × slot_bytes long.
   static SharedRing adopt(Fd fd, uint32_t slots, uint64_t slot_bytes);
 

@@ -151,6 +151,7 @@ AfdBenchResults collect(const BenchRun& run) {
   if (!o.trace.empty()) afd::write_chrome_trace(o.trace, traces);
   r.memcpy_us = c.job.ffn * (memcpy_p50_us(r.a2f_bytes, 200) + memcpy_p50_us(r.f2a_bytes, 200));
   r.memcpy_parallel_us = memcpy_parallel_p50_us(spec, 200);
+  r.raw_pair_us = raw_pair_p50_us(c, r.a2f_bytes, r.f2a_bytes, 200);
   if (o.bare) r.bare = afd::percentiles(bare);
   return r;
 }

@@ -4,6 +4,7 @@
 //   bench_afd_roles.cc      the engine's attention and FFN instances
 //   bench_afd_bare.cc       the bare-transport baseline's instances: the same writes, no engine
 //   bench_afd_memcpy.cc     the memcpy baselines
+//   bench_afd_pair.cc       the raw pair: the device copies alone, when A or F is a device
 //   bench_afd_report.cc     the table and the JSON
 #pragma once
 
@@ -52,6 +53,10 @@ afd::EngineSpec pinned(afd::EngineSpec spec, const AfdBenchOptions& o);
 double memcpy_p50_us(uint64_t bytes, int samples);
 // p50 of one A's round trip done as memcpys with the engine's parallelism and slot layout.
 double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples);
+// p50 of the raw pair (bench_afd_pair.cc) for `a2f` bytes out and `f2a` back per F; nullopt when
+// both A's and F's memories are host-addressable (no device copy to make).
+std::optional<double> raw_pair_p50_us(const afd::JobConfig& c, uint64_t a2f, uint64_t f2a,
+                                      int samples);
 
 // ---- the report ----
 
@@ -61,6 +66,7 @@ struct AfdBenchResults {
   uint64_t bytes_per_round_trip = 0;      // per A: ffn x (a2f + f2a)
   double memcpy_us = 0, memcpy_parallel_us = 0;
   std::optional<afd::Percentiles> bare;  // the bare transport's round trips, unless --no-bare
+  std::optional<double> raw_pair_us;     // the device copies alone, when A or F is a device
   double throughput_gbps = 0;            // all A, both directions
   uint64_t registered = 0;               // bytes, the instances on this host
   bool all_instances = true;             // every instance of the job ran on this host

@@ -49,8 +49,16 @@ void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
         "{:<30} {:>10.1f} {:>10.1f}   same processes and writes + notifications, {} "
         "micro-batches in flight, no engine\n",
         "bare transport round trip", r.bare->p50, r.bare->p99, c.job.micro_batches);
+  if (r.raw_pair_us)
+    fmt::print(
+        "{:<30} {:>10.1f} {:>10}   each plugin's memcpy_async to and from its pinned memory, "
+        "one after another, no transport\n",
+        "raw pair (device copies)", *r.raw_pair_us, "");
   fmt::print("{:<30} {:>10.2f}x  (the issue's target: 1.5x)\n", "round trip / memcpy (serial)",
              rt.p50 / r.memcpy_us);
+  if (r.raw_pair_us)
+    fmt::print("{:<30} {:>10.2f}x  (target: 1.5x)\n", "round trip / raw pair",
+               rt.p50 / *r.raw_pair_us);
   fmt::print("{:<30} {:>10.2f}x\n", "round trip / memcpy (parallel)",
              rt.p50 / r.memcpy_parallel_us);
   if (r.bare)
@@ -85,6 +93,9 @@ nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
       {"memcpy_parallel_baseline_us", r.memcpy_parallel_us},
       {"bare_transport_round_trip_us",
        r.bare ? nlohmann::json{{"p50", r.bare->p50}, {"p99", r.bare->p99}} : nlohmann::json()},
+      {"raw_pair_us", r.raw_pair_us ? nlohmann::json(*r.raw_pair_us) : nlohmann::json()},
+      {"round_trip_over_raw_pair",
+       r.raw_pair_us ? nlohmann::json(rt.p50 / *r.raw_pair_us) : nlohmann::json()},
       {"round_trip_over_memcpy", rt.p50 / r.memcpy_us},
       {"round_trip_over_memcpy_parallel", rt.p50 / r.memcpy_parallel_us},
       {"round_trip_over_bare_transport",

@@ -97,8 +97,8 @@ struct TransportSection {
   std::string rdma_device;                // verbs: "" = the first active RDMA device
   int gid_index = -1;                     // verbs: -1 = the first IPv4-mapped GID
   // ipc: the staging ring between two plugins' device memories (TransportOptions says how).
-  int staging_slots = 16;
-  int64_t staging_slot_kib = 512;
+  int staging_slots = 4;
+  int64_t staging_slot_kib = 2048;
   bool operator==(const TransportSection&) const = default;
 };
 

@@ -63,9 +63,11 @@ struct TransportOptions {
   bool busy_poll = false;
   // ipc: the staging ring each side creates for the writes no single copy can make (between two
   // plugins' device memories, or memory without IPC): a write goes in slot-sized chunks, the
-  // writer filling one slot while the reader empties another. 2..64 slots of 4 KiB..64 MiB.
-  uint32_t staging_slots = 16;
-  uint64_t staging_slot_bytes = 512 << 10;
+  // writer filling one slot while the reader empties another. 2..64 slots of 4 KiB..64 MiB. Big
+  // slots won on an H200 (docs/benchmarks.md): each chunk costs two stream syncs and a wake-up
+  // on top of its copies, more than the overlap of smaller chunks saves.
+  uint32_t staging_slots = 4;
+  uint64_t staging_slot_bytes = 2 << 20;
 };
 
 // Serialised, transport-specific descriptions exchanged through rendezvous.
