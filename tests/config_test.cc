@@ -1,5 +1,6 @@
 // The job config: defaults, the full schema, every validation rule with its exact message
 // (file:line:column, key path), the effective-config printer, and every example file.
+#include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/job_config.hpp>
 #include <hetmesh/core/error.hpp>
 
@@ -105,6 +106,28 @@ poller_cpu = 4
   EXPECT_EQ(c.tracing.straggler_factor, 2.0);  // an integer where a float is expected is fine
   EXPECT_EQ(c.affinity.comm_cpus, (std::vector<int>{2, 3}));
   EXPECT_EQ(c.affinity.poller_cpu, 4);
+}
+
+// An A and an F on one GPU as two processes pay the GPU's context switch on every hop: the demo
+// and the bench say so, unless MPS shares the GPU.
+TEST(ConfigTest, AdvisesMpsWhenAnAAndAnFShareAGpu) {
+  auto shared = shared_device_advice(
+      parse_config("[devices]\nattention = \"cuda:0\"\nffn = \"cuda:0\"\n", "job.toml"));
+  ASSERT_TRUE(shared.has_value());
+  EXPECT_NE(shared->find("share cuda:0 as separate processes"), std::string::npos) << *shared;
+  EXPECT_NE(shared->find("nvidia-cuda-mps-control -d"), std::string::npos) << *shared;
+  EXPECT_FALSE(shared_device_advice(parse_config("", "job.toml")));  // cpu:0 both
+  EXPECT_FALSE(shared_device_advice(
+      parse_config("[devices]\nattention = \"cuda:0\"\nffn = \"cpu:0\"\n", "job.toml")));
+  // With MPS's control pipe where CUDA_MPS_PIPE_DIRECTORY says, nothing to advise.
+  std::filesystem::path pipe = std::filesystem::path(testing::TempDir()) / "mps-pipe";
+  std::filesystem::create_directories(pipe);
+  std::ofstream(pipe / "control") << "";
+  setenv("CUDA_MPS_PIPE_DIRECTORY", pipe.c_str(), 1);
+  EXPECT_FALSE(shared_device_advice(
+      parse_config("[devices]\nattention = \"cuda:0\"\nffn = \"cuda:0\"\n", "job.toml")));
+  unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+  std::filesystem::remove_all(pipe);
 }
 
 TEST(ConfigTest, DtypeSizes) {

@@ -1,6 +1,11 @@
 // From a job config to an instance's engine spec and the plugins it loads (job.hpp).
 #include <hetmesh/afd/job.hpp>
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+
 namespace hetmesh::afd {
 
 TransportSelection single_host_transport_choice(const JobConfig& c) {
@@ -42,6 +47,25 @@ EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
   spec.transport.poller_cpu = c.affinity.poller_cpu;
   spec.comm_cpus = c.affinity.comm_cpus;
   return spec;
+}
+
+std::optional<std::string> shared_device_advice(const JobConfig& c) {
+  for (const std::string& a : c.devices.attention) {
+    if (a.rfind("cpu:", 0) == 0 || a.rfind("asic_stub:", 0) == 0) continue;
+    if (std::find(c.devices.ffn.begin(), c.devices.ffn.end(), a) == c.devices.ffn.end()) continue;
+    const char* pipe = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+    const bool mps =
+        a.rfind("cuda:", 0) == 0 &&
+        std::filesystem::exists(std::filesystem::path(pipe ? pipe : "/tmp/nvidia-mps") / "control");
+    if (mps) return std::nullopt;
+    return fmt::format(
+        "note: an attention and an FFN instance share {} as separate processes: the GPU "
+        "time-slices their contexts (about 175 us per hop on an H200, whatever the size). On "
+        "NVIDIA, start MPS first (nvidia-cuda-mps-control -d), which brought that to 12 us "
+        "(docs/deploying.md)",
+        a);
+  }
+  return std::nullopt;
 }
 
 PluginRegistry load_plugins(const JobConfig& c) {

@@ -176,6 +176,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
   auto interrupted = [] { return 128 + afd::InterruptGuard::signal(); };
   const afd::LocalInstances local = afd::parse_instances(o.instances, c);
   check_memory(c, local, o);
+  if (auto advice = afd::shared_device_advice(c)) fmt::print("{}\n", *advice);
   fs::path dir = afd::make_job_folder("hetmesh-bench-afd");
   const afd::FolderRemover remove_dir(dir);
   std::ofstream(dir / "job.toml") << afd::to_toml(c);

@@ -400,6 +400,7 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
       c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
       c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
   if (!local.everything(c)) fmt::print("{}\n", afd::describe_share(local, store));
+  if (auto advice = afd::shared_device_advice(c)) fmt::print("{}\n", *advice);
   std::fflush(stdout);  // an invocation on another host needs the store's address now
 
   std::optional<std::pair<std::string, int>> replace;

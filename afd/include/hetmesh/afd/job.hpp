@@ -8,6 +8,7 @@
 #include <hetmesh/transport/selection.hpp>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,12 @@ void refuse_unless_memory_fits(const std::vector<MemoryNeed>& needs, const std::
                                const std::string& advice);
 // In bytes, "1.5 GiB" style.
 std::string format_bytes(double bytes);
+
+// When an A and an F of this host run on the same GPU (one device selector, not the cpu
+// plugin's) as separate processes, what that costs and what to do: two processes' contexts
+// time-slice one GPU, about 175 us per hop on an H200 whatever the size, unless the GPU is shared
+// through NVIDIA's MPS (seen from CUDA_MPS_PIPE_DIRECTORY or MPS's default pipe). nullopt else.
+std::optional<std::string> shared_device_advice(const JobConfig& config);
 
 // A new folder <temporary folder>/<prefix>-<pid>/ for a job's files. The temporary folder comes
 // from TMPDIR (or TMP, TEMP, TEMPDIR), else /tmp; one that is missing or not writable is an
