@@ -30,8 +30,9 @@ class SharedRing {
   // A new ring of `slots` × `slot_bytes`, mapped read-write and sealed against resizing, so a
   // reader that maps it can never fault on a page that vanished.
   static SharedRing create(uint32_t slots, uint64_t slot_bytes);
-  // Maps a peer's ring (read-write: see adopt). Throws Error(kStatusProtocolError) unless `fd` is a memfd sealed
-  // against shrinking and at least slots × slot_bytes long.
+  // Maps a peer's ring, read-write so that a copy engine can register it (this side only reads
+  // it). Throws Error(kStatusProtocolError) unless `fd` is a memfd sealed against shrinking and at
+  // least slots × slot_bytes long.
   static SharedRing adopt(Fd fd, uint32_t slots, uint64_t slot_bytes);
 
   int fd() const { return fd_.get(); }
