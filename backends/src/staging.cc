@@ -26,11 +26,12 @@ bool host_addressable(const Device& device, const void* ptr) {
 HostAccess::HostAccess(const Device& device, void* base, uint64_t size)
     : base_(static_cast<uint8_t*>(base)) {
   if (host_addressable(device, base)) return;
-  set_up(to_host_, device, std::min(size, kChunk));
-  set_up(to_device_, device, std::min(size, kChunk));
+  set_up(to_host_, device, 2 * std::max<uint64_t>(1, std::min(size, kPiece)));
+  set_up(to_device_, device, 2 * std::max<uint64_t>(1, std::min(size, kPiece)));
 }
 
 void HostAccess::set_up(Lane& lane, const Device& device, uint64_t bytes) {
+  lane.bytes = bytes;
   lane.stream = device.create_stream();
   if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
     lane.pinned = device.allocate(bytes, MemoryKind::pinned_host);
@@ -41,16 +42,29 @@ void HostAccess::set_up(Lane& lane, const Device& device, uint64_t bytes) {
   }
 }
 
+// The bounce buffer's two halves take turns, a piece at a time: the copy engine fills (or
+// empties) one while the caller's sink (or source) works on the other, so a staged send overlaps
+// the socket or the NIC with the device copy of the next piece.
+uint64_t HostAccess::piece(const Lane& lane) {
+  return lane.bytes / 2;
+}
+
 void HostAccess::read(uint64_t offset, uint64_t length,
                       const std::function<void(const uint8_t*, uint64_t)>& sink) {
   if (direct()) return sink(base_ + offset, length);
   std::lock_guard lock(to_host_.mutex);
-  for (uint64_t done = 0; done < length;) {
-    uint64_t n = std::min(length - done, kChunk);
-    to_host_.stream.copy(to_host_.data, base_ + offset + done, n);
-    to_host_.stream.synchronize(kCopyTimeout);
-    sink(to_host_.data, n);
+  const uint64_t step = piece(to_host_);
+  uint8_t* half[2] = {to_host_.data, to_host_.data + step};
+  uint64_t n = std::min(length, step);
+  to_host_.stream.copy(half[0], base_ + offset, n);
+  to_host_.stream.synchronize(kCopyTimeout);
+  for (uint64_t done = 0, k = 0; done < length; ++k) {
+    const uint64_t next = std::min(length - done - n, step);
+    if (next > 0) to_host_.stream.copy(half[(k + 1) % 2], base_ + offset + done + n, next);
+    sink(half[k % 2], n);
+    if (next > 0) to_host_.stream.synchronize(kCopyTimeout);
     done += n;
+    n = next;
   }
 }
 
@@ -58,13 +72,16 @@ void HostAccess::write(uint64_t offset, uint64_t length,
                        const std::function<void(uint8_t*, uint64_t)>& source) {
   if (direct()) return source(base_ + offset, length);
   std::lock_guard lock(to_device_.mutex);
-  for (uint64_t done = 0; done < length;) {
-    uint64_t n = std::min(length - done, kChunk);
-    source(to_device_.data, n);
-    to_device_.stream.copy(base_ + offset + done, to_device_.data, n);
-    to_device_.stream.synchronize(kCopyTimeout);
+  const uint64_t step = piece(to_device_);
+  uint8_t* half[2] = {to_device_.data, to_device_.data + step};
+  for (uint64_t done = 0, k = 0; done < length; ++k) {
+    const uint64_t n = std::min(length - done, step);
+    source(half[k % 2], n);  // while the piece before is still on its way to the device
+    if (k > 0) to_device_.stream.synchronize(kCopyTimeout);  // that piece's half is free again
+    to_device_.stream.copy(base_ + offset + done, half[k % 2], n);
     done += n;
   }
+  to_device_.stream.synchronize(kCopyTimeout);
 }
 
 void HostAccess::copy_out(uint64_t offset, uint64_t length, uint8_t* host) {

@@ -17,7 +17,8 @@ bool host_addressable(const Device& device, const void* ptr);
 
 class HostAccess {
  public:
-  static constexpr uint64_t kChunk = 4 << 20;
+  // The bounce buffer holds two pieces of this size (or of the region's, if smaller).
+  static constexpr uint64_t kPiece = 512 << 10;
 
   // Sets up a bounce buffer and stream if the region is not host-addressable (at registration,
   // never on the hot path).
@@ -49,8 +50,10 @@ class HostAccess {
     Buffer pinned;
     std::vector<uint8_t> plain;  // when the plugin has no pinned memory
     uint8_t* data = nullptr;
+    uint64_t bytes = 0;
   };
   void set_up(Lane& lane, const Device& device, uint64_t bytes);
+  static uint64_t piece(const Lane& lane);
 
   uint8_t* base_;
   Lane to_host_, to_device_;
