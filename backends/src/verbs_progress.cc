@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 namespace hetmesh::detail {
 namespace {
@@ -64,38 +65,55 @@ void CompletionPoller::pin() {
     log(LogLevel::info, "verbs: completion poller pinned to CPU {}", cpu);
 }
 
+int VerbsShared::progress_locked(ibv_wc* wcs) {
+  if (uint64_t now_version = links_version; now_version != progress_version) {
+    std::lock_guard lock(links_mutex);
+    progress_links = links;
+    progress_version = links_version;
+  }
+  int n = 0;
+  for (auto& link : progress_links)
+    n += link->poll(wcs);
+  return n;
+}
+
 // Busy, or adaptive: spin for kSpin after the last completion, then arm the CQs and block on the
-// completion channel, kBlockMs at a time so that stop() never waits long.
+// completion channel, kBlockMs at a time so that stop() never waits long. While a caller of
+// poll() spins on the queues itself, a busy poller steps aside (on a small machine the two would
+// take each other's core).
 void CompletionPoller::run() {
   pin();
   const bool busy = shared_->options.busy_poll;
-  std::vector<std::shared_ptr<VerbsLink>> links;
-  uint64_t version = ~uint64_t{0};
   ibv_wc wcs[2 * kPollBatch];
   auto idle_since = Clock::now();
   auto async_checked = idle_since;
   for (uint64_t round = 0; !stopping_; ++round) {
-    if (uint64_t now_version = shared_->links_version; now_version != version) {
-      std::lock_guard lock(shared_->links_mutex);
-      links = shared_->links;
-      version = shared_->links_version;
-    }
-    if (round % 256 == 0 && Clock::now() - async_checked > kAsyncCheck) {
-      handle_async_events(links);
-      async_checked = Clock::now();
-    }
     int n = 0;
-    for (auto& link : links)
-      n += link->poll(wcs);
+    bool no_links = false;
+    {
+      std::lock_guard lock(shared_->progress_mutex);
+      if (round % 256 == 0 && Clock::now() - async_checked > kAsyncCheck) {
+        handle_async_events(shared_->progress_links);
+        async_checked = Clock::now();
+      }
+      n = shared_->progress_locked(wcs);
+      no_links = shared_->progress_links.empty();
+    }
     if (n > 0) {
       idle_since = Clock::now();
       continue;
     }
-    if (!links.empty() && (busy || Clock::now() - idle_since < kSpin)) continue;
-    for (auto& link : links)
-      link->arm();
-    for (auto& link : links)
-      n += link->poll(wcs);  // what arrived before the CQs were armed
+    if (busy && shared_->callers_polling.load(std::memory_order_relaxed) > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      continue;
+    }
+    if (!no_links && (busy || Clock::now() - idle_since < kSpin)) continue;
+    {
+      std::lock_guard lock(shared_->progress_mutex);
+      for (auto& link : shared_->progress_links)
+        link->arm();
+      n = shared_->progress_locked(wcs);  // what arrived before the CQs were armed
+    }
     if (n > 0) {
       idle_since = Clock::now();
       continue;
@@ -104,7 +122,10 @@ void CompletionPoller::run() {
                      {shared_->wake.get(), POLLIN, 0},
                      {shared_->context->context()->async_fd, POLLIN, 0}};
     ::poll(fds, 3, kBlockMs);
-    if (fds[2].revents != 0) handle_async_events(links);
+    if (fds[2].revents != 0) {
+      std::lock_guard lock(shared_->progress_mutex);
+      handle_async_events(shared_->progress_links);
+    }
     ibv_cq* cq = nullptr;
     void* context = nullptr;
     while (ibv_get_cq_event(shared_->channel, &cq, &context) == 0)

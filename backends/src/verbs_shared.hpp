@@ -75,6 +75,10 @@ struct VerbsShared {
   // staged copy) for the delivery thread (verbs_progress.cc).
   void deliver(VerbsDelivery delivery);
 
+  // Polls every link's completion queues once, handling what it finds; progress_mutex held.
+  // Returns how many completions it handled (verbs_progress.cc).
+  int progress_locked(ibv_wc* wcs);
+
   std::string id;
   std::shared_ptr<VerbsContext> context;
   TransportOptions options;
@@ -90,6 +94,14 @@ struct VerbsShared {
   std::mutex links_mutex;
   std::vector<std::shared_ptr<VerbsLink>> links;  // what the poller serves
   std::atomic<uint64_t> links_version{0};
+
+  // The completion queues are polled by the poller thread, or by a caller of poll() that spins
+  // for its event (so that a completion reaches it without a thread's wake-up): one at a time,
+  // so each link's completions are handled in order.
+  std::mutex progress_mutex;
+  std::vector<std::shared_ptr<VerbsLink>> progress_links;  // links, as of progress_version
+  uint64_t progress_version = ~uint64_t{0};
+  std::atomic<int> callers_polling{0};  // a busy poller leaves the queues to them meanwhile
 
   std::mutex delivery_mutex;
   std::condition_variable delivery_ready;

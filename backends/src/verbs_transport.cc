@@ -16,10 +16,12 @@
 #include "verbs_shared.hpp"
 
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/spin.hpp>
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -127,14 +129,38 @@ class VerbsTransport : public Transport {
     return std::make_shared<VerbsConnection>(std::move(link));
   }
 
+  // Waits for events. A caller that spins (SpinPolicy says spinning pays here, or the transport
+  // busy-polls) polls the completion queues itself meanwhile, whenever the poller thread is not
+  // at them: its completion then reaches it without a wake-up of the poller and one of its own.
   size_t poll(std::vector<TransportEvent>& out, std::chrono::nanoseconds timeout) override {
-    return shared_->events.poll(out, timeout);
+    const bool busy = shared_->options.busy_poll;
+    const auto start = Clock::now();
+    bool spun = false;
+    if (timeout.count() > 0 && shared_->events.empty() && (busy || spin_.should_spin())) {
+      spun = true;
+      const auto until = start + (busy ? timeout : std::chrono::nanoseconds(SpinPolicy::kSpin));
+      ibv_wc wcs[2 * kPollBatch];
+      shared_->callers_polling.fetch_add(1, std::memory_order_relaxed);
+      for (int i = 0; shared_->events.empty(); ++i) {
+        if (std::unique_lock lock(shared_->progress_mutex, std::try_to_lock); lock)
+          shared_->progress_locked(wcs);
+        if ((i & 15) == 15 && Clock::now() >= until) break;
+        cpu_relax();
+      }
+      shared_->callers_polling.fetch_sub(1, std::memory_order_relaxed);
+    }
+    const auto left = std::max(std::chrono::nanoseconds(0), timeout - (Clock::now() - start));
+    size_t n = shared_->events.poll(
+        out, spun && !shared_->events.empty() ? std::chrono::nanoseconds(0) : left);
+    if (timeout.count() > 0) spin_.record(Clock::now() - start, spun);
+    return n;
   }
 
  private:
   std::shared_ptr<VerbsShared> shared_;
   Listener listener_;
   std::atomic<ConnectionId> next_connection_{1};
+  SpinPolicy spin_;  // the polling caller's
   // Started last (they need the completion channel and the eventfd), stopped first.
   std::optional<CompletionPoller> poller_;
   std::optional<DeliveryThread> delivery_;
