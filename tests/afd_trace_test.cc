@@ -296,15 +296,28 @@ TEST(DemoLaunchTest, TwoInvocationsShareOneJob) {
       (dir / "trace.json").string());
   std::string config = (dir / "job.toml").string();
   ChildProcess attention({HETMESH_CLI, "demo", "--config", config, "--instances", "attention"});
-  std::string store, output;
+  std::string store, secret, output;
   while (store.empty()) {
     std::string line = attention.read_line(std::chrono::seconds(60));
     output += line + "\n";
     if (auto at = line.find("rendezvous store "); at != std::string::npos)
       store = line.substr(at + 17, line.find(' ', at + 17) - at - 17);
+    if (auto at = line.find("job secret in "); at != std::string::npos)
+      secret = line.substr(at + 14, line.find(' ', at + 14) - at - 14);
   }
+  ASSERT_FALSE(secret.empty()) << output;
+  {  // Without the job's secret the second invocation is refused at its first store request.
+    ProcessResult r = run_process(
+        {HETMESH_CLI, "demo", "--config", config, "--instances", "ffn:0-1", "--store", store},
+        std::chrono::seconds(60));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE((r.out + r.err).find("does not hold the job's secret"), std::string::npos)
+        << r.out << r.err;
+  }
+  setenv("HETMESH_JOB_SECRET_FILE", secret.c_str(), 1);
   ChildProcess ffn(
       {HETMESH_CLI, "demo", "--config", config, "--instances", "ffn:0-1", "--store", store});
+  unsetenv("HETMESH_JOB_SECRET_FILE");
   std::string ffn_output;
   try {
     for (;;)

@@ -12,12 +12,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 namespace hetmesh {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 
 struct CliRun {
   ProcessResult result;
@@ -81,6 +83,17 @@ TEST(CliRefusal, ShapeTooBigToAllocateIsAnErrorNotAnAbort) {
   if (available_gib() > 2000) GTEST_SKIP() << "this machine has room for the bench job";
   run = run_cli({"bench", "afd", "--config", dir.file("slots.toml")});
   expect_refused(run, {dir.file("slots.toml") + ": this job needs about ", "attention 7: "});
+}
+
+// A store that other hosts can reach needs the secret every host reads: a launcher refuses to host
+// one on 0.0.0.0 with a secret of its own making that nobody else could learn, and names the key.
+TEST(CliRefusal, AStoreBeyondLoopbackWithoutASecretFileIsRefused) {
+  fs::path config = fs::path(testing::TempDir()) / fmt::format("wide-{}.toml", getpid());
+  std::ofstream(config) << "[rendezvous]\naddress = \"0.0.0.0:0\"\n";
+  CliRun run = run_cli({"demo", "--config", config.string()});
+  expect_refused(run, {"[rendezvous] address 0.0.0.0:0 is reachable from other hosts",
+                       "[rendezvous] secret_file"});
+  fs::remove(config);
 }
 
 TEST(CliRefusal, MissingTemporaryFolderIsNamed) {

@@ -73,6 +73,7 @@ staging_slot_kib = 1024
 [rendezvous]
 kind = "tcp"
 address = "[::1]:29500"
+secret_file = "/etc/hetmesh/job.secret"
 [tracing]
 enabled = false
 chrome_trace = ""
@@ -101,6 +102,7 @@ poller_cpu = 4
   EXPECT_EQ(c.transport.staging_slots, 8);
   EXPECT_EQ(c.transport.staging_slot_kib, 1024);
   EXPECT_EQ(c.rendezvous.address, "[::1]:29500");
+  EXPECT_EQ(c.rendezvous.secret_file, "/etc/hetmesh/job.secret");
   EXPECT_FALSE(c.tracing.enabled);
   EXPECT_EQ(c.tracing.chrome_trace, "");
   EXPECT_EQ(c.tracing.straggler_factor, 2.0);  // an integer where a float is expected is fine

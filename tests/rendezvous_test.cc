@@ -12,6 +12,7 @@
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -22,7 +23,10 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <iostream>
 #include <mutex>
@@ -34,6 +38,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using Bytes = std::vector<uint8_t>;
+namespace fs = std::filesystem;
 
 constexpr milliseconds kWait{20000};
 
@@ -552,6 +557,32 @@ class RawClient {
     EXPECT_EQ(connect(fd_, reinterpret_cast<sockaddr*>(&in), sizeof in), 0) << std::strerror(errno);
   }
   ~RawClient() { close(fd_); }
+  // The client's half of the store's challenge-response, by hand: true if the store accepted
+  // `secret`. `client_label` is what the client MACs (the protocol's own label, unless a test
+  // forges another).
+  bool prove(const JobSecret& secret, const std::string& client_label = "hetmesh store client") {
+    Bytes challenge(40), answer(72), verdict(33);
+    if (!receive(challenge)) return false;
+    std::copy(challenge.begin(), challenge.begin() + 8, answer.begin());
+    for (size_t i = 0; i < 32; ++i)
+      answer[8 + i] = static_cast<uint8_t>(i * 7 + 3);
+    JobSecret::Mac mac = secret.mac(client_label, std::span(challenge).subspan(8, 32),
+                                    std::span(answer).subspan(8, 32));
+    std::copy(mac.begin(), mac.end(), answer.begin() + 40);
+    send_bytes(answer);
+    return receive(verdict) && verdict[0] == 0;
+  }
+  bool receive(Bytes& out) {
+    size_t got = 0;
+    while (got < out.size()) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 5000) <= 0) return false;
+      ssize_t n = recv(fd_, out.data() + got, out.size() - got, 0);
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  }
   void send_bytes(const Bytes& data) {
     EXPECT_EQ(send(fd_, data.data(), data.size(), MSG_NOSIGNAL), static_cast<ssize_t>(data.size()));
   }
@@ -587,6 +618,129 @@ Bytes header(uint32_t magic, uint8_t version, uint8_t op, uint32_t key_length,
   return out;
 }
 
+// ---- the job secret ----
+
+// A client that does not prove the store's secret reads and changes nothing, and the real client
+// goes on; the refusal is logged with the client's address. Both halves prove themselves: a
+// client never trusts a store that cannot prove the secret back.
+TEST(RendezvousSecret, AClientWithoutTheSecretReadsAndChangesNothing) {
+  LogCapture log;
+  JobSecret secret = JobSecret::generate();
+  TcpStoreServer server("127.0.0.1:0", secret);
+  auto store = connect_tcp_store(server.address(), kWait, secret);
+  store->set("endpoint", {7});
+  for (const JobSecret& wrong : {JobSecret::none(), JobSecret::generate()}) {
+    try {
+      auto stranger = connect_tcp_store(server.address(), kWait, wrong);
+      ADD_FAILURE() << "a client with the wrong secret was served";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), kStatusNotAuthorized) << e.what();
+      EXPECT_NE(std::string(e.what()).find("does not hold the job's secret"), std::string::npos)
+          << e.what();
+    }
+    // By hand: the refused connection is closed before any request is read.
+    RawClient raw(server.address());
+    EXPECT_FALSE(raw.prove(wrong));
+    raw.send_bytes(header(0x564b4d48, 2, 1, 8, 1));
+    EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+  }
+  // A MAC of the server's own label (a reflected answer) is no proof either.
+  RawClient reflected(server.address());
+  EXPECT_FALSE(reflected.prove(secret, "hetmesh store server"));
+  EXPECT_TRUE(log.saw("refusing 127.0.0.1:")) << log.all();
+  EXPECT_TRUE(log.saw("it does not hold the job's secret")) << log.all();
+  EXPECT_EQ(store->try_get("endpoint"), Bytes{7});
+  RawClient real(server.address());
+  EXPECT_TRUE(real.prove(secret));
+  // What the handshake costs a connection (both HMACs and a round trip, on loopback).
+  constexpr int kConnections = 200;
+  auto start = Clock::now();
+  for (int i = 0; i < kConnections; ++i)
+    connect_tcp_store(server.address(), kWait, secret)->try_get("endpoint");
+  std::printf(
+      "[ figure ] a store connection with the secret's handshake and one request: %.3f ms\n",
+      std::chrono::duration<double, std::milli>(Clock::now() - start).count() / kConnections);
+  // A store that does not hold the client's secret is not the job's store: refused by the client.
+  TcpStoreServer other("127.0.0.1:0", JobSecret::generate());
+  try {
+    connect_tcp_store(other.address(), kWait, secret);
+    ADD_FAILURE() << "a client trusted a store without its secret";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), kStatusNotAuthorized) << e.what();
+  }
+}
+
+// A connection that does not open with the store's hello (an HTTP probe, a client of version 1)
+// is closed and logged; one that says nothing costs the store a bounded wait, not a thread forever.
+TEST(RendezvousSecret, AConnectionThatDoesNotOpenWithTheHelloIsClosed) {
+  LogCapture log;
+  TcpStoreServer server("127.0.0.1:0");
+  RawClient raw(server.address());
+  Bytes challenge(40);
+  ASSERT_TRUE(raw.receive(challenge));
+  raw.send_bytes(
+      bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: "
+            "x\r\n\r\n12345678901234567890123456789012"));
+  EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+  EXPECT_TRUE(log.saw("did not open with the store's hello")) << log.all();
+}
+
+// Beyond loopback the store refuses to listen without a secret: anyone could reach it.
+TEST(RendezvousSecret, NoStoreListensBeyondLoopbackWithoutASecret) {
+  unsetenv(JobSecret::kFileVariable);
+  try {
+    TcpStoreServer server("0.0.0.0:0");
+    ADD_FAILURE() << "listened on 0.0.0.0 without a secret";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("without the job's secret"), std::string::npos)
+        << e.what();
+  }
+  TcpStoreServer with_secret("0.0.0.0:0", JobSecret::generate());  // with one, it may
+}
+
+// The secret's file: written 0600, read back the same; refused when others may read it, when it
+// is not 64 hex digits, or missing; the environment variable names it for a launcher's children.
+TEST(RendezvousSecret, TheSecretFileIsPrivateAndChecked) {
+  fs::path dir = fs::path(testing::TempDir()) / fmt::format("secret-{}", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  JobSecret secret = JobSecret::generate();
+  const std::string path = (dir / "job.secret").string();
+  secret.write_file(path);
+  EXPECT_EQ(fs::status(path).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  Bytes nonce(32, 1);
+  EXPECT_TRUE(JobSecret::same(JobSecret::read_file(path).mac("x", nonce, nonce),
+                              secret.mac("x", nonce, nonce)));
+  EXPECT_FALSE(
+      JobSecret::same(JobSecret::generate().mac("x", nonce, nonce), secret.mac("x", nonce, nonce)));
+  EXPECT_THROW(secret.write_file(path), Error);  // never over an existing file
+  setenv(JobSecret::kFileVariable, path.c_str(), 1);
+  ASSERT_TRUE(JobSecret::from_environment().has_value());
+  TcpStoreServer server("127.0.0.1:0");  // both ends take the secret from the environment
+  auto store = connect_tcp_store(server.address(), kWait);
+  store->set("k", {1});
+  EXPECT_THROW(connect_tcp_store(server.address(), kWait, JobSecret::none()), Error);
+  unsetenv(JobSecret::kFileVariable);
+  auto said = [](const std::string& file) {
+    try {
+      JobSecret::read_file(file);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  fs::permissions(path, fs::perms::group_read, fs::perm_options::add);
+  EXPECT_NE(said(path).find("others may read it"), std::string::npos) << said(path);
+  const std::string short_file = (dir / "short").string();
+  std::ofstream(short_file) << "abcd\n";
+  fs::permissions(short_file, fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_NE(said(short_file).find("expected 64 hex digits"), std::string::npos) << said(short_file);
+  EXPECT_NE(said((dir / "missing").string()).find("No such file"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(RendezvousFailure, MalformedFramesCloseOnlyThatConnection) {
   LogCapture log;
   TcpStoreServer server("127.0.0.1:0");
@@ -599,16 +753,17 @@ TEST(RendezvousFailure, MalformedFramesCloseOnlyThatConnection) {
   } cases[] = {
       {bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "malformed request: bad magic"},
       {header(kMagic, 9, 1, 1, 0), "malformed request: protocol version 9"},
-      {header(kMagic, 1, 77, 1, 0), "malformed request: unknown op 77"},
-      {header(kMagic, 1, 1, 5000, 0), "malformed request: key length 5000 is outside 1..4096"},
-      {header(kMagic, 1, 1, 0, 0), "malformed request: key length 0 is outside 1..4096"},
-      {header(kMagic, 1, 1, 1, (16u << 20) + 1), "malformed request: set with a value of 16777217"},
-      {header(kMagic, 1, 2, 1, 3), "malformed request: get with a value of 3 bytes"},
-      {header(kMagic, 1, 4, 1, 0xffffffffu), "malformed request: add with a value of 4294967295"},
+      {header(kMagic, 2, 77, 1, 0), "malformed request: unknown op 77"},
+      {header(kMagic, 2, 1, 5000, 0), "malformed request: key length 5000 is outside 1..4096"},
+      {header(kMagic, 2, 1, 0, 0), "malformed request: key length 0 is outside 1..4096"},
+      {header(kMagic, 2, 1, 1, (16u << 20) + 1), "malformed request: set with a value of 16777217"},
+      {header(kMagic, 2, 2, 1, 3), "malformed request: get with a value of 3 bytes"},
+      {header(kMagic, 2, 4, 1, 0xffffffffu), "malformed request: add with a value of 4294967295"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.logged);
     RawClient raw(server.address());
+    ASSERT_TRUE(raw.prove(JobSecret::none()));
     raw.send_bytes(c.frame);
     EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
     EXPECT_TRUE(log.saw(c.logged)) << log.all();
@@ -618,7 +773,8 @@ TEST(RendezvousFailure, MalformedFramesCloseOnlyThatConnection) {
   // A client that dies mid-header costs nothing either.
   {
     RawClient raw(server.address());
-    Bytes partial = header(kMagic, 1, 1, 100, 100);
+    ASSERT_TRUE(raw.prove(JobSecret::none()));
+    Bytes partial = header(kMagic, 2, 1, 100, 100);
     partial.resize(10);
     raw.send_bytes(partial);
   }

@@ -281,7 +281,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.transport.staging_slot_kib =
       transport.integer("staging_slot_kib", c.transport.staging_slot_kib, 4, 64 << 10);
 
-  static constexpr std::array<std::string_view, 2> kRendezvous = {"kind", "address"};
+  static constexpr std::array<std::string_view, 3> kRendezvous = {"kind", "address", "secret_file"};
   TomlSection rendezvous = root.table("rendezvous", kRendezvous);
   // "etcd" is a known name, so it gets "not supported yet" rather than "unknown value".
   static constexpr std::array<std::string_view, 2> kRendezvousKinds = {"tcp", "etcd"};
@@ -292,6 +292,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   if (!valid_host_port(c.rendezvous.address))
     rendezvous.fail("address", fmt::format("expected host:port (IPv6 as [addr]:port), got {}",
                                            toml_quote(c.rendezvous.address)));
+  c.rendezvous.secret_file = rendezvous.string("secret_file", c.rendezvous.secret_file);
 
   static constexpr std::array<std::string_view, 3> kTracing = {"enabled", "chrome_trace",
                                                                "straggler_factor"};

@@ -61,8 +61,9 @@ std::string to_toml(const JobConfig& c) {
       toml_quote(to_string(c.transport.kind)), toml_quote(c.transport.listen_host),
       toml_quote(c.transport.rdma_device), c.transport.gid_index, c.transport.staging_slots,
       c.transport.staging_slot_kib);
-  out += fmt::format("\n[rendezvous]\nkind = {}\naddress = {}\n",
-                     toml_quote(to_string(c.rendezvous.kind)), toml_quote(c.rendezvous.address));
+  out += fmt::format("\n[rendezvous]\nkind = {}\naddress = {}\nsecret_file = {}\n",
+                     toml_quote(to_string(c.rendezvous.kind)), toml_quote(c.rendezvous.address),
+                     toml_quote(c.rendezvous.secret_file));
   out += fmt::format("\n[tracing]\nenabled = {}\nchrome_trace = {}\nstraggler_factor = {}\n",
                      c.tracing.enabled, toml_quote(c.tracing.chrome_trace),
                      toml_float(c.tracing.straggler_factor));

@@ -3,6 +3,7 @@
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/socket.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +16,7 @@
 #include <charconv>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -171,12 +173,38 @@ LocalInstances parse_instances(const std::vector<std::string>& values, const Job
   return {{attention.begin(), attention.end()}, {ffn.begin(), ffn.end()}};
 }
 
-JobStore::JobStore(const JobConfig& config, const std::string& join) {
+JobStore::JobStore(const JobConfig& config, const std::string& join,
+                   const std::filesystem::path& folder) {
+  std::optional<JobSecret> secret;
+  std::string file = config.rendezvous.secret_file;
+  if (!file.empty())
+    secret = JobSecret::read_file(file);
+  else if ((secret = JobSecret::from_environment()))
+    file = std::getenv(JobSecret::kFileVariable);
+  if (!secret && join.empty()) {
+    // A job of this launcher's own gets a secret for it alone; one across hosts must name the
+    // file every host reads, since nobody else could learn this one.
+    const auto where = net::resolve(config.rendezvous.address, /*passive=*/true, "store address");
+    if (!net::is_loopback(where.front()))
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("[rendezvous] address {} is reachable from other hosts: name the "
+                              "job's secret file, [rendezvous] secret_file, which every host of "
+                              "the job reads (made with: head -c 32 /dev/urandom | xxd -p -c 64 > "
+                              "FILE; chmod 600 FILE)",
+                              config.rendezvous.address));
+    secret = JobSecret::generate();
+    file = (folder / "job.secret").string();
+    secret->write_file(file);
+  }
+  if (secret) {
+    secret_file_ = std::filesystem::absolute(file).string();
+    ::setenv(JobSecret::kFileVariable, secret_file_.c_str(), 1);
+  }
   if (!join.empty()) {
     address_ = join;
     return;
   }
-  server_ = std::make_unique<TcpStoreServer>(config.rendezvous.address);
+  server_ = std::make_unique<TcpStoreServer>(config.rendezvous.address, secret);
   address_ = server_->address();
 }
 
@@ -191,8 +219,13 @@ std::string describe_share(const LocalInstances& local, const JobStore& store) {
   auto ranks = [](const std::vector<int>& r) {
     return r.empty() ? std::string("none") : fmt::format("{}", fmt::join(r, ","));
   };
-  return fmt::format("here: attention {}, ffn {}; rendezvous store {} ({})", ranks(local.attention),
-                     ranks(local.ffn), store.address(), store.hosted() ? "hosted here" : "joined");
+  return fmt::format("here: attention {}, ffn {}; rendezvous store {} ({}){}",
+                     ranks(local.attention), ranks(local.ffn), store.address(),
+                     store.hosted() ? "hosted here" : "joined",
+                     store.hosted() && !store.secret_file().empty()
+                         ? fmt::format("; job secret in {} (other invocations: {}=FILE)",
+                                       store.secret_file(), JobSecret::kFileVariable)
+                         : "");
 }
 
 LocalJob::LocalJob(std::vector<std::string> command, std::string store, std::string out,

@@ -16,6 +16,7 @@ packages=(
   libtomlplusplus-dev libtomlplusplus3
   libfmt-dev libfmt9
   libcli11-dev nlohmann-json3-dev
+  libssl-dev libssl3  # the job secret: libcrypto's HMAC and random bytes
   libgtest-dev libgmock-dev
   libamdhip64-dev libhsa-runtime-dev  # headers only: the rocm plugin and hip-on-cuda build there
 )

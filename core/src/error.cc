@@ -32,6 +32,8 @@ const char* status_name(hm_status status) {
       return "PROTOCOL_ERROR";
     case kStatusJobFailed:
       return "JOB_FAILED";
+    case kStatusNotAuthorized:
+      return "NOT_AUTHORIZED";
     default:
       return "HM_STATUS_UNKNOWN";
   }

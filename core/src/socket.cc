@@ -141,6 +141,19 @@ std::vector<Address> resolve(std::string_view host_port, bool passive, std::stri
   return addresses;
 }
 
+bool is_loopback(const Address& address) {
+  if (address.family() == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&address.storage);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address.family() == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&address.storage);
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 Address unix_abstract(std::string_view name, std::string_view what) {
   Address address;
   auto* un = reinterpret_cast<sockaddr_un*>(&address.storage);

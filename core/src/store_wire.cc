@@ -39,6 +39,24 @@ void check_common(const uint8_t* raw) {
 
 }  // namespace
 
+void put_hello_head(uint8_t* p) {
+  put_u32(p, kHelloMagic);
+  p[4] = kVersion;
+  p[5] = p[6] = p[7] = 0;
+}
+
+void check_hello_head(const uint8_t* p) {
+  if (get_u32(p) != kHelloMagic)
+    throw Malformed(
+        fmt::format("the connection did not open with the store's hello (0x{:08x}): a "
+                    "client of another version, or not a store client",
+                    get_u32(p)));
+  if (p[4] != kVersion)
+    throw Malformed(
+        fmt::format("hello of protocol version {} (this build speaks {})", p[4], kVersion));
+  if (p[5] != 0 || p[6] != 0 || p[7] != 0) throw Malformed("reserved hello bits are set");
+}
+
 const char* op_name(uint8_t op) {
   switch (op) {
     case kSet:

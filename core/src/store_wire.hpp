@@ -1,7 +1,13 @@
-// The embedded TCP store's wire protocol, version 1: frame layout, encoding and checked decoding.
+// The embedded TCP store's wire protocol, version 2: frame layout, encoding and checked decoding.
 //
-// Every integer is little-endian. A client sends requests and reads one reply to each, in order,
-// on one connection.
+// Every integer is little-endian. Each connection first proves the job's secret, both ways
+// (job_secret.hpp), before a request is read:
+//   server:  u32 magic "HMKA" | u8 version | 3 zero | server nonce (32)
+//   client:  u32 magic "HMKA" | u8 version | 3 zero | client nonce (32)
+//            | HMAC(secret, "hetmesh store client" | server nonce | client nonce)
+//   server:  u8 verdict (0 accepted, 1 refused) | HMAC(secret, "hetmesh store server" | client
+//            nonce | server nonce), zeros when refused
+// Then a client sends requests and reads one reply to each, in order, on one connection.
 //   request:  u32 magic "HMKV" | u8 version | u8 op | u16 zero | u32 key_len | u32 value_len
 //             | key | value
 //   reply:    u32 magic "HMKV" | u8 version | u8 status | u16 zero | u32 value_len | value
@@ -23,7 +29,14 @@
 namespace hetmesh::store_wire {
 
 constexpr uint32_t kMagic = 0x564b4d48;  // "HMKV" as little-endian bytes
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;
+constexpr uint32_t kHelloMagic = 0x414b4d48;  // "HMKA"
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kChallengeBytes = 8 + kNonceBytes;
+constexpr size_t kAnswerBytes = 8 + kNonceBytes + 32;
+constexpr size_t kVerdictBytes = 1 + 32;
+inline constexpr const char* kClientLabel = "hetmesh store client";
+inline constexpr const char* kServerLabel = "hetmesh store server";
 constexpr size_t kRequestHeaderBytes = 16;
 constexpr size_t kReplyHeaderBytes = 12;
 
@@ -58,6 +71,10 @@ class Malformed : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// The 8 bytes that open a challenge or an answer; checks them (Malformed).
+void put_hello_head(uint8_t* p);
+void check_hello_head(const uint8_t* p);
 
 // Checks a received header (kRequestHeaderBytes or kReplyHeaderBytes of it) and its lengths.
 Frame decode_request(const uint8_t* raw);

@@ -27,8 +27,12 @@ constexpr milliseconds kConnectRetry{10};
 class TcpStoreClient final : public KeyValueStore {
  public:
   TcpStoreClient(std::string address, std::vector<net::Address> resolved, net::Fd first,
-                 milliseconds io_timeout)
-      : address_(std::move(address)), resolved_(std::move(resolved)), io_timeout_(io_timeout) {
+                 milliseconds io_timeout, JobSecret secret)
+      : address_(std::move(address)),
+        resolved_(std::move(resolved)),
+        io_timeout_(io_timeout),
+        secret_(secret) {
+    prove(first.get(), net::Clock::now() + io_timeout_);
     idle_.push_back(std::move(first));
   }
 
@@ -70,7 +74,7 @@ class TcpStoreClient final : public KeyValueStore {
   std::string describe() const override { return "tcp store " + address_; }
 
   std::unique_ptr<KeyValueStore> clone() const override {
-    return connect_tcp_store(address_, io_timeout_);
+    return connect_tcp_store(address_, io_timeout_, secret_);
   }
 
  private:
@@ -133,9 +137,46 @@ class TcpStoreClient final : public KeyValueStore {
     }
     int error = 0;
     for (const net::Address& a : resolved_)
-      if (net::Fd fd = net::try_connect(a, deadline, error)) return fd;
+      if (net::Fd fd = net::try_connect(a, deadline, error)) {
+        prove(fd.get(), deadline);
+        return fd;
+      }
     throw fail(fmt::format("cannot reconnect: {} (is the store's host still running?)",
                            std::strerror(error)));
+  }
+
+  // The client's half of store_wire.hpp's challenge-response on a new connection.
+  void prove(int fd, const net::Deadline& deadline) {
+    try {
+      uint8_t challenge[kChallengeBytes];
+      if (!net::recv_exact(fd, challenge, sizeof challenge, "the challenge", deadline))
+        throw Error(kStatusPeerLost, "the store closed the connection");
+      check_hello_head(challenge);
+      std::span<const uint8_t> server_nonce(challenge + 8, kNonceBytes);
+      uint8_t answer[kAnswerBytes];
+      put_hello_head(answer);
+      std::span<uint8_t> client_nonce(answer + 8, kNonceBytes);
+      random_bytes(client_nonce);
+      JobSecret::Mac mine = secret_.mac(kClientLabel, server_nonce, client_nonce);
+      std::memcpy(answer + 8 + kNonceBytes, mine.data(), mine.size());
+      net::send_all(fd, answer, sizeof answer, "the answer", deadline);
+      uint8_t verdict[kVerdictBytes];
+      if (!net::recv_exact(fd, verdict, sizeof verdict, "the verdict", deadline))
+        throw Error(kStatusPeerLost, "the store closed the connection");
+      if (verdict[0] != 0)
+        throw Error(kStatusNotAuthorized,
+                    fmt::format("{} refused this process: it does not hold the job's secret "
+                                "(the file {} names, or [rendezvous] secret_file)",
+                                describe(), JobSecret::kFileVariable));
+      JobSecret::Mac theirs;
+      std::memcpy(theirs.data(), verdict + 1, theirs.size());
+      if (!JobSecret::same(theirs, secret_.mac(kServerLabel, client_nonce, server_nonce)))
+        throw Error(kStatusNotAuthorized,
+                    fmt::format("{} does not hold this job's secret: it is not this job's store",
+                                describe()));
+    } catch (const Malformed& e) {
+      throw Error(kStatusProtocolError, fmt::format("{}: bad hello: {}", describe(), e.what()));
+    }
   }
 
   void release(net::Fd fd) {
@@ -146,17 +187,21 @@ class TcpStoreClient final : public KeyValueStore {
   std::string address_;
   std::vector<net::Address> resolved_;
   milliseconds io_timeout_;
+  JobSecret secret_;
   std::mutex mutex_;  // guards idle_
   std::vector<net::Fd> idle_;
 };
 
 }  // namespace
 
-std::unique_ptr<KeyValueStore> connect_tcp_store(const std::string& address, milliseconds timeout) {
+std::unique_ptr<KeyValueStore> connect_tcp_store(const std::string& address, milliseconds timeout,
+                                                 std::optional<JobSecret> secret) {
+  if (!secret) secret = JobSecret::from_environment();
   std::vector<net::Address> found = net::resolve(address, /*passive=*/false, "store address");
   // The server may simply not listen yet: refused connections are retried until the timeout.
   net::Fd fd = net::connect_with_retry(found, timeout, kConnectRetry, "tcp store " + address);
-  return std::make_unique<TcpStoreClient>(address, std::move(found), std::move(fd), timeout);
+  return std::make_unique<TcpStoreClient>(address, std::move(found), std::move(fd), timeout,
+                                          secret.value_or(JobSecret::none()));
 }
 
 }  // namespace hetmesh

@@ -50,7 +50,7 @@ constexpr size_t kMaxClients = 1024;
 
 class TcpStoreServer::Impl {
  public:
-  explicit Impl(const std::string& listen);
+  Impl(const std::string& listen, std::optional<JobSecret> secret);
   ~Impl();
   const std::string& address() const { return address_; }
 
@@ -71,6 +71,7 @@ class TcpStoreServer::Impl {
   void wake();
   void reap();
   void serve(Client& client);
+  bool authenticate(Client& client);
   bool serve_one(Client& client);
   // Returns nullopt when the server is stopping and the request gets no reply.
   std::optional<Reply> execute(int fd, const Frame& frame, const std::string& key,
@@ -78,6 +79,7 @@ class TcpStoreServer::Impl {
   Reply add(const std::string& key, int64_t delta);
 
   std::string address_;
+  JobSecret secret_ = JobSecret::none();
   Fd listener_;
   Fd wake_;  // eventfd: wakes the accept thread to reap a finished client, or to stop
 
@@ -91,9 +93,17 @@ class TcpStoreServer::Impl {
   std::thread acceptor_;
 };
 
-TcpStoreServer::Impl::Impl(const std::string& listen) {
-  listener_ = net::listen_on(net::resolve(listen, /*passive=*/true, "store address").front(),
-                             "tcp store " + listen);
+TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> secret) {
+  if (!secret) secret = JobSecret::from_environment();
+  const net::Address where = net::resolve(listen, /*passive=*/true, "store address").front();
+  if (!secret && !net::is_loopback(where))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("tcp store: refusing to listen on {} without the job's secret: anyone "
+                            "who reaches it could read and change the job's keys (name a secret "
+                            "file: [rendezvous] secret_file, or {})",
+                            listen, JobSecret::kFileVariable));
+  if (secret) secret_ = *secret;
+  listener_ = net::listen_on(where, "tcp store " + listen);
   address_ = net::to_string(net::local_address(listener_.get()));
   wake_ = Fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_)
@@ -180,8 +190,9 @@ void TcpStoreServer::Impl::reap() {
 
 void TcpStoreServer::Impl::serve(Client& client) {
   try {
-    while (!stopping_ && serve_one(client)) {
-    }
+    if (authenticate(client))
+      while (!stopping_ && serve_one(client)) {
+      }
   } catch (const Malformed& e) {
     log(LogLevel::warn, "tcp store {}: closing the connection from {}: malformed request: {}",
         address_, client.peer, e.what());
@@ -195,6 +206,37 @@ void TcpStoreServer::Impl::serve(Client& client) {
   client.fd.shutdown();
   client.done = true;
   wake();
+}
+
+// The challenge-response of store_wire.hpp, bounded by kFrameTimeout: false (logged) if the
+// client does not prove the job's secret.
+bool TcpStoreServer::Impl::authenticate(Client& client) {
+  int fd = client.fd.get();
+  net::Deadline deadline = Clock::now() + kFrameTimeout;
+  uint8_t challenge[kChallengeBytes];
+  put_hello_head(challenge);
+  std::span<uint8_t> server_nonce(challenge + 8, kNonceBytes);
+  random_bytes(server_nonce);
+  net::send_all(fd, challenge, sizeof challenge, "the challenge", deadline);
+  uint8_t answer[kAnswerBytes];
+  if (!net::recv_exact(fd, answer, sizeof answer, "the answer", deadline)) return false;
+  check_hello_head(answer);
+  std::span<const uint8_t> client_nonce(answer + 8, kNonceBytes);
+  JobSecret::Mac claimed;
+  std::memcpy(claimed.data(), answer + 8 + kNonceBytes, claimed.size());
+  uint8_t verdict[kVerdictBytes] = {};
+  const bool proven =
+      JobSecret::same(claimed, secret_.mac(kClientLabel, server_nonce, client_nonce));
+  if (proven) {
+    JobSecret::Mac mine = secret_.mac(kServerLabel, client_nonce, server_nonce);
+    std::memcpy(verdict + 1, mine.data(), mine.size());
+  } else {
+    verdict[0] = 1;
+    log(LogLevel::warn, "tcp store {}: refusing {}: it does not hold the job's secret", address_,
+        client.peer);
+  }
+  net::send_all(fd, verdict, sizeof verdict, "the verdict", deadline);
+  return proven;
 }
 
 bool TcpStoreServer::Impl::serve_one(Client& client) {
@@ -287,7 +329,8 @@ TcpStoreServer::Impl::Reply TcpStoreServer::Impl::add(const std::string& key, in
   return Reply{kOk, encode_i64(next)};
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& listen) : impl_(std::make_unique<Impl>(listen)) {}
+TcpStoreServer::TcpStoreServer(const std::string& listen, std::optional<JobSecret> secret)
+    : impl_(std::make_unique<Impl>(listen, std::move(secret))) {}
 TcpStoreServer::~TcpStoreServer() = default;
 std::string TcpStoreServer::address() const {
   return impl_->address();

@@ -107,6 +107,9 @@ struct RendezvousSection {
   // host:port of the store. Port 0 (the default) lets the hosting process pick a free port and
   // report it, which is what a single-host job wants; multi-node jobs name a fixed port.
   std::string address = "127.0.0.1:0";
+  // The job secret's file (job_secret.hpp): what every host of a job across hosts reads. Empty: a
+  // launcher that hosts the store makes one for the job.
+  std::string secret_file;
   bool operator==(const RendezvousSection&) const = default;
 };
 

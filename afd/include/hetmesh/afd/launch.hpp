@@ -35,16 +35,22 @@ struct LocalInstances {
 LocalInstances parse_instances(const std::vector<std::string>& values, const JobConfig& config);
 
 // The store of an invocation: hosted here (at the config's [rendezvous] address) unless `join`
-// names one to connect to.
+// names one to connect to; and the job's secret. The secret is the config's [rendezvous]
+// secret_file, or the one this process was handed (HETMESH_JOB_SECRET_FILE); else a store hosted
+// here makes one, in a 0600 file in `folder`. Its file is then named in this process's
+// HETMESH_JOB_SECRET_FILE, which the instances it starts inherit (never their command lines).
 class JobStore {
  public:
-  JobStore(const JobConfig& config, const std::string& join);
+  JobStore(const JobConfig& config, const std::string& join, const std::filesystem::path& folder);
   const std::string& address() const { return address_; }
   bool hosted() const { return static_cast<bool>(server_); }
+  // The job secret's file ("" when the job has none: a store joined without one).
+  const std::string& secret_file() const { return secret_file_; }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
   std::string address_;
+  std::string secret_file_;
 };
 
 // "here: attention 0,1, ffn none; rendezvous store HOST:PORT (hosted here)": what an invocation

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/job_secret.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -56,9 +57,12 @@ class KeyValueStore {
 // process of the job (the engine's launcher); it lives as long as this object.
 class TcpStoreServer {
  public:
-  // Listens on "host:port" ("[::1]:port" for IPv6); port 0 picks a free one. Throws Error if it
-  // cannot listen.
-  explicit TcpStoreServer(const std::string& listen);
+  // Listens on "host:port" ("[::1]:port" for IPv6); port 0 picks a free one. Every connection
+  // must prove `secret` (job_secret.hpp) before a request is read; without one (nullopt: the one
+  // JobSecret::from_environment() finds, if any) the store serves only loopback addresses, and
+  // refuses to listen beyond them. Throws Error if it cannot listen.
+  explicit TcpStoreServer(const std::string& listen,
+                          std::optional<JobSecret> secret = std::nullopt);
   // Stops accepting, disconnects every client (their calls fail with kStatusPeerLost) and joins
   // every thread.
   ~TcpStoreServer();
@@ -75,11 +79,15 @@ class TcpStoreServer {
 };
 
 // Connects to a TcpStoreServer at "host:port", retrying until it is up or `timeout` passes
-// (Error(HM_ERR_TIMEOUT)). The same timeout bounds each later request's round trip; get() waits
-// its own timeout on top. The store is safe to share between threads: concurrent calls use
-// separate connections, so one thread's blocking get() never holds up another's set().
+// (Error(HM_ERR_TIMEOUT)), and proves `secret` on each of its connections (nullopt: the one
+// JobSecret::from_environment() finds, else none); a store that refuses it is
+// Error(kStatusNotAuthorized), and one that cannot prove the same secret back is refused. The
+// same timeout bounds each later request's round trip; get() waits its own timeout on top. The
+// store is safe to share between threads: concurrent calls use separate connections, so one
+// thread's blocking get() never holds up another's set().
 std::unique_ptr<KeyValueStore> connect_tcp_store(const std::string& address,
-                                                 std::chrono::milliseconds timeout);
+                                                 std::chrono::milliseconds timeout,
+                                                 std::optional<JobSecret> secret = std::nullopt);
 
 // How often a rendezvous wait looks for its job's published failure.
 constexpr std::chrono::milliseconds kFailureCheck{100};

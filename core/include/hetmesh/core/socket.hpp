@@ -64,6 +64,8 @@ std::vector<Address> resolve(std::string_view host_port, bool passive, std::stri
 Address unix_abstract(std::string_view name, std::string_view what);
 // "host:port", "[v6]:port", or "@name" for an abstract unix socket.
 std::string to_string(const Address& address);
+// Whether only this host can reach it: 127.0.0.0/8, ::1, or ::ffff:127.x.
+bool is_loopback(const Address& address);
 // The address a socket is bound to: a listener's real port.
 Address local_address(int fd);
 
