@@ -685,6 +685,37 @@ TEST(RendezvousSecret, AConnectionThatDoesNotOpenWithTheHelloIsClosed) {
   EXPECT_TRUE(log.saw("did not open with the store's hello")) << log.all();
 }
 
+// The store's caps: past its keys or its bytes a set or an add is refused with OUT_OF_MEMORY
+// naming the cap, and what it holds stays readable; replacing a value or erasing a key frees
+// its share.
+TEST(RendezvousLimits, SetsPastTheStoresCapsAreRefused) {
+  LogCapture log;
+  TcpStoreServer server("127.0.0.1:0", std::nullopt, StoreLimits{4, 1000});
+  auto store = connect_tcp_store(server.address(), kWait);
+  for (int i = 0; i < 4; ++i)
+    store->set(fmt::format("k{}", i), Bytes(10, static_cast<uint8_t>(i)));
+  auto refused = [&](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), HM_ERR_OUT_OF_MEMORY) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refused([&] { store->set("k4", {1}); }).find("the store holds 4 keys, its cap"),
+            std::string::npos);
+  EXPECT_NE(refused([&] { store->add("counter", 1); }).find("its cap"), std::string::npos);
+  EXPECT_NE(refused([&] { store->set("k0", Bytes(990, 1)); }).find("over its cap of 1000"),
+            std::string::npos);
+  EXPECT_EQ(store->try_get("k0"), Bytes(10, 0));  // unchanged
+  store->set("k0", Bytes(900, 2));                // replacing fits
+  store->erase("k1");
+  store->set("k4", {4});  // a key freed makes room
+  EXPECT_EQ(store->try_get("k4"), Bytes{4});
+  EXPECT_TRUE(log.saw("refusing to store 'k4'")) << log.all();
+}
+
 // Beyond loopback the store refuses to listen without a secret: anyone could reach it.
 TEST(RendezvousSecret, NoStoreListensBeyondLoopbackWithoutASecret) {
   unsetenv(JobSecret::kFileVariable);

@@ -131,7 +131,7 @@ Frame decode_request(const uint8_t* raw) {
 Frame decode_reply(const uint8_t* raw) {
   check_common(raw);
   Frame f{raw[5], 0, get_u32(raw + 8)};
-  if (f.code > kRefused) throw Malformed(fmt::format("unknown reply status {}", f.code));
+  if (f.code > kFull) throw Malformed(fmt::format("unknown reply status {}", f.code));
   if (f.value_length > KeyValueStore::kMaxValueBytes)
     throw Malformed(fmt::format("reply value of {} bytes", f.value_length));
   return f;

@@ -14,7 +14,8 @@
 // Ops and their request values: set (the value), get (u64 wait in ms), try_get (none),
 // add (i64 delta), erase (none). Replies: ok with the value (get, try_get), the new counter as
 // i64 (add) or nothing; not_found (try_get); timeout (get); refused with a reason text (add on a
-// value that is not a counter, or an overflow).
+// value that is not a counter, or an overflow); full with a reason text (a set or add past the
+// store's caps).
 // Keys are 1..4096 bytes, values at most 16 MiB. A decoder never trusts a length before checking
 // it: a frame that breaks any rule throws Malformed.
 #pragma once
@@ -41,7 +42,8 @@ constexpr size_t kRequestHeaderBytes = 16;
 constexpr size_t kReplyHeaderBytes = 12;
 
 enum Op : uint8_t { kSet = 1, kGet = 2, kTryGet = 3, kAdd = 4, kErase = 5 };
-enum Status : uint8_t { kOk = 0, kNotFound = 1, kTimedOut = 2, kRefused = 3 };
+// kFull: a set or add refused by the store's caps (StoreLimits), with the reason as the value.
+enum Status : uint8_t { kOk = 0, kNotFound = 1, kTimedOut = 2, kRefused = 3, kFull = 4 };
 
 // Longest server-side wait of a get; keeps deadlines far from overflow.
 constexpr std::chrono::milliseconds kMaxWait{24LL * 3600 * 1000};

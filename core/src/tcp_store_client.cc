@@ -37,7 +37,10 @@ class TcpStoreClient final : public KeyValueStore {
   }
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    call(kSet, key, value, milliseconds(0));
+    auto [status, reason] = call(kSet, key, value, milliseconds(0));
+    if (status == kFull)
+      throw Error(HM_ERR_OUT_OF_MEMORY, fmt::format("{}: set '{}': {}", describe(), key,
+                                                    std::string(reason.begin(), reason.end())));
   }
 
   std::vector<uint8_t> get(const std::string& key, milliseconds timeout) override {
@@ -59,9 +62,10 @@ class TcpStoreClient final : public KeyValueStore {
 
   int64_t add(const std::string& key, int64_t delta) override {
     auto [status, value] = call(kAdd, key, encode_i64(delta), milliseconds(0));
-    if (status == kRefused)
-      throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{}: add to '{}': {}", describe(), key,
-                                                       std::string(value.begin(), value.end())));
+    if (status == kRefused || status == kFull)
+      throw Error(status == kFull ? HM_ERR_OUT_OF_MEMORY : HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: add to '{}': {}", describe(), key,
+                              std::string(value.begin(), value.end())));
     if (value.size() != 8)
       throw Error(kStatusProtocolError,
                   fmt::format("{}: add to '{}': the reply holds {} bytes, not a counter",

@@ -50,7 +50,7 @@ constexpr size_t kMaxClients = 1024;
 
 class TcpStoreServer::Impl {
  public:
-  Impl(const std::string& listen, std::optional<JobSecret> secret);
+  Impl(const std::string& listen, std::optional<JobSecret> secret, StoreLimits limits);
   ~Impl();
   const std::string& address() const { return address_; }
 
@@ -78,8 +78,16 @@ class TcpStoreServer::Impl {
                                std::vector<uint8_t> value);
   Reply add(const std::string& key, int64_t delta);
 
+  // A set's or a counter's refusal when storing `bytes` under `key` would pass the limits;
+  // nullopt when it fits. Caller holds mutex_.
+  std::optional<Reply> over_limits(const std::string& key, size_t bytes) const;
+  // Stores `value` under `key`, keeping stored_bytes_. Caller holds mutex_.
+  void store(const std::string& key, std::vector<uint8_t> value);
+
   std::string address_;
   JobSecret secret_ = JobSecret::none();
+  StoreLimits limits_;
+  uint64_t stored_bytes_ = 0;  // keys and values of data_, under mutex_
   Fd listener_;
   Fd wake_;  // eventfd: wakes the accept thread to reap a finished client, or to stop
 
@@ -93,7 +101,9 @@ class TcpStoreServer::Impl {
   std::thread acceptor_;
 };
 
-TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> secret) {
+TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> secret,
+                           StoreLimits limits)
+    : limits_(limits) {
   if (!secret) secret = JobSecret::from_environment();
   const net::Address where = net::resolve(listen, /*passive=*/true, "store address").front();
   if (!secret && !net::is_loopback(where))
@@ -256,8 +266,15 @@ bool TcpStoreServer::Impl::serve_one(Client& client) {
   Frame frame = decode_request(raw);
   std::string key(frame.key_length, '\0');
   net::recv_all(fd, key.data(), key.size(), "request key", deadline);
-  std::vector<uint8_t> value(frame.value_length);
-  net::recv_all(fd, value.data(), value.size(), "request value", deadline);
+  // Allocated as its bytes arrive: a request that declares 16 MiB and sends nothing costs nothing.
+  constexpr size_t kStep = 64 << 10;
+  std::vector<uint8_t> value;
+  for (size_t got = 0; got < frame.value_length;) {
+    const size_t n = std::min<size_t>(kStep, frame.value_length - got);
+    value.resize(got + n);
+    net::recv_all(fd, value.data() + got, n, "request value", deadline);
+    got += n;
+  }
 
   std::optional<Reply> reply = execute(fd, frame, key, std::move(value));
   if (!reply) return false;
@@ -271,7 +288,8 @@ std::optional<TcpStoreServer::Impl::Reply> TcpStoreServer::Impl::execute(
   std::unique_lock lock(mutex_);
   switch (frame.code) {
     case kSet:
-      data_[key] = std::move(value);
+      if (auto refused = over_limits(key, value.size())) return refused;
+      store(key, std::move(value));
       lock.unlock();
       changed_.notify_all();
       return Reply{};
@@ -303,7 +321,10 @@ std::optional<TcpStoreServer::Impl::Reply> TcpStoreServer::Impl::execute(
       return reply;
     }
     case kErase:
-      data_.erase(key);
+      if (auto it = data_.find(key); it != data_.end()) {
+        stored_bytes_ -= key.size() + it->second.size();
+        data_.erase(it);
+      }
       return Reply{};
   }
   return Reply{kRefused, {}};  // unreachable: decode_request checked the op
@@ -325,12 +346,37 @@ TcpStoreServer::Impl::Reply TcpStoreServer::Impl::add(const std::string& key, in
   int64_t next;
   if (__builtin_add_overflow(current, delta, &next)) return refuse("the counter would overflow");
   std::string text = std::to_string(next);
-  data_[key].assign(text.begin(), text.end());
+  if (auto refused = over_limits(key, text.size())) return *refused;
+  store(key, std::vector<uint8_t>(text.begin(), text.end()));
   return Reply{kOk, encode_i64(next)};
 }
 
-TcpStoreServer::TcpStoreServer(const std::string& listen, std::optional<JobSecret> secret)
-    : impl_(std::make_unique<Impl>(listen, std::move(secret))) {}
+std::optional<TcpStoreServer::Impl::Reply> TcpStoreServer::Impl::over_limits(const std::string& key,
+                                                                             size_t bytes) const {
+  auto it = data_.find(key);
+  const bool fresh = it == data_.end();
+  const uint64_t after =
+      stored_bytes_ - (fresh ? 0 : it->second.size()) + bytes + (fresh ? key.size() : 0);
+  std::string why;
+  if (fresh && data_.size() >= limits_.max_keys)
+    why = fmt::format("the store holds {} keys, its cap", data_.size());
+  else if (after > limits_.max_bytes)
+    why =
+        fmt::format("the store would hold {} bytes, over its cap of {}", after, limits_.max_bytes);
+  if (why.empty()) return std::nullopt;
+  log(LogLevel::warn, "tcp store {}: refusing to store '{}': {}", address_, key, why);
+  return Reply{kFull, std::vector<uint8_t>(why.begin(), why.end())};
+}
+
+void TcpStoreServer::Impl::store(const std::string& key, std::vector<uint8_t> value) {
+  auto [it, fresh] = data_.try_emplace(key);
+  stored_bytes_ = stored_bytes_ - it->second.size() + value.size() + (fresh ? key.size() : 0);
+  it->second = std::move(value);
+}
+
+TcpStoreServer::TcpStoreServer(const std::string& listen, std::optional<JobSecret> secret,
+                               StoreLimits limits)
+    : impl_(std::make_unique<Impl>(listen, std::move(secret), limits)) {}
 TcpStoreServer::~TcpStoreServer() = default;
 std::string TcpStoreServer::address() const {
   return impl_->address();

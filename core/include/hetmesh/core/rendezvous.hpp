@@ -53,6 +53,14 @@ class KeyValueStore {
   virtual std::unique_ptr<KeyValueStore> clone() const = 0;
 };
 
+// What one embedded store holds at most, keys and values together: a set or an add beyond either
+// cap is refused (Error(HM_ERR_OUT_OF_MEMORY) at the client), so no client can grow the store's
+// memory without bound. A job's keys are a few per instance and epoch.
+struct StoreLimits {
+  size_t max_keys = size_t{1} << 20;
+  uint64_t max_bytes = uint64_t{1} << 30;
+};
+
 // The embedded store: an in-memory map served over TCP, one thread per client. Hosted by one
 // process of the job (the engine's launcher); it lives as long as this object.
 class TcpStoreServer {
@@ -61,8 +69,8 @@ class TcpStoreServer {
   // must prove `secret` (job_secret.hpp) before a request is read; without one (nullopt: the one
   // JobSecret::from_environment() finds, if any) the store serves only loopback addresses, and
   // refuses to listen beyond them. Throws Error if it cannot listen.
-  explicit TcpStoreServer(const std::string& listen,
-                          std::optional<JobSecret> secret = std::nullopt);
+  explicit TcpStoreServer(const std::string& listen, std::optional<JobSecret> secret = std::nullopt,
+                          StoreLimits limits = {});
   // Stops accepting, disconnects every client (their calls fail with kStatusPeerLost) and joins
   // every thread.
   ~TcpStoreServer();
