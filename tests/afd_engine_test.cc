@@ -1,5 +1,6 @@
 // End-to-end tests of the AFD engine with real processes: this binary re-runs itself as the
 // attention or FFN instances of a job (--role), which meet through a real TCP store.
+#include "child_output.hpp"
 #include "engine_common.hpp"
 
 #include "verbs_support.hpp"
@@ -99,9 +100,9 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds,
 int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& defect) {
   Device device = PluginRegistry::load().device("cpu:0");
   auto transport = Transport::create(spec.transport);
-  HostSlots headers(device, sizeof(WireHeader) * spec.micro_batches);
-  HostSlots results(device, spec.f2a_slot_bytes() * spec.micro_batches * spec.ffn);
-  HostSlots result_headers(device, sizeof(WireHeader) * spec.micro_batches * spec.ffn);
+  HostBuffer headers(device, sizeof(WireHeader) * spec.micro_batches);
+  HostBuffer results(device, spec.f2a_slot_bytes() * spec.micro_batches * spec.ffn);
+  HostBuffer result_headers(device, sizeof(WireHeader) * spec.micro_batches * spec.ffn);
   auto header_region = transport->register_memory(device, headers.data(), headers.size());
   PublishedRegions mine;
   mine.regions["f2a_payload"] = transport->register_memory(device, results.data(), results.size());
@@ -189,13 +190,7 @@ struct Job {
 
 // Collects a child's output lines until it exits.
 std::vector<std::string> lines_until_exit(ChildProcess& child) {
-  std::vector<std::string> lines;
-  try {
-    for (;;)
-      lines.push_back(child.read_line(kTimeout * 2));
-  } catch (const Error&) {
-  }
-  return lines;
+  return test::lines_until_exit(child, kTimeout * 2);
 }
 
 struct Shape {

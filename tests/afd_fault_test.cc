@@ -5,6 +5,7 @@
 // The F instances answer through a device stream (a stream copy of the tokens into the outputs,
 // then respond(batch, &stream)), the path on which a survivor once polled an event that its own
 // loop had already destroyed. This binary re-runs itself as the instances (--role).
+#include "child_output.hpp"
 #include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -399,12 +400,7 @@ TEST_P(AfdReplacementTest, TheReplacementRejoinsAndTheJobFinishes) {
 
   int recovered = 0;  // the A instances' retried and refused micro-batches
   for (auto& c : children) {
-    std::vector<std::string> lines;
-    try {
-      for (;;)
-        lines.push_back(c.process->read_line(kWait));
-    } catch (const Error&) {  // the child closed its stdout: it has exited
-    }
+    std::vector<std::string> lines = test::lines_until_exit(*c.process, kWait);
     ProcessResult result = c.process->wait(kWait);
     EXPECT_EQ(result.exit_code, 0)
         << c.name << ": " << result.describe() << " " << (lines.empty() ? "" : lines.back());
@@ -479,21 +475,11 @@ TEST(AfdReplacement, AnFWaitsForAReplacementThatIsStartingWhenTheOthersAreDone) 
   }
   ChildProcess& replacement = job.start("attention", 1, args);
   EXPECT_EQ(replacement.read_line(kWait), "epoch 3");
-  std::string last;
-  try {
-    for (;;)
-      last = replacement.read_line(kWait);
-  } catch (const Error&) {
-  }
+  std::string last = test::last_line_until_exit(replacement, kWait);
   EXPECT_EQ(last, "retried 0 refused 0");
   ProcessResult r = replacement.wait(kWait);
   EXPECT_EQ(r.exit_code, 0) << r.describe();
-  std::string served;
-  try {
-    for (;;)
-      served = ffn.read_line(kWait);
-  } catch (const Error&) {
-  }
+  std::string served = test::last_line_until_exit(ffn, kWait);
   EXPECT_NE(served.find("served on without attention 1"), std::string::npos) << served;
   ProcessResult f = ffn.wait(kWait);
   EXPECT_EQ(f.exit_code, 0) << f.describe();
@@ -522,12 +508,7 @@ TEST(AfdReplacement, AnInstanceThatIsJoiningFollowsAPeersReplacement) {
   ChildProcess& ffn = job.start("ffn", 0, args);
   EXPECT_EQ(ffn.read_line(kWait), "epoch 2");
   EXPECT_EQ(attention.read_line(kWait), "epoch 1");
-  std::string last;
-  try {
-    for (;;)
-      last = attention.read_line(kWait);
-  } catch (const Error&) {
-  }
+  std::string last = test::last_line_until_exit(attention, kWait);
   EXPECT_EQ(last, "retried 0 refused 0");
   ProcessResult a = attention.wait(kWait);
   EXPECT_EQ(a.exit_code, 0) << a.describe();
@@ -565,12 +546,7 @@ TEST(AfdStoreLoss, ARunningJobOutlivesItsStoresHost) {
   store_host.kill(SIGKILL);
   store_host.wait(kWait);
   for (size_t i = 0; i < children.size(); ++i) {
-    std::string last;
-    try {
-      for (;;)
-        last = children[i]->read_line(kWait);
-    } catch (const Error&) {
-    }
+    std::string last = test::last_line_until_exit(*children[i], kWait);
     ProcessResult r = children[i]->wait(kWait);
     EXPECT_EQ(r.exit_code, 0) << "instance " << i << ": " << r.describe() << " " << last;
     if (i >= 2) {

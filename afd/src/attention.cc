@@ -38,13 +38,13 @@ struct AttentionEngine::State final : PeerHandler {
   EngineSpec spec;
   Device device;
   std::unique_ptr<Transport> transport;
-  Buffer a2f_send;                         // [mb] tokens then routing
-  HostSlots a2f_headers;                   // [mb][f]: each F's sender stamps its own copy
-  Buffer f2a_receive;                      // [mb][f]
-  HostSlots f2a_headers;                   // [mb][f]
-  std::optional<HostSlots> arrival_flags;  // [mb] words, when the device has stream memops
-  std::optional<HostSlots> ready_flags;    // [mb] words a compute stream writes, likewise
-  std::vector<Event> ready_events;         // [mb], recorded on the caller's stream by push_pull
+  Buffer a2f_send;                          // [mb] tokens then routing
+  HostBuffer a2f_headers;                   // [mb][f]: each F's sender stamps its own copy
+  Buffer f2a_receive;                       // [mb][f]
+  HostBuffer f2a_headers;                   // [mb][f]
+  std::optional<HostBuffer> arrival_flags;  // [mb] words, when the device has stream memops
+  std::optional<HostBuffer> ready_flags;    // [mb] words a compute stream writes, likewise
+  std::vector<Event> ready_events;          // [mb], recorded on the caller's stream by push_pull
   PublishedRegions mine;
   std::shared_ptr<Region> a2f_send_region, a2f_header_region;
 

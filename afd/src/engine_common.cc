@@ -23,17 +23,6 @@ std::string peer_name(Role role, int rank) {
   return fmt::format("{} {}", to_string(role), rank);
 }
 
-HostSlots::HostSlots(const Device& device, uint64_t bytes) : size_(bytes) {
-  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
-    pinned_ = device.allocate(bytes, MemoryKind::pinned_host);
-    data_ = static_cast<uint8_t*>(pinned_.data());
-  } else {
-    plain_.resize(bytes);
-    data_ = plain_.data();
-  }
-  std::memset(data_, 0, bytes);
-}
-
 std::vector<uint8_t> PublishedRegions::encode() const {
   nlohmann::json document = nlohmann::json::object();
   for (const auto& [name, region] : regions)

@@ -25,22 +25,6 @@ namespace hetmesh::afd {
 
 std::string peer_name(Role role, int rank);  // "attention 1", "ffn 0"
 
-// Host memory for headers and flags: pinned on the device when it has pinned memory (stream
-// memory operations need that), plain host memory otherwise.
-class HostSlots {
- public:
-  HostSlots(const Device& device, uint64_t bytes);
-  uint8_t* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  bool pinned() const { return static_cast<bool>(pinned_); }
-
- private:
-  Buffer pinned_;
-  std::vector<uint8_t> plain_;
-  uint8_t* data_;
-  uint64_t size_;
-};
-
 // This instance's registered regions, by name, as published for peers.
 struct PublishedRegions {
   std::map<std::string, std::shared_ptr<Region>> regions;

@@ -37,9 +37,9 @@ struct FfnEngine::State final : PeerHandler {
   Device device;
   std::unique_ptr<Transport> transport;
   Buffer a2f_receive;               // [a][mb] tokens then routing
-  HostSlots a2f_headers;            // [a][mb]
+  HostBuffer a2f_headers;           // [a][mb]
   Buffer f2a_send;                  // [a][mb] outputs
-  HostSlots f2a_headers;            // [a][mb]
+  HostBuffer f2a_headers;           // [a][mb]
   std::vector<Event> ready_events;  // [a][mb], recorded on the caller's stream by respond
   PublishedRegions mine;
   std::shared_ptr<Region> f2a_send_region, f2a_header_region;

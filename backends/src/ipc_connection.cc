@@ -84,15 +84,11 @@ class IpcRemoteRegion : public RemoteRegion, public std::enable_shared_from_this
   // byte 0 of the region lies in this process, and whether host code may write it there.
   Lane* lane = nullptr;
   std::optional<IpcMapping> mapping;
-  void* mapping_base = nullptr;  // the whole allocation as mapped here
-  uint64_t mapping_size = 0;
   uint8_t* mapped = nullptr;
   bool host_addressable = false;
-  // A host-addressable mapping written by other devices' copy engines: by device selector, the
-  // lane and the mapping's registration with that device's plugin (the lane is null where the
-  // registration was refused). After `mapping`, so each registration goes before the mapping.
-  std::mutex writers_mutex;
-  std::map<std::string, std::pair<Lane*, std::optional<HostRegistration>>> writers;
+  // A host-addressable mapping, registered with the plugins of the devices whose copy engines
+  // write it. After `mapping`, so the registrations go before the mapping does.
+  mutable std::optional<HostRegistrations> registered;
 };
 
 // How a write reaches the peer's memory, or that the queued operation is a control message.
@@ -192,8 +188,7 @@ class IpcConnection : public Connection {
       throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
 
     Lane* lane = nullptr;
-    // The region's bookkeeping of who writes it (writers) is mutable state of its own.
-    Route route = route_for(*source, const_cast<IpcRemoteRegion&>(*target), &lane);
+    Route route = route_for(*source, *target, &lane);
     uint8_t* to = target->mapped + dst_offset;
     const uint8_t* from = static_cast<const uint8_t*>(source->base()) + src_offset;
     std::unique_lock lock(queue_mutex_);
@@ -337,26 +332,11 @@ class IpcConnection : public Connection {
     return lane.get();
   }
 
-  // The lane of `device`'s copy engine for writes into `dst`, a host-addressable mapping,
-  // registered with that plugin on first use where it registers host memory; nullptr if it
-  // refused.
-  Lane* writer_lane(IpcRemoteRegion& dst, const Device& device) {
-    std::lock_guard lock(dst.writers_mutex);
-    auto [it, first] = dst.writers.try_emplace(device.selector());
-    if (!first) return it->second.first;
-    try {
-      if (device.has(HM_CAP_HOST_REGISTER))
-        it->second.second.emplace(device, dst.mapping_base, dst.mapping_size);
-      it->second.first = lane_on(device);
-      log(LogLevel::debug, "ipc: region {} of peer {}: {}'s copy engine writes it directly{}",
-          dst.id, peer_id_, device.selector(), it->second.second ? " (registered with it)" : "");
-    } catch (const Error& e) {
-      log(LogLevel::info,
-          "ipc: region {} of peer {} cannot be registered with {} ({}); writes from {} memory "
-          "go through the ring",
-          dst.id, peer_id_, device.selector(), e.what(), device.selector());
-    }
-    return it->second.first;
+  // The lane of `device`'s copy engine for writes into `dst`, a host-addressable mapping
+  // registered with that plugin; nullptr if the plugin refused (the ring then carries them).
+  Lane* writer_lane(const IpcRemoteRegion& dst, const Device& device) {
+    if (!dst.registered || !dst.registered->ensure(device)) return nullptr;
+    return lane_on(device);
   }
 
   // Opens the peer's allocation for zero-copy writes. A handle this process cannot open (no such
@@ -400,10 +380,11 @@ class IpcConnection : public Connection {
                   fmt::format("region descriptor of region {}: [{}, +{}) overruns the exported "
                               "allocation of {} bytes",
                               remote.id, offset, remote.size(), info.size));
-    remote.mapping_base = mapping->data();
-    remote.mapping_size = info.size;
     remote.mapped = static_cast<uint8_t*>(mapping->data()) + offset;
     remote.host_addressable = host_addressable(lane->device, mapping->data());
+    if (remote.host_addressable)
+      remote.registered.emplace(mapping->data(), info.size,
+                                fmt::format("ipc: region {} of peer {}", remote.id, peer_id_));
     remote.mapping.emplace(std::move(*mapping));
     remote.lane = lane;
   }
@@ -414,7 +395,7 @@ class IpcConnection : public Connection {
   // or one copy engine that reaches both: the mapping's plugin's (for its own device memory, on
   // the source's device or with peer copy, or for host memory), or, into a host-addressable
   // mapping, the source device's. Anything else is staged through the ring.
-  Route route_for(const IpcRegion& src, IpcRemoteRegion& dst, Lane** lane) {
+  Route route_for(const IpcRegion& src, const IpcRemoteRegion& dst, Lane** lane) {
     if (dst.lane == nullptr) return Route::ring;
     const bool host_source = src.access().direct();
     if (dst.host_addressable && host_source) return Route::host_copy;

@@ -67,9 +67,7 @@ class IpcRegion : public Region, public std::enable_shared_from_this<IpcRegion> 
   uint32_t id_;
   RegionDescriptor descriptor_;
   mutable HostAccess access_;
-  mutable std::mutex registrations_mutex_;
-  // By plugin: the registration, or nullopt where it was refused.
-  mutable std::map<const Plugin*, std::optional<HostRegistration>> registrations_;
+  mutable HostRegistrations registered_;
 };
 
 }  // namespace hetmesh::detail

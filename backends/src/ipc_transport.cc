@@ -75,7 +75,8 @@ IpcRegion::IpcRegion(std::shared_ptr<IpcShared> shared, uint32_t id, const Devic
     : Region(device, base, size, path_of(exported, device, base)),
       shared_(std::move(shared)),
       id_(id),
-      access_(device, base, size) {
+      access_(device, base, size),
+      registered_(base, size, fmt::format("ipc: region {} ({})", id, device.selector())) {
   nlohmann::json d = region_descriptor("ipc", shared_->id, id, size);
   if (exported) {
     d["plugin"] = exported->plugin;
@@ -86,22 +87,7 @@ IpcRegion::IpcRegion(std::shared_ptr<IpcShared> shared, uint32_t id, const Devic
 }
 
 bool IpcRegion::reachable_by(const Device& engine) const {
-  if (!engine.has(HM_CAP_HOST_REGISTER)) return true;
-  std::lock_guard lock(registrations_mutex_);
-  auto [it, first] = registrations_.try_emplace(&engine.plugin());
-  if (first) {
-    try {
-      it->second.emplace(engine, const_cast<void*>(base()), size());
-      log(LogLevel::debug, "ipc: region {} ({} bytes of {}) registered with {} for its copy engine",
-          id_, size(), device().selector(), engine.selector());
-    } catch (const Error& e) {
-      log(LogLevel::info,
-          "ipc: region {} cannot be registered with {} ({}); its writes to {} "
-          "memory go through the ring",
-          id_, engine.selector(), e.what(), engine.plugin().name());
-    }
-  }
-  return it->second.has_value();
+  return registered_.ensure(engine);
 }
 
 IpcRegion::~IpcRegion() {

@@ -33,13 +33,7 @@ HostAccess::HostAccess(const Device& device, void* base, uint64_t size)
 void HostAccess::set_up(Lane& lane, const Device& device, uint64_t bytes) {
   lane.bytes = bytes;
   lane.stream = device.create_stream();
-  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
-    lane.pinned = device.allocate(bytes, MemoryKind::pinned_host);
-    lane.data = static_cast<uint8_t*>(lane.pinned.data());
-  } else {
-    lane.plain.resize(bytes);
-    lane.data = lane.plain.data();
-  }
+  lane.data = lane.buffer.emplace(device, bytes).data();
 }
 
 // The bounce buffer's two halves take turns, a piece at a time: the copy engine fills (or
@@ -104,20 +98,19 @@ void HostAccess::copy_in(uint64_t offset, const uint8_t* host, uint64_t length) 
   to_device_.stream.synchronize(kCopyTimeout);
 }
 
-void HostRegistrations::ensure(const Device& device) {
-  if (!device.has(HM_CAP_HOST_REGISTER)) return;
+bool HostRegistrations::ensure(const Device& device) {
+  if (!device.has(HM_CAP_HOST_REGISTER)) return true;
+  std::lock_guard lock(mutex_);
   auto [it, first] = done_.try_emplace(&device.plugin());
-  if (!first) return;
+  if (!first) return it->second.has_value();
   try {
     it->second.emplace(device, base_, size_);
     log(LogLevel::debug, "{} ({} bytes) registered with {} for its copy engine", what_, size_,
         device.selector());
   } catch (const Error& e) {
-    log(LogLevel::info,
-        "{} cannot be registered with {} ({}); its copy engine reaches it as plain "
-        "host memory",
-        what_, device.selector(), e.what());
+    log(LogLevel::info, "{} cannot be registered with {}: {}", what_, device.selector(), e.what());
   }
+  return it->second.has_value();
 }
 
 }  // namespace hetmesh::detail

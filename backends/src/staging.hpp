@@ -47,8 +47,7 @@ class HostAccess {
   struct Lane {
     std::mutex mutex;
     Stream stream;
-    Buffer pinned;
-    std::vector<uint8_t> plain;  // when the plugin has no pinned memory
+    std::optional<HostBuffer> buffer;
     uint8_t* data = nullptr;
     uint64_t bytes = 0;
   };
@@ -59,20 +58,24 @@ class HostAccess {
   Lane to_host_, to_device_;
 };
 
-// Host memory (a staging ring) registered with each plugin that copies in or out of it, on first
-// use and while this lives; where a plugin cannot register it, its copy engine still reaches it
-// as plain host memory (HM-R25), only slower. One thread's (the ring's owner's).
+// Host memory (a staging ring, a region, a peer's mapped memory) registered with each plugin
+// whose copy engine copies in or out of it, on first use and while this lives. Where a plugin
+// refuses, its engine may still reach it as plain host memory (HM-R25), only slower; the caller
+// decides whether that will do. Safe to share between threads.
 class HostRegistrations {
  public:
   HostRegistrations(void* base, uint64_t size, std::string what)
       : base_(base), size_(size), what_(std::move(what)) {}
-  void ensure(const Device& device);
+  // Registers the memory with `device`'s plugin on first use, where the plugin registers host
+  // memory: true if it is registered or need not be, false if the plugin refused (logged once).
+  bool ensure(const Device& device);
 
  private:
   void* base_;
   uint64_t size_;
   std::string what_;
-  std::map<const Plugin*, std::optional<HostRegistration>> done_;
+  std::mutex mutex_;
+  std::map<const Plugin*, std::optional<HostRegistration>> done_;  // nullopt: refused
 };
 
 }  // namespace hetmesh::detail

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include <unistd.h>
 
 namespace hetmesh {
@@ -212,6 +214,17 @@ IpcMapping::IpcMapping(const Device& device, const hm_ipc_handle& handle) {
 
 void IpcMapping::reset() {
   if (void* ptr = release()) release_quietly(*device_, device_->api().ipc_close, "ipc_close", ptr);
+}
+
+HostBuffer::HostBuffer(const Device& device, uint64_t bytes) : size_(bytes) {
+  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
+    pinned_ = device.allocate(bytes, MemoryKind::pinned_host);
+    data_ = static_cast<uint8_t*>(pinned_.data());
+  } else {
+    plain_.resize(bytes);
+    data_ = plain_.data();
+  }
+  std::memset(data_, 0, bytes);
 }
 
 HostRegistration::HostRegistration(const Device& device, void* ptr, uint64_t size) {

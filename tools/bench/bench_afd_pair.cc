@@ -15,31 +15,20 @@ namespace hetmesh::cli {
 
 namespace {
 
-// A device's side of the pair: its memory, pinned host memory of its plugin, and a stream.
+// A device's side of the pair: its memory, host memory for its copies, and a stream.
 struct Side {
-  Device device;
   Buffer memory;
-  Buffer pinned;
-  std::vector<uint8_t> plain;  // where the plugin has no pinned memory
-  uint8_t* host = nullptr;
+  HostBuffer host;
   Stream stream;
 
   Side(const Device& d, uint64_t bytes)
-      : device(d), memory(d.allocate(bytes)), stream(d.create_stream()) {
-    if (d.has(HM_CAP_PINNED_HOST_MEMORY)) {
-      pinned = d.allocate(bytes, MemoryKind::pinned_host);
-      host = static_cast<uint8_t*>(pinned.data());
-    } else {
-      plain.resize(bytes);
-      host = plain.data();
-    }
-  }
+      : memory(d.allocate(bytes)), host(d, bytes), stream(d.create_stream()) {}
   void to_host(uint64_t bytes) {
-    stream.copy(host, memory.data(), bytes);
+    stream.copy(host.data(), memory.data(), bytes);
     stream.synchronize();
   }
   void to_device(uint64_t bytes) {
-    stream.copy(memory.data(), host, bytes);
+    stream.copy(memory.data(), host.data(), bytes);
     stream.synchronize();
   }
 };

@@ -326,21 +326,12 @@ void measure_memcpy(Row& row, int iterations) {
 // pinned host memory (the plugin's own; plain host memory where it has none), then the stream's
 // sync. The least one write of that memory to a host peer can cost, through the ABI alone.
 void measure_one_dma(Row& row, const Device& device, const Buffer& source, int iterations) {
-  Buffer pinned;
-  std::vector<uint8_t> plain;
-  void* host = nullptr;
-  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
-    pinned = device.allocate(row.size, MemoryKind::pinned_host);
-    host = pinned.data();
-  } else {
-    plain.resize(row.size);
-    host = plain.data();
-  }
+  HostBuffer host(device, row.size);
   Stream stream = device.create_stream();
   std::vector<double> us;
   for (int i = 0; i < iterations + 10; ++i) {
     auto t0 = Clock::now();
-    stream.copy(host, source.data(), row.size);
+    stream.copy(host.data(), source.data(), row.size);
     stream.synchronize(kWait);
     auto t1 = Clock::now();
     if (i >= 10) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());

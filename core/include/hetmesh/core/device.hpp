@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace hetmesh {
 
@@ -140,6 +141,23 @@ class Event : public DeviceHandle<hm_event> {
  private:
   friend class Device;
   using DeviceHandle::DeviceHandle;
+};
+
+// Zeroed host memory for a device's copies: the plugin's pinned memory where it has any
+// (HM_CAP_PINNED_HOST_MEMORY; stream memory operations and full-speed copies need it), plain
+// host memory otherwise (its copy engine still reaches that, HM-R25).
+class HostBuffer {
+ public:
+  HostBuffer(const Device& device, uint64_t bytes);
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  bool pinned() const { return static_cast<bool>(pinned_); }
+
+ private:
+  Buffer pinned_;
+  std::vector<uint8_t> plain_;
+  uint8_t* data_;
+  uint64_t size_;
 };
 
 // A peer process's allocation opened with ipc_open, closed on destruction.
