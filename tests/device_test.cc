@@ -10,6 +10,7 @@
 #include <hetmesh/core/device.hpp>
 #include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/subprocess.hpp>
+#include <hetmesh/plugin_kit/memfd.hpp>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -25,6 +26,9 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace hetmesh {
@@ -355,6 +359,47 @@ TEST_P(DeviceTest, IpcMappingSharesTheAllocation) {
   void* mapped = mapping.data();
   mapping.reset();
   EXPECT_EQ(device().query(mapped).kind, HM_MEM_UNKNOWN);
+}
+
+// A handle is a peer's bytes: ipc_open maps only a memfd that the kit exported from the process
+// the handle names, of the size it names. A regular file, a FIFO (which must not hang it) and
+// another program's memfd are refused by name, and the real handle still opens.
+TEST_P(DeviceTest, IpcOpenRefusesWhatTheKitDidNotExport) {
+  Buffer dev = device().allocate(2 * kPage);
+  hm_ipc_handle real = ipc_export(device(), dev.data());
+  auto forged = [&](int fd, uint64_t size) {
+    hm::kit::MemfdHandle h;
+    std::memcpy(&h, real.bytes, sizeof h);
+    h.fd = fd;
+    h.size = size;
+    return hm::kit::encode_handle(h);
+  };
+  auto refusal = [&](const hm_ipc_handle& handle) -> std::string {
+    try {
+      IpcMapping opened(device(), handle);
+      return "opened";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT) << e.what();
+      return e.what();
+    }
+  };
+  test::TempDir folder;
+  int file = open(folder.file("plain").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  ASSERT_EQ(ftruncate(file, 2 * kPage), 0);
+  ASSERT_EQ(mkfifo(folder.file("fifo").c_str(), 0600), 0);
+  int fifo = open(folder.file("fifo").c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  int other = memfd_create("someone-else", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(ftruncate(other, 2 * kPage), 0);
+  for (int fd : {file, fifo, other})
+    EXPECT_THAT(refusal(forged(fd, 2 * kPage)), HasSubstr("not to memory the kit exported"));
+  hm::kit::MemfdHandle h;
+  std::memcpy(&h, real.bytes, sizeof h);
+  EXPECT_THAT(refusal(forged(h.fd, 3 * kPage)), HasSubstr("its size is not the size the handle"));
+  EXPECT_THAT(refusal(forged(h.fd, kPage)), HasSubstr("its size is not the size the handle"));
+  for (int fd : {file, fifo, other})
+    close(fd);
+  IpcMapping mapping(device(), real);
+  EXPECT_TRUE(mapping);
 }
 
 TEST_P(DeviceTest, DmaBufNeedsUdmabuf) {

@@ -41,7 +41,8 @@ class TcpProtocolTest : public testing::Test {
     auto endpoint = nlohmann::json::parse(transport_->endpoint());
     std::string address = endpoint["address"];
     std::thread fake([&] {
-      detail::Fd fd = detail::dial({address}, "0000000000000000", std::chrono::seconds(10));
+      detail::Fd fd = detail::dial({address}, "0000000000000000", endpoint["endpoint"],
+                                   JobSecret::none(), std::chrono::seconds(10));
       detail::send_all(fd.get(), bytes.data(), bytes.size(), "raw frame");
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     });

@@ -1,17 +1,28 @@
-// Helpers shared by the unit tests: build-tree paths, scoped environment variables, temp folders.
+// Helpers shared by the unit tests: build-tree paths, scoped environment variables, temp folders,
+// captured log lines.
 #pragma once
+
+#include <hetmesh/core/log.hpp>
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <chrono>
+
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 namespace hetmesh::test {
 
-// Plugins of the build tree (absolute paths passed by tests/CMakeLists.txt).
+// Plugins of the build tree (absolute paths passed by tests/CMakeLists.txt to hetmesh_unit_test).
+#ifdef HETMESH_TEST_PLUGIN_DIR
 inline std::string plugin_path(const std::string& name) {
   return std::string(HETMESH_TEST_PLUGIN_DIR) + "/libhetmesh-device-" + name + ".so";
 }
@@ -21,6 +32,7 @@ inline std::string cts_plugin_path(const std::string& name) {
 inline std::string probe_path() {
   return HETMESH_TEST_PROBE;
 }
+#endif
 
 // Sets (or, with nullopt, unsets) an environment variable and restores the old state on exit.
 class ScopedEnv {
@@ -66,6 +78,53 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Captures log lines (from every thread) for the test's lifetime.
+class LogCapture {
+ public:
+  LogCapture() {
+    previous_ = set_log_sink([this](LogLevel, std::string_view line) {
+      std::lock_guard lock(mutex_);
+      lines_.emplace_back(line);
+    });
+  }
+  ~LogCapture() { set_log_sink(previous_); }
+  // Waits (briefly) for a line containing `text`.
+  bool saw(const std::string& text) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard lock(mutex_);
+        for (const auto& line : lines_)
+          if (line.find(text) != std::string::npos) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  std::string all() {
+    std::lock_guard lock(mutex_);
+    std::string out;
+    for (const auto& line : lines_)
+      out += line + "\n";
+    return out;
+  }
+
+ private:
+  LogSink previous_;
+  std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
+// Raises this process's soft limit on open descriptors to `wanted` (no higher than the hard
+// limit); false if the hard limit is lower.
+inline bool raise_descriptor_limit(rlim_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_max < wanted) return false;
+  if (limit.rlim_cur >= wanted) return true;
+  limit.rlim_cur = wanted;
+  return setrlimit(RLIMIT_NOFILE, &limit) == 0;
+}
 
 // ASan turns a SIGSEGV into a report and exit code 1; a child started after this (a probe, or a
 // death test in the "threadsafe" style) dies of the signal itself, as it does without sanitizers.

@@ -133,7 +133,8 @@ class IpcTransport : public Transport {
       : slots_(options.staging_slots),
         slot_bytes_(options.staging_slot_bytes),
         shared_(make_shared_state()),
-        listener_(SocketAddress{fmt::format("unix:@hetmesh-{}", shared_->id)}, shared_->id) {}
+        listener_(SocketAddress{fmt::format("unix:@hetmesh-{}", shared_->id)}, shared_->id,
+                  link_secret(options)) {}
 
   TransportKind kind() const override { return TransportKind::ipc; }
 

@@ -257,7 +257,7 @@ class TcpTransport : public Transport {
       : shared_(std::make_shared<TcpShared>()),
         listener_(
             SocketAddress{fmt::format("tcp://{}:{}", options.listen_host, options.listen_port)},
-            (shared_->id = new_endpoint_id())) {
+            (shared_->id = new_endpoint_id()), link_secret(options)) {
     shared_->io_timeout = options.io_timeout;
   }
 

@@ -58,7 +58,7 @@ class VerbsTransport : public Transport {
       : shared_(std::make_shared<VerbsShared>(VerbsContext::open(options), options)),
         listener_(
             SocketAddress{fmt::format("tcp://{}:{}", options.listen_host, options.listen_port)},
-            shared_->id) {
+            shared_->id, link_secret(options)) {
     shared_->channel = ibv_create_comp_channel(shared_->context->context());
     if (shared_->channel == nullptr)
       throw Error(HM_ERR_BACKEND,

@@ -1,22 +1,21 @@
 // The embedded TCP store's server: TcpStoreServer, an in-memory map served over the protocol of
 // store_wire.hpp.
 //
-// Concurrency: an accept thread, and one thread per client; a get waits on a condition variable
-// signalled by every set and add. Once a request has started, every wait is bounded by a deadline,
-// so a dead or stalled client costs a timeout, never a hang; the destructor shuts every socket
-// down, which wakes each thread. The server closes the connection of a client that breaks any
-// rule of the protocol, logging why.
+// Concurrency: a gate (socket_gate.hpp) runs every connection's proof of the job's secret at
+// once in one thread, each to its own deadline, so a silent or slow connection delays nobody and
+// holds no thread; a client that proved the secret gets a thread of its own. A get waits on a
+// condition variable signalled by every set and add. Once a request has started, every wait is
+// bounded by a deadline, so a dead or stalled client costs a timeout, never a hang; the destructor
+// shuts every socket down, which wakes each thread. The server closes the connection of a client
+// that breaks any rule of the protocol, logging why.
 #include "store_wire.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/socket.hpp>
+#include <hetmesh/core/socket_gate.hpp>
 
 #include <fmt/format.h>
-
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,7 +42,8 @@ using std::chrono::milliseconds;
 constexpr milliseconds kFrameTimeout{10000};
 // How often a server thread waiting in get() checks that its client is still there.
 constexpr milliseconds kHangupCheck{250};
-// Connections beyond this are refused: each costs a thread.
+// Clients beyond this are refused: each costs a thread. (Connections still proving the secret
+// cost none; the gate bounds them.)
 constexpr size_t kMaxClients = 1024;
 
 }  // namespace
@@ -66,12 +66,11 @@ class TcpStoreServer::Impl {
     std::vector<uint8_t> value;
   };
 
-  void accept_loop();
-  void accept_one();
-  void wake();
+  class Opening;
+  // Gives a client that proved the secret its thread (in the gate's thread).
+  void admit(Fd fd, const std::string& peer);
   void reap();
   void serve(Client& client);
-  bool authenticate(Client& client);
   bool serve_one(Client& client);
   // Returns nullopt when the server is stopping and the request gets no reply.
   std::optional<Reply> execute(int fd, const Frame& frame, const std::string& key,
@@ -88,17 +87,56 @@ class TcpStoreServer::Impl {
   JobSecret secret_ = JobSecret::none();
   StoreLimits limits_;
   uint64_t stored_bytes_ = 0;  // keys and values of data_, under mutex_
-  Fd listener_;
-  Fd wake_;  // eventfd: wakes the accept thread to reap a finished client, or to stop
 
   std::mutex mutex_;  // guards data_ and stopping_
   std::condition_variable changed_;
   std::unordered_map<std::string, std::vector<uint8_t>> data_;
   std::atomic<bool> stopping_{false};
 
-  // Touched only by the accept thread while it runs, and by the destructor after it joined.
+  // Touched only by the gate's thread while it runs, and by the destructor after it stopped.
   std::list<Client> clients_;
-  std::thread acceptor_;
+  std::unique_ptr<net::Gate> gate_;
+};
+
+// The store's side of the challenge-response of store_wire.hpp, for one connection.
+class TcpStoreServer::Impl::Opening : public net::Opening {
+ public:
+  explicit Opening(const JobSecret& secret) : secret_(secret) {}
+
+  Step start() override {
+    std::vector<uint8_t> challenge(kChallengeBytes);
+    put_hello_head(challenge.data());
+    random_bytes(std::span(challenge).subspan(8, kNonceBytes));
+    std::memcpy(nonce_, challenge.data() + 8, kNonceBytes);
+    return Step{std::move(challenge), kAnswerBytes, false, {}};
+  }
+
+  Step next(std::span<const uint8_t> answer) override {
+    Step step;
+    try {
+      check_hello_head(answer.data());
+    } catch (const Malformed& e) {
+      step.refusal = e.what();
+      return step;
+    }
+    std::span<const uint8_t> client_nonce = answer.subspan(8, kNonceBytes);
+    JobSecret::Mac claimed;
+    std::memcpy(claimed.data(), answer.data() + 8 + kNonceBytes, claimed.size());
+    step.send.assign(kVerdictBytes, 0);
+    if (JobSecret::same(claimed, secret_.mac(kClientLabel, nonce_, client_nonce))) {
+      JobSecret::Mac mine = secret_.mac(kServerLabel, client_nonce, nonce_);
+      std::memcpy(step.send.data() + 1, mine.data(), mine.size());
+      step.admitted = true;
+    } else {
+      step.send[0] = 1;
+      step.refusal = "it does not hold the job's secret";
+    }
+    return step;
+  }
+
+ private:
+  const JobSecret& secret_;
+  uint8_t nonce_[kNonceBytes]{};
 };
 
 TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> secret,
@@ -113,12 +151,15 @@ TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> s
                             "file: [rendezvous] secret_file, or {})",
                             listen, JobSecret::kFileVariable));
   if (secret) secret_ = *secret;
-  listener_ = net::listen_on(where, "tcp store " + listen);
-  address_ = net::to_string(net::local_address(listener_.get()));
-  wake_ = Fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake_)
-    throw Error(HM_ERR_BACKEND, fmt::format("tcp store: eventfd: {}", std::strerror(errno)));
-  acceptor_ = std::thread([this] { accept_loop(); });
+  Fd listener = net::listen_on(where, "tcp store " + listen);
+  address_ = net::to_string(net::local_address(listener.get()));
+  net::GateLimits gate_limits;
+  gate_limits.deadline = kFrameTimeout;
+  gate_ = std::make_unique<net::Gate>(
+      std::move(listener), "tcp store " + address_,
+      [this](int, const std::string&) { return std::make_unique<Opening>(secret_); },
+      [this](Fd fd, net::Opening&, const std::string& peer) { admit(std::move(fd), peer); },
+      gate_limits);
   log(LogLevel::info, "tcp store listening on {}", address_);
 }
 
@@ -128,8 +169,7 @@ TcpStoreServer::Impl::~Impl() {
     stopping_ = true;
   }
   changed_.notify_all();
-  wake();
-  acceptor_.join();
+  gate_.reset();  // no client is admitted after this
   // Shutting a socket down wakes its thread's wait; the thread then ends and the socket is
   // closed only after the join, so its number cannot be reused under a running thread.
   for (Client& client : clients_)
@@ -138,47 +178,16 @@ TcpStoreServer::Impl::~Impl() {
     client.thread.join();
 }
 
-void TcpStoreServer::Impl::accept_loop() {
-  while (!stopping_) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    int rc = ::poll(fds, 2, -1);
-    if (stopping_) return;
-    if (rc > 0 && (fds[1].revents & POLLIN)) {
-      uint64_t count;  // drains the eventfd; EAGAIN only means another read got there first
-      if (::read(wake_.get(), &count, sizeof count) < 0 && errno != EAGAIN)
-        log(LogLevel::warn, "tcp store {}: eventfd: {}", address_, std::strerror(errno));
-      reap();
-    }
-    if (rc > 0 && (fds[0].revents & POLLIN)) accept_one();
-  }
-}
-
-void TcpStoreServer::Impl::wake() {
-  uint64_t one = 1;
-  if (::write(wake_.get(), &one, sizeof one) < 0)
-    log(LogLevel::warn, "tcp store {}: cannot wake the accept thread: {}", address_,
-        std::strerror(errno));
-}
-
-void TcpStoreServer::Impl::accept_one() {
-  net::Address peer;
-  Fd fd = net::accept_connection(listener_, &peer);
-  if (!fd) {
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
-      // EMFILE and friends leave the connection queued: back off instead of spinning.
-      log(LogLevel::warn, "tcp store {}: accept: {}", address_, std::strerror(errno));
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-    return;
-  }
+void TcpStoreServer::Impl::admit(Fd fd, const std::string& peer) {
+  reap();
   if (clients_.size() >= kMaxClients) {
-    log(LogLevel::warn, "tcp store {}: refusing {}: already {} clients", address_,
-        net::to_string(peer), kMaxClients);
+    log(LogLevel::warn, "tcp store {}: refusing {}: already {} clients", address_, peer,
+        kMaxClients);
     return;
   }
   Client& client = clients_.emplace_back();
   client.fd = std::move(fd);
-  client.peer = net::to_string(peer);
+  client.peer = peer;
   try {
     client.thread = std::thread([this, &client] { serve(client); });
   } catch (const std::system_error& e) {
@@ -200,9 +209,8 @@ void TcpStoreServer::Impl::reap() {
 
 void TcpStoreServer::Impl::serve(Client& client) {
   try {
-    if (authenticate(client))
-      while (!stopping_ && serve_one(client)) {
-      }
+    while (!stopping_ && serve_one(client)) {
+    }
   } catch (const Malformed& e) {
     log(LogLevel::warn, "tcp store {}: closing the connection from {}: malformed request: {}",
         address_, client.peer, e.what());
@@ -211,42 +219,11 @@ void TcpStoreServer::Impl::serve(Client& client) {
       log(LogLevel::warn, "tcp store {}: closing the connection from {}: {}", address_, client.peer,
           e.what());
   }
-  // The peer sees the close now; the descriptor itself is closed by the accept thread after the
-  // join, so its number cannot be reused while the destructor might still shut it down.
+  // The peer sees the close now; the descriptor itself is closed after the join (when the next
+  // client is admitted, or by the destructor), so its number cannot be reused while the
+  // destructor might still shut it down.
   client.fd.shutdown();
   client.done = true;
-  wake();
-}
-
-// The challenge-response of store_wire.hpp, bounded by kFrameTimeout: false (logged) if the
-// client does not prove the job's secret.
-bool TcpStoreServer::Impl::authenticate(Client& client) {
-  int fd = client.fd.get();
-  net::Deadline deadline = Clock::now() + kFrameTimeout;
-  uint8_t challenge[kChallengeBytes];
-  put_hello_head(challenge);
-  std::span<uint8_t> server_nonce(challenge + 8, kNonceBytes);
-  random_bytes(server_nonce);
-  net::send_all(fd, challenge, sizeof challenge, "the challenge", deadline);
-  uint8_t answer[kAnswerBytes];
-  if (!net::recv_exact(fd, answer, sizeof answer, "the answer", deadline)) return false;
-  check_hello_head(answer);
-  std::span<const uint8_t> client_nonce(answer + 8, kNonceBytes);
-  JobSecret::Mac claimed;
-  std::memcpy(claimed.data(), answer + 8 + kNonceBytes, claimed.size());
-  uint8_t verdict[kVerdictBytes] = {};
-  const bool proven =
-      JobSecret::same(claimed, secret_.mac(kClientLabel, server_nonce, client_nonce));
-  if (proven) {
-    JobSecret::Mac mine = secret_.mac(kServerLabel, client_nonce, server_nonce);
-    std::memcpy(verdict + 1, mine.data(), mine.size());
-  } else {
-    verdict[0] = 1;
-    log(LogLevel::warn, "tcp store {}: refusing {}: it does not hold the job's secret", address_,
-        client.peer);
-  }
-  net::send_all(fd, verdict, sizeof verdict, "the verdict", deadline);
-  return proven;
 }
 
 bool TcpStoreServer::Impl::serve_one(Client& client) {

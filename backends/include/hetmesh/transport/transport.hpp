@@ -19,6 +19,7 @@
 #pragma once
 
 #include <hetmesh/core/device.hpp>
+#include <hetmesh/core/job_secret.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -51,6 +52,10 @@ struct TransportOptions {
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;
   std::chrono::milliseconds connect_timeout{10000};
+  // The job's secret, which every connection proves both ways before it carries a byte (the
+  // link handshake). Unset: the one the launcher handed this process (HETMESH_JOB_SECRET_FILE),
+  // else none, which only a listener on loopback or a unix socket accepts.
+  std::optional<JobSecret> secret;
   // tcp: a write or control message whose bytes stop moving for this long (a peer that stopped
   // reading: SIGSTOP, a wedged host; each MiB must go within it) fails, and the peer is reported
   // lost. No send waits without a bound.

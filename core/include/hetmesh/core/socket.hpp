@@ -105,5 +105,7 @@ void send_two(int fd, const void* a, size_t a_size, const void* b, size_t b_size
               const Deadline& deadline = {});
 // Whether the peer has closed or reset the connection (consuming nothing).
 bool hung_up(int fd);
+// The process at the other end of a unix socket (SO_PEERCRED), if the kernel says.
+std::optional<ucred> peer_credentials(int fd);
 
 }  // namespace hetmesh::net

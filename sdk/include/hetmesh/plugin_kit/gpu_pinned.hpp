@@ -36,14 +36,14 @@ void* map_pinned(int32_t device, int fd, uint64_t size, Allocation* out) {
 // Page-locked, shareable host memory of `size` bytes.
 template <typename V>
 void* alloc_memfd_pinned(int32_t device, uint64_t size, Allocation* out) {
-  std::string name = std::string("hetmesh-") + V::kInfo.name + "-pinned";
+  std::string name = std::string(V::kInfo.name) + "-pinned";
   return map_pinned<V>(device, create_memfd(name.c_str(), size), size, out);
 }
 
 // Another process's memfd-backed pinned memory, mapped and registered here.
 template <typename V>
 void* open_memfd_pinned(int32_t device, int32_t pid, int32_t fd, uint64_t size, Allocation* out) {
-  int ours = open_peer_memfd(pid, fd);
+  int ours = open_peer_memfd(pid, fd, size);
   out->host = true;
   return map_pinned<V>(device, ours, size, out);
 }
