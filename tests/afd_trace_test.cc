@@ -4,7 +4,10 @@
 // The checker is also run on broken copies of that trace, to show that it fails when it should.
 #include <hetmesh/afd/metrics.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/job_secret.hpp>
 #include <hetmesh/core/subprocess.hpp>
+
+#include "etcd_server.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -337,6 +340,35 @@ TEST(DemoLaunchTest, TwoInvocationsShareOneJob) {
   // Split over two invocations, the one-way times (two clocks) are left out.
   EXPECT_NE(output.find("one-way times omitted"), std::string::npos) << output;
   fs::remove_all(dir);
+}
+
+// A job over etcd, split over two invocations as on two hosts: nothing is hosted, both meet at
+// etcd, and the job's secret (a file both name) authenticates their links; the first verifies.
+TEST(DemoLaunchTest, TwoInvocationsMeetAtEtcd) {
+  HETMESH_REQUIRE_ETCD_OR_SKIP();
+  test::EtcdServer etcd;
+  test::TempDir dir;
+  JobSecret::generate().write_file(dir.file("job.secret"));
+  std::ofstream(dir.file("job.toml")) << fmt::format(
+      "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n\n"
+      "[rendezvous]\nkind = \"etcd\"\naddress = \"{}\"\nsecret_file = \"{}\"\n",
+      etcd.endpoint(), dir.file("job.secret"));
+  const std::string config = dir.file("job.toml");
+  ChildProcess attention({HETMESH_CLI, "demo", "--config", config, "--instances", "attention"});
+  ProcessResult ffn = run_process({HETMESH_CLI, "demo", "--config", config, "--instances", "ffn"},
+                                  std::chrono::seconds(120));
+  std::string output;
+  try {
+    for (;;)
+      output += attention.read_line(std::chrono::seconds(120)) + "\n";
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(ffn.exit_code, 0) << ffn.out << ffn.err;
+  EXPECT_EQ(attention.wait(std::chrono::seconds(60)).exit_code, 0) << output;
+  EXPECT_NE(output.find("rendezvous store " + etcd.endpoint() + " (joined)"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("verified: final hidden states of 2 attention"), std::string::npos)
+      << output;
 }
 
 }  // namespace

@@ -206,15 +206,28 @@ TEST(ConfigTest, BadDtype) {
             "fp16, fp32)");
 }
 
+// etcd is a store of its own: its address is a URL, with a default on this host.
+TEST(ConfigTest, EtcdRendezvous) {
+  JobConfig c = parse_config("[rendezvous]\nkind = \"etcd\"\n", "job.toml");
+  EXPECT_EQ(c.rendezvous.kind, RendezvousKind::etcd);
+  EXPECT_EQ(c.rendezvous.address, "http://127.0.0.1:2379");
+  c = parse_config("[rendezvous]\nkind = \"etcd\"\naddress = \"https://etcd.example:2379\"\n",
+                   "job.toml");
+  EXPECT_EQ(c.rendezvous.address, "https://etcd.example:2379");
+}
+
 TEST(ConfigTest, BadEnumsElsewhere) {
   EXPECT_EQ(error_of("[job]\ngather = \"some\"\n"),
             "job.toml:2:1: [job] gather: unknown value \"some\" (expected one of all, eager)");
   EXPECT_EQ(error_of("[transport]\nkind = \"verb\"\n"),
             "job.toml:2:1: [transport] kind: unknown value \"verb\" (expected one of auto, ipc, "
             "tcp, verbs; did you mean verbs?)");
-  EXPECT_EQ(error_of("[rendezvous]\nkind = \"etcd\"\n"),
-            "job.toml:2:1: [rendezvous] kind: \"etcd\" is not supported yet (use \"tcp\", the "
-            "embedded store)");
+  EXPECT_EQ(error_of("[rendezvous]\nkind = \"etcd\"\naddress = \"127.0.0.1:2379\"\n"),
+            "job.toml:3:1: [rendezvous] address: etcd's address is http://host:port or "
+            "https://host:port, got \"127.0.0.1:2379\"");
+  EXPECT_EQ(error_of("[rendezvous]\nkind = \"etc\"\n"),
+            "job.toml:2:1: [rendezvous] kind: unknown value \"etc\" (expected one of tcp, etcd; "
+            "did you mean etcd?)");
   EXPECT_EQ(error_of("[rendezvous]\naddress = \"localhost\"\n"),
             "job.toml:2:1: [rendezvous] address: expected host:port (IPv6 as [addr]:port), got "
             "\"localhost\"");

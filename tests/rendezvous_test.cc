@@ -12,9 +12,11 @@
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
+#include "etcd_server.hpp"
 #include "test_support.hpp"
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -70,12 +72,38 @@ int serve_store() {
   return 0;
 }
 
+// A store named on a helper's command line: the TCP store's "host:port", or
+// "etcd|ENDPOINT|PREFIX" (whose owned keys live on a 2 s lease).
+std::unique_ptr<KeyValueStore> connect_spec(const std::string& spec) {
+  if (!spec.starts_with("etcd|")) return connect_tcp_store(spec, kWait);
+  auto bar = spec.find('|', 5);
+  EtcdOptions options;
+  options.endpoint = spec.substr(5, bar - 5);
+  options.prefix = spec.substr(bar + 1);
+  options.lease_ttl = std::chrono::seconds(2);
+  return connect_etcd_store(options, kWait);
+}
+
 int set_when_told(const std::string& address, const std::string& key, const std::string& value) {
-  auto store = connect_tcp_store(address, kWait);
+  auto store = connect_spec(address);
   std::cout << "CONNECTED x" << std::endl;
   std::string line;
   if (!std::getline(std::cin, line) || line != "go") return 2;
   store->set(key, bytes(value));
+  return 0;
+}
+
+// Sets `key` as this process's own and "job/shared" as a job key, says "SET", then waits to be
+// killed.
+int own_and_wait(const std::string& spec, const std::string& key) {
+  auto store = connect_spec(spec);
+  store->own_keys(key);
+  store->set(key, bytes("mine"));
+  store->set("job/shared", bytes("the job's"));
+  std::cout << "SET x" << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
   return 0;
 }
 
@@ -88,7 +116,7 @@ std::string endpoint_of(const std::string& role, int rank) {
 int run_instance(const std::string& address, const std::string& job, const std::string& role,
                  int rank) {
   try {
-    auto store = connect_tcp_store(address, kWait);
+    auto store = connect_spec(address);
     Rendezvous rendezvous(*store, job, role, rank);
     rendezvous.publish("endpoint", bytes(endpoint_of(role, rank)));
     rendezvous.wait_for_world(2, 2, kWait);
@@ -132,13 +160,66 @@ class RendezvousTcpStore : public testing::Test {
   std::unique_ptr<KeyValueStore> store_ = connect_tcp_store(server_.address(), kWait);
 };
 
+// The stores every rendezvous test runs against: the embedded TCP store, and a real etcd (one
+// for the whole binary, each test under a prefix of its own).
+class StoreUnderTest {
+ public:
+  virtual ~StoreUnderTest() = default;
+  virtual std::unique_ptr<KeyValueStore> client() = 0;
+  // How a helper process names it (connect_spec).
+  virtual std::string spec() const = 0;
+};
+
+class TcpUnderTest : public StoreUnderTest {
+ public:
+  std::unique_ptr<KeyValueStore> client() override {
+    return connect_tcp_store(server_.address(), kWait);
+  }
+  std::string spec() const override { return server_.address(); }
+
+ private:
+  TcpStoreServer server_{"127.0.0.1:0"};
+};
+
+class EtcdUnderTest : public StoreUnderTest {
+ public:
+  std::unique_ptr<KeyValueStore> client() override { return etcd().client(prefix_); }
+  std::string spec() const override { return "etcd|" + etcd().endpoint() + "|" + prefix_; }
+  static test::EtcdServer& etcd() {
+    static test::EtcdServer server;
+    return server;
+  }
+
+ private:
+  std::string prefix_ = fmt::format("test-{}-{}/", getpid(), next_++);
+  static inline std::atomic<int> next_{0};
+};
+
+class RendezvousStore : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "etcd") {
+      HETMESH_REQUIRE_ETCD_OR_SKIP();
+      under_ = std::make_unique<EtcdUnderTest>();
+    } else {
+      under_ = std::make_unique<TcpUnderTest>();
+    }
+    store_ = under_->client();
+  }
+  std::unique_ptr<StoreUnderTest> under_;
+  std::unique_ptr<KeyValueStore> store_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Stores, RendezvousStore, testing::Values("tcp", "etcd"),
+                         [](const auto& store) { return store.param; });
+
 TEST_F(RendezvousTcpStore, ReportsTheRealPort) {
   EXPECT_EQ(server_.address().rfind("127.0.0.1:", 0), 0u) << server_.address();
   EXPECT_NE(server_.address(), "127.0.0.1:0");
   EXPECT_EQ(store_->describe(), "tcp store " + server_.address());
 }
 
-TEST_F(RendezvousTcpStore, SetGetTryGetAddErase) {
+TEST_P(RendezvousStore, SetGetTryGetAddErase) {
   store_->set("a", {1, 2, 3});
   EXPECT_EQ(store_->get("a", milliseconds(100)), (Bytes{1, 2, 3}));
   EXPECT_EQ(store_->try_get("a"), (Bytes{1, 2, 3}));
@@ -163,7 +244,7 @@ TEST_F(RendezvousTcpStore, SetGetTryGetAddErase) {
   EXPECT_EQ(store_->get("big", milliseconds(1000)), big);
 }
 
-TEST_F(RendezvousTcpStore, AddRefusesValuesThatAreNotCounters) {
+TEST_P(RendezvousStore, AddRefusesValuesThatAreNotCounters) {
   store_->set("blob", {0xff, 0x00});
   try {
     store_->add("blob", 1);
@@ -180,7 +261,7 @@ TEST_F(RendezvousTcpStore, AddRefusesValuesThatAreNotCounters) {
   EXPECT_EQ(store_->add("max", -1), INT64_MAX - 1);  // the connection is still fine
 }
 
-TEST_F(RendezvousTcpStore, RejectsOversizedKeysAndValuesBeforeSending) {
+TEST_P(RendezvousStore, RejectsOversizedKeysAndValuesBeforeSending) {
   try {
     store_->set(std::string(KeyValueStore::kMaxKeyBytes + 1, 'k'), {1});
     FAIL() << "accepted a 4 KiB + 1 key";
@@ -195,10 +276,10 @@ TEST_F(RendezvousTcpStore, RejectsOversizedKeysAndValuesBeforeSending) {
   EXPECT_EQ(store_->try_get(std::string(KeyValueStore::kMaxKeyBytes, 'k')), Bytes{1});
 }
 
-TEST_F(RendezvousTcpStore, GetBlocksUntilAnotherThreadSetsTheKey) {
+TEST_P(RendezvousStore, GetBlocksUntilAnotherThreadSetsTheKey) {
   auto start = Clock::now();
   std::thread setter([&] {
-    auto other = connect_tcp_store(server_.address(), kWait);
+    auto other = under_->client();
     std::this_thread::sleep_for(milliseconds(300));
     other->set("late", bytes("here"));
   });
@@ -207,7 +288,7 @@ TEST_F(RendezvousTcpStore, GetBlocksUntilAnotherThreadSetsTheKey) {
   setter.join();
 }
 
-TEST_F(RendezvousTcpStore, OneThreadsBlockingGetDoesNotHoldUpAnother) {
+TEST_P(RendezvousStore, OneThreadsBlockingGetDoesNotHoldUpAnother) {
   // Both threads share one store object: the set must get through while the get waits.
   auto waiting = std::async(std::launch::async, [&] { return store_->get("shared", kWait); });
   std::this_thread::sleep_for(milliseconds(100));
@@ -215,8 +296,8 @@ TEST_F(RendezvousTcpStore, OneThreadsBlockingGetDoesNotHoldUpAnother) {
   EXPECT_EQ(waiting.get(), Bytes{42});
 }
 
-TEST_F(RendezvousTcpStore, GetBlocksUntilAnotherProcessSetsTheKey) {
-  ChildProcess setter({self_executable(), "--set", server_.address(), "from/child", "hello"});
+TEST_P(RendezvousStore, GetBlocksUntilAnotherProcessSetsTheKey) {
+  ChildProcess setter({self_executable(), "--set", under_->spec(), "from/child", "hello"});
   after(setter.read_line(kWait), "CONNECTED");
   auto waiting = std::async(std::launch::async, [&] { return store_->get("from/child", kWait); });
   EXPECT_EQ(waiting.wait_for(milliseconds(200)), std::future_status::timeout);  // still blocked
@@ -225,15 +306,15 @@ TEST_F(RendezvousTcpStore, GetBlocksUntilAnotherProcessSetsTheKey) {
   EXPECT_EQ(setter.wait(kWait).exit_code, 0);
 }
 
-TEST_F(RendezvousTcpStore, GetTimeoutNamesTheKeyAndTheStore) {
+TEST_P(RendezvousStore, GetTimeoutNamesTheKeyAndTheStore) {
   auto start = Clock::now();
   try {
     store_->get("job/ffn/1/endpoint", milliseconds(300));
     FAIL() << "got a key nobody set";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
-    EXPECT_EQ(std::string(e.what()), "tcp store " + server_.address() +
-                                         ": key 'job/ffn/1/endpoint' did not appear within 300 ms");
+    EXPECT_EQ(std::string(e.what()),
+              store_->describe() + ": key 'job/ffn/1/endpoint' did not appear within 300 ms");
   }
   EXPECT_GE(since(start), milliseconds(290));
   EXPECT_LT(since(start), milliseconds(3000));
@@ -278,15 +359,14 @@ TEST(RendezvousConnect, TimesOutWhenNoServerComes) {
 
 // ---- barrier -------------------------------------------------------------------------------
 
-TEST(RendezvousBarrier, ReusedByManyThreadsManyTimes) {
-  TcpStoreServer server("127.0.0.1:0");
+TEST_P(RendezvousStore, ReusedByManyThreadsManyTimes) {
   constexpr int kThreads = 5, kRounds = 6;
   std::atomic<int> entered[kRounds] = {};
   std::atomic<int> violations{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
-      auto store = connect_tcp_store(server.address(), kWait);
+      auto store = under_->client();
       for (int round = 0; round < kRounds; ++round) {
         // Stagger arrivals so the early ones really wait.
         std::this_thread::sleep_for(milliseconds((t * 7 + round * 3) % 20));
@@ -300,14 +380,13 @@ TEST(RendezvousBarrier, ReusedByManyThreadsManyTimes) {
     t.join();
   EXPECT_EQ(violations, 0);
   // Finished generations clean up after themselves: only the last round's key is left.
-  auto store = connect_tcp_store(server.address(), kWait);
+  auto store = under_->client();
   EXPECT_EQ(store->try_get("barrier/step/done/" + std::to_string(kRounds - 2)), std::nullopt);
   EXPECT_TRUE(store->try_get("barrier/step/done/" + std::to_string(kRounds - 1)));
 }
 
-TEST(RendezvousBarrier, TimeoutSaysHowManyArrived) {
-  TcpStoreServer server("127.0.0.1:0");
-  auto store = connect_tcp_store(server.address(), kWait);
+TEST_P(RendezvousStore, TimeoutSaysHowManyArrived) {
+  auto store = under_->client();
   try {
     barrier(*store, "lonely", 3, milliseconds(200));
     FAIL() << "a barrier of 3 let one through";
@@ -323,29 +402,27 @@ TEST(RendezvousBarrier, TimeoutSaysHowManyArrived) {
 
 // ---- Rendezvous ----------------------------------------------------------------------------
 
-TEST(RendezvousWorld, TwoAttentionTwoFfnAcrossProcesses) {
-  TcpStoreServer server("127.0.0.1:0");
+TEST_P(RendezvousStore, TwoAttentionTwoFfnAcrossProcesses) {
   std::vector<std::unique_ptr<ChildProcess>> instances;
   for (const char* role : {"attention", "ffn"})
     for (int rank = 0; rank < 2; ++rank)
       instances.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
-          self_executable(), "--instance", server.address(), "job42", role, std::to_string(rank)}));
+          self_executable(), "--instance", under_->spec(), "job42", role, std::to_string(rank)}));
   for (auto& instance : instances) {
     after(instance->read_line(kWait), "OK");
     ProcessResult result = instance->wait(kWait);
     EXPECT_EQ(result.exit_code, 0) << result.describe();
   }
   // The host waits for a clean departure before it lets the store go.
-  auto store = connect_tcp_store(server.address(), kWait);
+  auto store = under_->client();
   wait_for_departure(*store, "job42", 2, 2, milliseconds(1000));
   Rendezvous observer(*store, "job42", "attention", 0);
   EXPECT_TRUE(observer.has_left("ffn", 1));
   EXPECT_EQ(observer.fetch("ffn", 1, "endpoint", milliseconds(100)), bytes(endpoint_of("ffn", 1)));
 }
 
-TEST(RendezvousWorld, TimeoutListsTheMissingInstances) {
-  TcpStoreServer server("127.0.0.1:0");
-  auto store = connect_tcp_store(server.address(), kWait);
+TEST_P(RendezvousStore, TimeoutListsTheMissingInstances) {
+  auto store = under_->client();
   Rendezvous alone(*store, "job7", "attention", 0);
   try {
     alone.wait_for_world(1, 2, milliseconds(300));
@@ -371,17 +448,18 @@ TEST(RendezvousWorld, TimeoutListsTheMissingInstances) {
 
 // ---- membership: epochs and the member log --------------------------------------------------
 
-TEST_F(RendezvousTcpStore, CloneIsAClientOfItsOwn) {
+TEST_P(RendezvousStore, CloneIsAClientOfItsOwn) {
   store_->set("k", {7});
+  const std::string described = store_->describe();
   auto clone = store_->clone();
   store_.reset();  // the clone outlives the client it came from
   EXPECT_EQ(clone->try_get("k"), Bytes{7});
-  EXPECT_EQ(clone->describe(), "tcp store " + server_.address());
+  EXPECT_EQ(clone->describe(), described);
 }
 
 // Each start of an instance is a new epoch; what it published lives under that epoch, its
 // predecessor's goes, and only a replacement is announced.
-TEST_F(RendezvousTcpStore, EpochsCountUpAndBlobsFollowTheirEpoch) {
+TEST_P(RendezvousStore, EpochsCountUpAndBlobsFollowTheirEpoch) {
   Membership first(*store_, "job", "ffn", 1);
   EXPECT_EQ(first.join({{"endpoint", bytes("one")}}), 1u);
   Membership reader(*store_, "job", "attention", 0);
@@ -405,7 +483,7 @@ TEST_F(RendezvousTcpStore, EpochsCountUpAndBlobsFollowTheirEpoch) {
 
 // The member log's bytes are checked like a peer's: a malformed entry is skipped, and an entry
 // claimed but never written (its writer died in between) holds up the next only for the patience.
-TEST_F(RendezvousTcpStore, MemberWatchSkipsMalformedAndUnwrittenEntries) {
+TEST_P(RendezvousStore, MemberWatchSkipsMalformedAndUnwrittenEntries) {
   LogCapture logs;
   store_->add("job/members", 1);
   store_->set("job/members/1", bytes("ffn one 2"));
@@ -425,6 +503,88 @@ TEST_F(RendezvousTcpStore, MemberWatchSkipsMalformedAndUnwrittenEntries) {
   EXPECT_EQ(next->epoch, 4u);
   EXPECT_TRUE(logs.saw("member log entry 1 is malformed")) << logs.all();
   EXPECT_TRUE(logs.saw("member log entry 2 was claimed but never written")) << logs.all();
+}
+
+// ---- etcd: leases, and etcd itself failing ----------------------------------------------------
+
+// A killed instance's own keys expire with its lease (2 s here), and whoever watches them is
+// told; the job's keys it wrote stay.
+TEST(RendezvousEtcd, TheOwnKeysOfAKilledProcessExpireAndWatchersAreTold) {
+  HETMESH_REQUIRE_ETCD_OR_SKIP();
+  EtcdUnderTest etcd;
+  auto store = etcd.client();
+  ChildProcess owner({self_executable(), "--own", etcd.spec(), "job/ffn/0/e1/endpoint"});
+  after(owner.read_line(kWait), "SET");
+  EXPECT_FALSE(store->wait_removed("job/ffn/0/e1/endpoint", milliseconds(300)));  // renewed
+  owner.kill(SIGKILL);
+  owner.wait(kWait);
+  EXPECT_TRUE(store->wait_removed("job/ffn/0/e1/endpoint", milliseconds(20000)));
+  EXPECT_EQ(store->try_get("job/shared"), bytes("the job's"));
+}
+
+// A store on the embedded server keeps a dead process's keys: own_keys means nothing there.
+TEST(RendezvousEtcd, TheTcpStoreKeepsOwnKeys) {
+  TcpUnderTest tcp;
+  auto store = tcp.client();
+  ChildProcess owner({self_executable(), "--own", tcp.spec(), "k"});
+  after(owner.read_line(kWait), "SET");
+  owner.kill(SIGKILL);
+  owner.wait(kWait);
+  EXPECT_FALSE(store->wait_removed("k", milliseconds(300)));
+}
+
+TEST(RendezvousEtcd, EtcdDownAtStartIsAClearError) {
+  EtcdOptions options;
+  options.endpoint = fmt::format("http://127.0.0.1:{}", test::free_port());
+  options.prefix = "job/";
+  try {
+    connect_etcd_store(options, milliseconds(500));
+    FAIL() << "connected to an etcd that is not there";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
+    EXPECT_THAT(e.what(), testing::HasSubstr("etcd store " + options.endpoint +
+                                             ": not reachable within 500 ms"));
+  }
+}
+
+TEST(RendezvousEtcd, PlainHttpBeyondLoopbackIsRefused) {
+  EtcdOptions options;
+  options.endpoint = "http://192.0.2.10:2379";
+  options.prefix = "job/";
+  try {
+    connect_etcd_store(options, milliseconds(500));
+    FAIL() << "trusted plain HTTP beyond loopback";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
+    EXPECT_THAT(e.what(),
+                testing::HasSubstr("refusing etcd at http://192.0.2.10:2379 without TLS"));
+  }
+  options.endpoint = "ftp://127.0.0.1:2379";
+  EXPECT_THROW(connect_etcd_store(options, milliseconds(500)), Error);
+}
+
+// etcd killed mid-job: calls fail by name (never hang) while it is down, and the same client
+// works again once it is back, with the keys it held.
+TEST(RendezvousEtcd, TheStoreOutlivesARestartOfEtcd) {
+  HETMESH_REQUIRE_ETCD_OR_SKIP();
+  test::EtcdServer etcd;
+  EtcdOptions options;
+  options.endpoint = etcd.endpoint();
+  options.prefix = "job/";
+  auto store = connect_etcd_store(options, milliseconds(2000));
+  store->set("before", {1});
+  etcd.kill();
+  try {
+    store->set("during", {2});
+    FAIL() << "a set succeeded with etcd down";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), kStatusPeerLost) << e.what();
+    EXPECT_THAT(e.what(), testing::HasSubstr("etcd store " + etcd.endpoint()));
+  }
+  etcd.start();
+  store->set("after", {3});
+  EXPECT_EQ(store->try_get("before"), Bytes{1});
+  EXPECT_EQ(store->get("after", milliseconds(1000)), Bytes{3});
 }
 
 TEST(RendezvousMembers, ParsesOnlyExactEntries) {
@@ -814,6 +974,7 @@ int main(int argc, char** argv) {
   if (args.size() == 1 && args[0] == "--serve-store") return hetmesh::serve_store();
   if (args.size() == 4 && args[0] == "--set")
     return hetmesh::set_when_told(args[1], args[2], args[3]);
+  if (args.size() == 3 && args[0] == "--own") return hetmesh::own_and_wait(args[1], args[2]);
   if (args.size() == 5 && args[0] == "--instance")
     return hetmesh::run_instance(args[1], args[2], args[3], std::stoi(args[4]));
   testing::InitGoogleTest(&argc, argv);

@@ -36,7 +36,7 @@ constexpr int64_t kMaxCpu = 1023;                         // CPU_SETSIZE - 1
 // The names in the file, indexed by the enums' values.
 constexpr std::array<std::string_view, 4> kDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
 constexpr std::array<std::string_view, 2> kGatherNames = {"all", "eager"};
-constexpr std::array<std::string_view, 1> kRendezvousNames = {"tcp"};
+constexpr std::array<std::string_view, 2> kRendezvousNames = {"tcp", "etcd"};
 // "auto", then the transports by name (parse_transport_kind).
 constexpr std::array<std::string_view, 4> kTransportNames = {"auto", "ipc", "tcp", "verbs"};
 
@@ -283,15 +283,21 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
 
   static constexpr std::array<std::string_view, 3> kRendezvous = {"kind", "address", "secret_file"};
   TomlSection rendezvous = root.table("rendezvous", kRendezvous);
-  // "etcd" is a known name, so it gets "not supported yet" rather than "unknown value".
-  static constexpr std::array<std::string_view, 2> kRendezvousKinds = {"tcp", "etcd"};
-  if (rendezvous.choice("kind", 0, kRendezvousKinds) != 0)
-    rendezvous.fail("kind", "\"etcd\" is not supported yet (use \"tcp\", the embedded store)");
-  c.rendezvous.kind = RendezvousKind::tcp;
-  c.rendezvous.address = rendezvous.string("address", c.rendezvous.address);
-  if (!valid_host_port(c.rendezvous.address))
-    rendezvous.fail("address", fmt::format("expected host:port (IPv6 as [addr]:port), got {}",
-                                           toml_quote(c.rendezvous.address)));
+  c.rendezvous.kind = static_cast<RendezvousKind>(
+      rendezvous.choice("kind", static_cast<size_t>(c.rendezvous.kind), kRendezvousNames));
+  if (c.rendezvous.kind == RendezvousKind::etcd) {
+    c.rendezvous.address = rendezvous.string("address", "http://127.0.0.1:2379");
+    if (!c.rendezvous.address.starts_with("http://") &&
+        !c.rendezvous.address.starts_with("https://"))
+      rendezvous.fail("address", fmt::format("etcd's address is http://host:port or "
+                                             "https://host:port, got {}",
+                                             toml_quote(c.rendezvous.address)));
+  } else {
+    c.rendezvous.address = rendezvous.string("address", c.rendezvous.address);
+    if (!valid_host_port(c.rendezvous.address))
+      rendezvous.fail("address", fmt::format("expected host:port (IPv6 as [addr]:port), got {}",
+                                             toml_quote(c.rendezvous.address)));
+  }
   c.rendezvous.secret_file = rendezvous.string("secret_file", c.rendezvous.secret_file);
 
   static constexpr std::array<std::string_view, 3> kTracing = {"enabled", "chrome_trace",

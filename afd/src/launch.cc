@@ -84,8 +84,7 @@ int run_instance(const InstanceIdentity& who, const std::function<int()>& body) 
   if (!consequence) {
     try {
       // Short: the store was up when the job started, so a refusal now means it is gone.
-      auto store =
-          connect_tcp_store(who.store, std::min(who.timeout, std::chrono::milliseconds(500)));
+      auto store = connect_store(who.store, std::min(who.timeout, std::chrono::milliseconds(500)));
       Rendezvous rendezvous(*store, who.job, who.role, who.rank);
       consequence = !rendezvous.report_failure(message);
     } catch (const std::exception& e) {
@@ -173,6 +172,16 @@ LocalInstances parse_instances(const std::vector<std::string>& values, const Job
   return {{attention.begin(), attention.end()}, {ffn.begin(), ffn.end()}};
 }
 
+namespace {
+
+// "host:port" of "http://host:port/...".
+std::string url_host_port(const std::string& url) {
+  std::string rest = url.substr(url.find("://") + 3);
+  return rest.substr(0, rest.find('/'));
+}
+
+}  // namespace
+
 JobStore::JobStore(const JobConfig& config, const std::string& join,
                    const std::filesystem::path& folder) {
   std::optional<JobSecret> secret;
@@ -181,10 +190,13 @@ JobStore::JobStore(const JobConfig& config, const std::string& join,
     secret = JobSecret::read_file(file);
   else if ((secret = JobSecret::from_environment()))
     file = std::getenv(JobSecret::kFileVariable);
-  if (!secret && join.empty()) {
+  const bool etcd = config.rendezvous.kind == RendezvousKind::etcd;
+  if (!secret && (join.empty() || etcd)) {
     // A job of this launcher's own gets a secret for it alone; one across hosts must name the
     // file every host reads, since nobody else could learn this one.
-    const auto where = net::resolve(config.rendezvous.address, /*passive=*/true, "store address");
+    const auto where =
+        net::resolve(etcd ? url_host_port(config.rendezvous.address) : config.rendezvous.address,
+                     /*passive=*/true, "store address");
     if (!net::is_loopback(where.front()))
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("[rendezvous] address {} is reachable from other hosts: name the "
@@ -199,6 +211,10 @@ JobStore::JobStore(const JobConfig& config, const std::string& join,
   if (secret) {
     secret_file_ = std::filesystem::absolute(file).string();
     ::setenv(JobSecret::kFileVariable, secret_file_.c_str(), 1);
+  }
+  if (etcd) {  // nothing to host: every invocation meets at etcd
+    address_ = config.rendezvous.address;
+    return;
   }
   if (!join.empty()) {
     address_ = join;
@@ -364,7 +380,7 @@ void LocalJob::publish_failure(const Instance& instance, const InstanceFailure& 
   gethostname(host, sizeof host - 1);
   std::string why = failure.reason.empty() ? failure.result.describe() : failure.reason;
   try {
-    auto store = connect_tcp_store(store_, std::chrono::milliseconds(500));
+    auto store = connect_store(store_, std::chrono::milliseconds(500));
     publish_job_failure(*store, job_,
                         fmt::format("{}:{} on {} pid {}: {}", instance.role, instance.rank, host,
                                     instance.process->pid(), why));
@@ -386,7 +402,7 @@ std::vector<std::string> LocalJob::explain(const std::vector<InstanceFailure>& f
   if (lines.empty() && after > 0) {
     std::string report = "its report could not be read from the store";
     try {
-      auto store = connect_tcp_store(store_, std::chrono::milliseconds(2000));
+      auto store = connect_store(store_, std::chrono::milliseconds(2000));
       report = job_failure(*store, job_).value_or("no instance published its failure");
     } catch (const std::exception& e) {
       report += fmt::format(" ({})", e.what());

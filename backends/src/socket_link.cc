@@ -332,8 +332,15 @@ Attempt handshake(const Fd& fd, const SocketAddress& address, const std::string&
   random_bytes(hello.nonce);
   send_all(fd.get(), &hello, sizeof hello, "the link hello", deadline);
   Challenge c{};
-  if (!net::recv_exact(fd.get(), &c, sizeof c, "the link challenge", deadline))
+  try {
+    if (!net::recv_exact(fd.get(), &c, sizeof c, "the link challenge", deadline))
+      return Attempt::again;
+  } catch (const Error& e) {
+    // Closed or reset before a word: the listener shed the connection (out of descriptors, or
+    // too many opening at once). Anything else is for the caller.
+    if (e.status() != kStatusPeerLost) throw;
     return Attempt::again;
+  }
   if (c.magic != kMagic)
     throw Error(kStatusProtocolError,
                 fmt::format("{} answered the link hello with something else (magic {:08x}): it "

@@ -15,9 +15,12 @@ extern char** environ;
 namespace hetmesh {
 namespace {
 
-constexpr std::array<std::string_view, 21> kKnownVariables = {
+constexpr std::array<std::string_view, 26> kKnownVariables = {
     // The log (log.hpp).
     "HETMESH_LOG", "HETMESH_LOG_FILE",
+    // The job's secret (job_secret.hpp) and etcd's TLS files (rendezvous.hpp).
+    "HETMESH_JOB_SECRET_FILE", "HETMESH_ETCD_CA_FILE", "HETMESH_ETCD_CERT_FILE",
+    "HETMESH_ETCD_KEY_FILE",
     // The plugin loader (plugin.hpp).
     "HETMESH_PLUGINS", "HETMESH_PLUGIN_PATH",
     // The verbs transport (backends/src/verbs_device.cc).
@@ -27,9 +30,9 @@ constexpr std::array<std::string_view, 21> kKnownVariables = {
     "HETMESH_ASIC_STUB_DEVICES", "HETMESH_ASIC_STUB_MEMORY_MIB",
     "HETMESH_ASIC_STUB_COPY_LATENCY_US", "HETMESH_ASIC_STUB_COPY_BANDWIDTH_GBPS",
     // Tests and CI (tests/, ci/rxe-vm.sh), which run hetmesh with them set.
-    "HETMESH_REQUIRE_TRANSPORTS", "HETMESH_CACHE", "HETMESH_RXE_VM", "HETMESH_RXE_DEVICE",
-    "HETMESH_RXE_GID_INDEX", "HETMESH_RXE_IP", "HETMESH_RXE_RESULTS", "HETMESH_RXE_KERNEL",
-    "HETMESH_RXE_VM_DEBUG"};
+    "HETMESH_REQUIRE_TRANSPORTS", "HETMESH_REQUIRE_ETCD", "HETMESH_CACHE", "HETMESH_RXE_VM",
+    "HETMESH_RXE_DEVICE", "HETMESH_RXE_GID_INDEX", "HETMESH_RXE_IP", "HETMESH_RXE_RESULTS",
+    "HETMESH_RXE_KERNEL", "HETMESH_RXE_VM_DEBUG"};
 
 }  // namespace
 

@@ -54,6 +54,9 @@ uint64_t Membership::join(const std::map<std::string, std::vector<uint8_t>>& blo
   const std::string& role = rendezvous_.role();
   const int rank = rendezvous_.rank();
   const auto epoch = static_cast<uint64_t>(store_.add(rendezvous_.key(role, rank, "epochs"), 1));
+  // This incarnation's blobs die with it (a store with leases deletes them); the epoch counter
+  // and the pointer to the current epoch outlive it, for its replacement.
+  store_.own_keys(rendezvous_.key(role, rank, epoch_key(epoch, "")));
   for (const auto& [what, blob] : blobs)
     rendezvous_.publish(epoch_key(epoch, what), blob);
   // Current only once complete: a peer that reads the epoch finds everything it published.

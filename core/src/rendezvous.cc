@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 
 namespace hetmesh {
 
@@ -15,6 +16,17 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 KeyValueStore::~KeyValueStore() = default;
+
+void KeyValueStore::own_keys(const std::string&) {}
+
+bool KeyValueStore::wait_removed(const std::string& key, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (try_get(key)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
 
 namespace {
 

@@ -31,6 +31,8 @@ Fd open_spare() {
 
 }  // namespace
 
+Opening::~Opening() = default;
+
 struct Gate::Connection {
   Fd fd;
   std::string from;

@@ -52,7 +52,7 @@ struct BareInstance {
     transport = Transport::create(spec.transport);
     send_region = transport->register_memory(device, send.data(), send.size());
     receive_region = transport->register_memory(device, receive.data(), receive.size());
-    auto store = connect_tcp_store(o.store, c.job.timeout);
+    auto store = connect_store(o.store, c.job.timeout);
     Rendezvous rendezvous(*store, "bare", attention ? "attention" : "ffn", rank);
     rendezvous.publish("endpoint", transport->endpoint());
     rendezvous.publish("receive", receive_region->describe());

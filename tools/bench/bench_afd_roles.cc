@@ -49,7 +49,7 @@ afd::EngineSpec pinned(afd::EngineSpec spec, const AfdBenchOptions& o) {
 
 int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
-  auto store = connect_tcp_store(o.store, c.job.timeout);
+  auto store = connect_store(o.store, c.job.timeout);
   afd::AttentionEngine engine(pinned(afd::engine_spec(c, afd::Role::attention, o.rank), o), device,
                               *store);
   const int M = c.job.micro_batches;
@@ -81,7 +81,7 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
 
 int run_ffn(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
-  auto store = connect_tcp_store(o.store, c.job.timeout);
+  auto store = connect_store(o.store, c.job.timeout);
   afd::FfnEngine engine(pinned(afd::engine_spec(c, afd::Role::ffn, o.rank), o), device, *store);
   std::ofstream(fs::path(o.out) / fmt::format("ffn{}.info.json", o.rank))
       << nlohmann::json{{"registered", total(engine.registered())}}.dump();

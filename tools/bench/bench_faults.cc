@@ -83,7 +83,7 @@ constexpr std::chrono::milliseconds kJoinLimit{10000};
 int run_instance(const FaultOptions& o) {
   set_log_identity(fmt::format("{}:{}", o.role, o.rank));
   try {
-    auto store = connect_tcp_store(o.store, std::chrono::milliseconds(10000));
+    auto store = connect_store(o.store, std::chrono::milliseconds(10000));
     if (o.role == "ffn") {
       EngineSpec spec = spec_of(o, Role::ffn);
       Device device = PluginRegistry::load().device(o.ffn_device);

@@ -126,7 +126,7 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   TinyMoe model(model_shape(c));
   const ModelShape& shape = model.shape();
   const int M = c.job.micro_batches, F = c.job.ffn;
-  auto store = connect_tcp_store(o.store, c.job.timeout);
+  auto store = connect_store(o.store, c.job.timeout);
   afd::AttentionEngine engine(afd::engine_spec(c, afd::Role::attention, o.rank), device, *store);
   // Attention runs on the host. On a device whose memory the host cannot touch (a GPU), its
   // outputs go up through pinned staging and a stream copy, push_pull starts when the copy's event
@@ -221,7 +221,7 @@ int run_ffn(const JobConfig& c, const DemoOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
   TinyMoe model(model_shape(c));
   auto runner = ExpertRunner::create(device, model, o.rank, c.job.ffn);
-  auto store = connect_tcp_store(o.store, c.job.timeout);
+  auto store = connect_store(o.store, c.job.timeout);
   afd::FfnEngine engine(afd::engine_spec(c, afd::Role::ffn, o.rank), device, *store);
   Stream stream = device.create_stream();
   while (auto batch = engine.get_batch(c.job.timeout)) {

@@ -39,9 +39,9 @@ const char* to_string(Gather gather);  // "all", "eager"
 // peers are).
 const char* to_string(std::optional<TransportKind> kind);  // "auto", "ipc", "tcp", "verbs"
 
-// The key-value store used for rendezvous. "etcd" is a reserved name: rejected for now.
-enum class RendezvousKind { tcp };
-const char* to_string(RendezvousKind kind);  // "tcp"
+// The key-value store used for rendezvous: the embedded TCP store, or etcd.
+enum class RendezvousKind { tcp, etcd };
+const char* to_string(RendezvousKind kind);  // "tcp", "etcd"
 
 struct JobSection {
   int attention = 1;                         // A instances, 1..1024
@@ -103,9 +103,12 @@ struct TransportSection {
 };
 
 struct RendezvousSection {
-  RendezvousKind kind = RendezvousKind::tcp;  // "tcp": the embedded store
-  // host:port of the store. Port 0 (the default) lets the hosting process pick a free port and
-  // report it, which is what a single-host job wants; multi-node jobs name a fixed port.
+  RendezvousKind kind = RendezvousKind::tcp;  // "tcp": the embedded store; "etcd"
+  // tcp: host:port of the store. Port 0 (the default) lets the hosting process pick a free port
+  // and report it, which is what a single-host job wants; multi-node jobs name a fixed port.
+  // etcd: its client URL, http://host:port on loopback or https://host:port (default
+  // http://127.0.0.1:2379; TLS files in HETMESH_ETCD_CA_FILE, _CERT_FILE, _KEY_FILE). Keys go
+  // under "hetmesh/<job>/".
   std::string address = "127.0.0.1:0";
   // The job secret's file (job_secret.hpp): what every host of a job across hosts reads. Empty: a
   // launcher that hosts the store makes one for the job.

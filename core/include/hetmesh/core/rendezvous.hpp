@@ -1,10 +1,10 @@
 // Rendezvous: how the processes of a job find each other before any data moves.
 //
-// Everything goes through a small key-value interface, so the embedded TCP store (the default:
-// one process hosts a TcpStoreServer, every process connects to it) can later be swapped for a
-// real distributed store such as etcd without touching the engine. On top of any store there are
-// a reusable barrier and Rendezvous, which publishes an instance's blobs (endpoint and slot-table
-// descriptors) under "<job>/<role>/<rank>/<what>" and waits for the whole world.
+// Everything goes through a small key-value interface with two stores behind it: the embedded
+// TCP store (the default: one process hosts a TcpStoreServer, every process connects to it) and
+// etcd, where each instance's keys live on a lease that expires when it dies. On top of any store
+// there are a reusable barrier and Rendezvous, which publishes an instance's blobs (endpoint and
+// slot-table descriptors) under "<job>/<role>/<rank>/<what>" and waits for the whole world.
 //
 // Every blocking call takes a timeout; a store that dies makes calls fail promptly with
 // Error(kStatusPeerLost) (or HM_ERR_TIMEOUT when it stops answering), never hang.
@@ -51,6 +51,14 @@ class KeyValueStore {
   // Another client of the same store, with connections of its own: for an object or thread that
   // may outlive this client (an engine's rejoin thread). Throws as connecting does.
   virtual std::unique_ptr<KeyValueStore> clone() const = 0;
+  // Keys that this client (or a clone) sets under `prefix` from now on belong to this process: a
+  // store with leases (etcd) deletes them once the process stops renewing its lease (it died, or
+  // lost the store), which ends every wait_removed on them. The embedded store keeps every key
+  // until it is erased.
+  virtual void own_keys(const std::string& prefix);
+  // Waits until `key` does not exist: true if it is gone, false if it still exists after
+  // `timeout`. etcd watches for the deletion; the embedded store looks every 20 ms.
+  virtual bool wait_removed(const std::string& key, std::chrono::milliseconds timeout);
 };
 
 // What one embedded store holds at most, keys and values together: a set or an add beyond either
@@ -96,6 +104,33 @@ class TcpStoreServer {
 std::unique_ptr<KeyValueStore> connect_tcp_store(const std::string& address,
                                                  std::chrono::milliseconds timeout,
                                                  std::optional<JobSecret> secret = std::nullopt);
+
+// A store in etcd (Debian etcd-server 3.4), through its v3 JSON gateway.
+struct EtcdOptions {
+  // "http://host:port" (loopback only: plain HTTP beyond it is refused) or "https://host:port".
+  std::string endpoint = "http://127.0.0.1:2379";
+  // Every key goes under it: one job's keys never meet another's ("hetmesh/<job>/").
+  std::string prefix;
+  // The keys a process owns (own_keys) are deleted this long after it stops renewing them.
+  std::chrono::seconds lease_ttl{5};
+  // TLS with etcd's client certificates, where etcd is configured for it: PEM files. Empty: the
+  // system's CAs and no client certificate. connect_store takes them from HETMESH_ETCD_CA_FILE,
+  // HETMESH_ETCD_CERT_FILE and HETMESH_ETCD_KEY_FILE.
+  std::string ca_file, cert_file, key_file;
+};
+
+// Connects to etcd, retrying until it answers or `timeout` passes (Error(HM_ERR_TIMEOUT) saying
+// why); the same timeout bounds each later request. Throws Error(INVALID_ARGUMENT) for an
+// endpoint that is not http(s)://host:port, or plain HTTP beyond loopback. Safe to share between
+// threads; get() and wait_removed() wait on etcd watches.
+std::unique_ptr<KeyValueStore> connect_etcd_store(const EtcdOptions& options,
+                                                  std::chrono::milliseconds timeout);
+
+// The store at `address`: etcd for "http://host:port" or "https://host:port" (keys under
+// "hetmesh/", TLS files from the environment), else the embedded TCP store at "host:port"
+// (connect_tcp_store, with the secret from the environment).
+std::unique_ptr<KeyValueStore> connect_store(const std::string& address,
+                                             std::chrono::milliseconds timeout);
 
 // How often a rendezvous wait looks for its job's published failure.
 constexpr std::chrono::milliseconds kFailureCheck{100};

@@ -32,7 +32,7 @@ class Opening {
     bool admitted = false;      // with await 0: hand the connection over, else close it
     std::string refusal;        // with await 0 and not admitted: why, for the log
   };
-  virtual ~Opening() = default;
+  virtual ~Opening();  // out of line: one vtable for every library that derives from it
   // The first step, when the connection has been accepted.
   virtual Step start() = 0;
   // The next step, given the frame that the last step awaited.

@@ -1,0 +1,226 @@
+// etcd's v3 JSON gateway over libcurl (etcd_client.hpp).
+#include "etcd_client.hpp"
+
+#include <fmt/format.h>
+
+#include <curl/curl.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <charconv>
+#include <memory>
+
+namespace hetmesh::etcd {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A reply bigger than this is not one etcd sends for our requests.
+constexpr size_t kMaxReplyBytes = 64 << 20;
+
+void global_init() {
+  static const CURLcode once = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (once != CURLE_OK)
+    throw Error(HM_ERR_BACKEND,
+                fmt::format("etcd: curl_global_init: {}", curl_easy_strerror(once)));
+}
+
+struct Body {
+  std::string text;
+  bool too_big = false;
+};
+
+size_t collect(char* data, size_t size, size_t count, void* user) {
+  auto* body = static_cast<Body*>(user);
+  size_t n = size * count;
+  if (body->text.size() + n > kMaxReplyBytes) {
+    body->too_big = true;
+    return 0;
+  }
+  body->text.append(data, n);
+  return n;
+}
+
+// What a watch stream's write callback needs: the lines so far and the caller's test.
+struct WatchState {
+  std::string pending;
+  const std::function<bool(const nlohmann::json&)>* done;
+  bool satisfied = false;
+  std::string error;
+};
+
+size_t watch_chunk(char* data, size_t size, size_t count, void* user) {
+  auto* w = static_cast<WatchState*>(user);
+  size_t n = size * count;
+  w->pending.append(data, n);
+  if (w->pending.size() > kMaxReplyBytes) {
+    w->error = "a watch reply line is too long";
+    return 0;
+  }
+  for (size_t end; (end = w->pending.find('\n')) != std::string::npos;) {
+    std::string line = w->pending.substr(0, end);
+    w->pending.erase(0, end + 1);
+    nlohmann::json message = nlohmann::json::parse(line, nullptr, false);
+    if (message.is_discarded() || !message.is_object()) {
+      w->error = "a watch reply that is not JSON";
+      return 0;
+    }
+    if (message.contains("error")) {
+      w->error = message["error"].dump();
+      return 0;
+    }
+    const nlohmann::json& result = message.value("result", nlohmann::json::object());
+    if (!result.is_object() || !result.contains("events")) continue;
+    for (const nlohmann::json& event : result["events"])
+      if ((*w->done)(event)) {
+        w->satisfied = true;
+        return 0;  // ends the transfer: the caller has what it waited for
+      }
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string base64(std::span<const uint8_t> bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3), '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), bytes.data(),
+                          static_cast<int>(bytes.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+std::string base64(std::string_view text) {
+  return base64(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+std::vector<uint8_t> unbase64(std::string_view text, std::string_view what) {
+  if (text.size() % 4 != 0)
+    throw Error(kStatusProtocolError, fmt::format("etcd sent {} that is not base64", what));
+  std::vector<uint8_t> out(text.size() / 4 * 3);
+  int n = EVP_DecodeBlock(out.data(), reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0)
+    throw Error(kStatusProtocolError, fmt::format("etcd sent {} that is not base64", what));
+  size_t padding = static_cast<size_t>(
+      std::count(text.end() - std::min<size_t>(2, text.size()), text.end(), '='));
+  out.resize(static_cast<size_t>(n) - padding);
+  return out;
+}
+
+int64_t integer(const nlohmann::json& object, const char* field) {
+  if (!object.is_object() || !object.contains(field)) return 0;
+  const nlohmann::json& v = object[field];
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (!v.is_string())
+    throw Error(kStatusProtocolError, fmt::format("etcd sent a '{}' that is not a number", field));
+  const std::string& text = v.get_ref<const std::string&>();
+  int64_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size())
+    throw Error(kStatusProtocolError,
+                fmt::format("etcd sent '{}': '{}', not a number", field, text));
+  return value;
+}
+
+Client::Client(std::string endpoint, Tls tls)
+    : endpoint_(std::move(endpoint)), tls_(std::move(tls)) {
+  global_init();
+  headers_ = curl_slist_append(nullptr, "Content-Type: application/json");
+  if (headers_ == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "etcd: curl_slist_append failed");
+}
+
+Client::~Client() {
+  for (void* curl : idle_)
+    curl_easy_cleanup(static_cast<CURL*>(curl));
+  curl_slist_free_all(static_cast<curl_slist*>(headers_));
+}
+
+void* Client::handle() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!idle_.empty()) {
+      void* curl = idle_.back();
+      idle_.pop_back();
+      return curl;
+    }
+  }
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "etcd: curl_easy_init failed");
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for timeouts
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers_);  // lives as long as the client
+  if (!tls_.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, tls_.ca_file.c_str());
+  if (!tls_.cert_file.empty()) curl_easy_setopt(curl, CURLOPT_SSLCERT, tls_.cert_file.c_str());
+  if (!tls_.key_file.empty()) curl_easy_setopt(curl, CURLOPT_SSLKEY, tls_.key_file.c_str());
+  return curl;
+}
+
+void Client::give_back(void* curl) {
+  std::lock_guard lock(mutex_);
+  idle_.push_back(curl);
+}
+
+nlohmann::json Client::call(const std::string& path, const nlohmann::json& body,
+                            milliseconds timeout) {
+  auto* curl = static_cast<CURL*>(handle());
+  std::unique_ptr<CURL, void (*)(CURL*)> dropped(curl, curl_easy_cleanup);  // unless given back
+  const std::string url = endpoint_ + path;
+  const std::string request = body.dump();
+  Body reply;
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(request.size()));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &reply);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
+                   static_cast<long>(std::max<int64_t>(1, timeout.count())));
+  CURLcode rc = curl_easy_perform(curl);
+  long http = 0;
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
+  if (rc == CURLE_OPERATION_TIMEDOUT)
+    throw Error(HM_ERR_TIMEOUT, fmt::format("etcd {}: {} did not answer within {} ms", endpoint_,
+                                            path, timeout.count()));
+  if (rc != CURLE_OK)
+    throw Error(reply.too_big ? kStatusProtocolError : kStatusPeerLost,
+                fmt::format("etcd {}: {}: {}", endpoint_, path,
+                            reply.too_big ? "the reply is too big" : curl_easy_strerror(rc)));
+  nlohmann::json answer = nlohmann::json::parse(reply.text, nullptr, false);
+  if (answer.is_discarded() || !answer.is_object())
+    throw Error(kStatusProtocolError,
+                fmt::format("etcd {}: {}: HTTP {} with a reply that is not JSON: {:.200}",
+                            endpoint_, path, http, reply.text));
+  if (http != 200)
+    throw Error(HM_ERR_BACKEND, fmt::format("etcd {}: {}: HTTP {}: {}", endpoint_, path, http,
+                                            answer.value("message", answer.dump())));
+  dropped.release();
+  give_back(curl);
+  return answer;
+}
+
+bool Client::watch(const std::string& key, int64_t revision,
+                   const std::function<bool(const nlohmann::json&)>& done, milliseconds timeout) {
+  // A handle of its own: an aborted stream leaves its connection unusable for the pool.
+  std::unique_ptr<CURL, void (*)(CURL*)> curl(static_cast<CURL*>(handle()), curl_easy_cleanup);
+  const std::string url = endpoint_ + "/v3/watch";
+  nlohmann::json create = {{"key", key}, {"start_revision", std::to_string(revision)}};
+  const std::string request = nlohmann::json{{"create_request", create}}.dump();
+  WatchState state;
+  state.done = &done;
+  curl_easy_setopt(curl.get(), CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl.get(), CURLOPT_POSTFIELDS, request.c_str());
+  curl_easy_setopt(curl.get(), CURLOPT_POSTFIELDSIZE, static_cast<long>(request.size()));
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEFUNCTION, watch_chunk);
+  curl_easy_setopt(curl.get(), CURLOPT_WRITEDATA, &state);
+  curl_easy_setopt(curl.get(), CURLOPT_TIMEOUT_MS,
+                   static_cast<long>(std::max<int64_t>(1, timeout.count())));
+  CURLcode rc = curl_easy_perform(curl.get());
+  if (state.satisfied) return true;
+  if (!state.error.empty())
+    throw Error(kStatusProtocolError, fmt::format("etcd {}: watch: {}", endpoint_, state.error));
+  if (rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_OK) return false;
+  throw Error(kStatusPeerLost,
+              fmt::format("etcd {}: watch: {}", endpoint_, curl_easy_strerror(rc)));
+}
+
+}  // namespace hetmesh::etcd
