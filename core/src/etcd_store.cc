@@ -276,20 +276,4 @@ std::unique_ptr<KeyValueStore> connect_etcd_store(const EtcdOptions& options,
   return std::make_unique<EtcdStore>(std::move(shared));
 }
 
-std::unique_ptr<KeyValueStore> connect_store(const std::string& address, milliseconds timeout) {
-  if (!address.starts_with("http://") && !address.starts_with("https://"))
-    return connect_tcp_store(address, timeout);
-  auto from_environment = [](const char* name) {
-    const char* value = std::getenv(name);
-    return std::string(value ? value : "");
-  };
-  EtcdOptions options;
-  options.endpoint = address;
-  options.prefix = "hetmesh/";  // then the job id: every key is "hetmesh/<job>/..."
-  options.ca_file = from_environment("HETMESH_ETCD_CA_FILE");
-  options.cert_file = from_environment("HETMESH_ETCD_CERT_FILE");
-  options.key_file = from_environment("HETMESH_ETCD_KEY_FILE");
-  return connect_etcd_store(options, timeout);
-}
-
 }  // namespace hetmesh

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 namespace hetmesh {
@@ -18,6 +19,23 @@ using std::chrono::milliseconds;
 KeyValueStore::~KeyValueStore() = default;
 
 void KeyValueStore::own_keys(const std::string&) {}
+
+std::unique_ptr<KeyValueStore> connect_store(const std::string& address,
+                                             std::chrono::milliseconds timeout) {
+  if (!address.starts_with("http://") && !address.starts_with("https://"))
+    return connect_tcp_store(address, timeout);
+  auto from_environment = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value ? value : "");
+  };
+  EtcdOptions options;
+  options.endpoint = address;
+  options.prefix = "hetmesh/";  // then the job id: every key is "hetmesh/<job>/..."
+  options.ca_file = from_environment("HETMESH_ETCD_CA_FILE");
+  options.cert_file = from_environment("HETMESH_ETCD_CERT_FILE");
+  options.key_file = from_environment("HETMESH_ETCD_KEY_FILE");
+  return connect_etcd_store(options, timeout);
+}
 
 bool KeyValueStore::wait_removed(const std::string& key, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
