@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -340,6 +341,26 @@ TEST(DemoLaunchTest, TwoInvocationsShareOneJob) {
   // Split over two invocations, the one-way times (two clocks) are left out.
   EXPECT_NE(output.find("one-way times omitted"), std::string::npos) << output;
   fs::remove_all(dir);
+}
+
+// A benchmark's JSON says where and when it ran and with which hetmesh, beside its figures.
+TEST(BenchJsonTest, TransportResultsNameTheirMachineDateAndVersion) {
+  test::TempDir dir;
+  ProcessResult r = run_process({HETMESH_CLI, "bench", "transport", "--transport", "tcp", "--sizes",
+                                 "4K", "--iterations", "20", "--json", dir.file("bench.json")},
+                                std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  json results = json::parse(std::ifstream(dir.file("bench.json")), nullptr, false);
+  ASSERT_TRUE(results.is_object()) << r.out;
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  std::time_t now = std::time(nullptr);
+  char today[16];
+  std::strftime(today, sizeof today, "%Y-%m-%d", std::gmtime(&now));
+  EXPECT_EQ(results["run"]["host"], host);
+  EXPECT_EQ(results["run"]["date"].get<std::string>().substr(0, 10), today);
+  EXPECT_EQ(results["run"]["hetmesh_version"].get<std::string>().find('.'), 1u);
+  EXPECT_EQ(results["rows"].size(), 1u);
 }
 
 // A job over etcd, split over two invocations as on two hosts: nothing is hosted, both meet at

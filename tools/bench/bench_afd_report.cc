@@ -1,6 +1,7 @@
 // `hetmesh bench afd`: the report of one run, a table on stdout and optionally JSON. ci/bench.sh
 // and ci/gpu/afd_summary.py read the JSON: its keys stay.
 #include "bench_afd.hpp"
+#include "provenance.hpp"
 
 #include <hetmesh/afd/job.hpp>
 
@@ -80,6 +81,7 @@ nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
   const afd::Percentiles& rt = r.metrics.values["round trip"];
   const unsigned cpus = std::thread::hardware_concurrency();
   nlohmann::json out = {
+      {"run", provenance()},
       {"attention", c.job.attention},
       {"ffn", c.job.ffn},
       {"micro_batches", c.job.micro_batches},

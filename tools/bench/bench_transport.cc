@@ -3,8 +3,11 @@
 // memcpy_async of the source memory into pinned host memory through its plugin, always; more for
 // some transports) and the ratios. A second copy of this program is the peer.
 #include "commands.hpp"
+#include "provenance.hpp"
 
 #include <hetmesh/core/hex.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/socket.hpp>
 #include <hetmesh/core/subprocess.hpp>
 #include <hetmesh/transport/rdma_info.hpp>
 #include <hetmesh/transport/transport.hpp>
@@ -19,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace hetmesh::cli {
@@ -41,6 +45,9 @@ struct BenchOptions {
   // ipc: the staging ring's geometry (TransportOptions)
   uint32_t staging_slots = TransportOptions{}.staging_slots;
   uint64_t staging_slot_kib = TransportOptions{}.staging_slot_bytes >> 10;
+  std::string rdma_device;  // verbs: the RDMA device ("" = the first active one)
+  // Across hosts: this end serves at HOST:PORT (as ib_write_bw's server does), or connects to one.
+  std::string listen, connect;
   bool peer = false;
 };
 
@@ -82,10 +89,13 @@ struct End {
   Buffer memory;
   std::unique_ptr<Transport> transport;
   std::shared_ptr<Region> region;
-  End(const BenchOptions& o, const std::string& selector, uint64_t size)
+  End(const BenchOptions& o, const std::string& selector, uint64_t size,
+      const std::string& listen_host = "127.0.0.1")
       : device(PluginRegistry::load().device(selector)), memory(device.allocate(size)) {
     TransportOptions options;
     options.kind = parse_transport_kind(o.transport);
+    options.listen_host = listen_host;
+    options.rdma_device = o.rdma_device;
     options.busy_poll = o.busy_poll;
     options.staging_slots = o.staging_slots;
     options.staging_slot_bytes = o.staging_slot_kib << 10;
@@ -116,15 +126,11 @@ void pump(Transport& transport, std::vector<TransportEvent>& events, Done done) 
   }
 }
 
-int run_peer(const BenchOptions& o, uint64_t region_size) {
-  End end(o, device_selector(o.memory), region_size);
-  std::cout << "ENDPOINT " << to_hex(end.transport->endpoint()) << "\nREGION "
-            << to_hex(end.region->describe()) << std::endl;
-  std::string endpoint, region;
-  if (!std::getline(std::cin, endpoint) || !std::getline(std::cin, region)) return 2;
-  auto connection =
-      end.transport->connect(from_hex(endpoint.substr(9), "the endpoint line"), kWait);
-  auto target = connection->import_region(from_hex(region.substr(7), "the region line"));
+// The measured end's peer: echoes latency writes, counts bandwidth writes, until told "exit" or
+// the measured end is lost.
+int serve_as_peer(End& end, Connection& connection_, const RemoteRegion& target_) {
+  Connection* connection = &connection_;
+  const RemoteRegion* target = &target_;
   uint64_t counted = 0;
   // "count N": answer once N bandwidth writes were notified (or after kWait with what arrived).
   // Control messages and notifications may travel on different channels (verbs: a socket and the
@@ -165,6 +171,19 @@ int run_peer(const BenchOptions& o, uint64_t region_size) {
   }
 }
 
+// The peer as a child of the measured end (one host): descriptors over its stdin and stdout.
+int run_peer(const BenchOptions& o, uint64_t region_size) {
+  End end(o, device_selector(o.memory), region_size);
+  std::cout << "ENDPOINT " << to_hex(end.transport->endpoint()) << "\nREGION "
+            << to_hex(end.region->describe()) << std::endl;
+  std::string endpoint, region;
+  if (!std::getline(std::cin, endpoint) || !std::getline(std::cin, region)) return 2;
+  auto connection =
+      end.transport->connect(from_hex(endpoint.substr(9), "the endpoint line"), kWait);
+  auto target = connection->import_region(from_hex(region.substr(7), "the region line"));
+  return serve_as_peer(end, *connection, *target);
+}
+
 struct Row {
   uint64_t size;
   double latency_p50_us, latency_p99_us, bandwidth_gbps;
@@ -189,10 +208,12 @@ std::string find_on_path(const char* program) {
   return {};
 }
 
-// The first active RDMA device and its IPv4-mapped GID index, as the verbs transport picks them.
-std::pair<std::string, int> rdma_device() {
+// The RDMA device named (or the first active one) and its IPv4-mapped GID index, as the verbs
+// transport picks them.
+std::pair<std::string, int> rdma_device(const std::string& named) {
   for (const auto& d : list_rdma_devices())
-    if (d.error.empty() && d.port_state == "ACTIVE") return {d.name, std::max(d.gid_index, 0)};
+    if (d.error.empty() && d.port_state == "ACTIVE" && (named.empty() || d.name == named))
+      return {d.name, std::max(d.gid_index, 0)};
   return {"", 0};
 }
 
@@ -218,9 +239,10 @@ bool tcp_listening(uint16_t port) {
 // Runs a perftest server and client pair on the same RDMA device and returns the client's output.
 // The client starts once the server listens (program starts are slow under emulation), and is
 // retried once if it still fails while the server waits.
-std::string run_perftest(const char* tool, const std::vector<std::string>& extra) {
+std::string run_perftest(const char* tool, const std::vector<std::string>& extra,
+                         const std::string& named_device) {
   std::string path = find_on_path(tool);
-  auto [device, gid] = rdma_device();
+  auto [device, gid] = rdma_device(named_device);
   if (path.empty() || device.empty()) return {};
   auto port = static_cast<uint16_t>(21000 + (getpid() % 20000));
   std::vector<std::string> args = {
@@ -265,14 +287,15 @@ std::vector<double> perftest_row(const std::string& output, uint64_t size) {
 
 // ib_write_bw and ib_write_lat on the same RDMA device: the ceiling for the verbs transport.
 // ib_write_bw keeps `window` writes in flight (-t), as the transport's stream does.
-void measure_perftest(Row& row, int iterations, int window) {
+void measure_perftest(Row& row, int iterations, int window, const std::string& device) {
   std::string size = std::to_string(row.size), n = std::to_string(iterations);
   // #bytes #iterations BW-peak[MB/sec] BW-average[MB/sec] MsgRate[Mpps]
   auto bw = perftest_row(
-      run_perftest("ib_write_bw", {"-s", size, "-n", n, "-t", std::to_string(window)}), row.size);
+      run_perftest("ib_write_bw", {"-s", size, "-n", n, "-t", std::to_string(window)}, device),
+      row.size);
   if (!bw.empty()) row.tool_gbps = bw[3] * 1.048576e-3;  // MiB/s to GB/s
   // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
-  auto lat = perftest_row(run_perftest("ib_write_lat", {"-s", size, "-n", n}), row.size);
+  auto lat = perftest_row(run_perftest("ib_write_lat", {"-s", size, "-n", n}, device), row.size);
   if (!lat.empty()) row.tool_lat_us = lat[4];
 }
 
@@ -393,13 +416,14 @@ void measure_bandwidth(Row& row, End& end, Connection& connection, const RemoteR
 
 // The table on stdout and, with --json, the same rows as JSON.
 void report(const BenchOptions& o, const std::string& peer_memory, const std::vector<Row>& rows) {
-  fmt::print(
-      "hetmesh bench transport: {} between two processes, {} -> {} memory, {} iterations, "
-      "window {}{}\n",
-      o.transport, o.memory, peer_memory, o.iterations, o.window,
-      o.transport != "verbs" ? ""
-      : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
-                             : " (ib_write_bw -t too), adaptive poller");
+  fmt::print("hetmesh bench transport: {} {}, {} -> {} memory, {} iterations, window {}{}\n",
+             o.transport,
+             o.connect.empty() ? std::string("between two processes")
+                               : fmt::format("to the end at {} on another host", o.connect),
+             o.memory, peer_memory, o.iterations, o.window,
+             o.transport != "verbs" ? ""
+             : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
+                                    : " (ib_write_bw -t too), adaptive poller");
   const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
   fmt::print(
       "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>9} {:>9} "
@@ -407,15 +431,18 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
       "size", "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
       "1-DMA p50 us", "lat ratio", "bw ratio", fmt::format("{} GB/s", tool),
       fmt::format("{} ratio", tool), o.transport == "verbs" ? "ib_lat us" : "");
-  nlohmann::json out = {{"transport", o.transport},
-                        {"memory", o.memory},
-                        {"peer_memory", peer_memory},
-                        {"iterations", o.iterations},
-                        {"window", o.window},
-                        {"busy_poll", o.busy_poll},
-                        {"staging_slots", o.staging_slots},
-                        {"staging_slot_kib", o.staging_slot_kib},
-                        {"rows", nlohmann::json::array()}};
+  nlohmann::json out = {
+      {"run", provenance()},
+      {"across_hosts", o.connect.empty() ? nlohmann::json() : nlohmann::json(o.connect)},
+      {"transport", o.transport},
+      {"memory", o.memory},
+      {"peer_memory", peer_memory},
+      {"iterations", o.iterations},
+      {"window", o.window},
+      {"busy_poll", o.busy_poll},
+      {"staging_slots", o.staging_slots},
+      {"staging_slot_kib", o.staging_slot_kib},
+      {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
     double ratio = r.bandwidth_gbps / r.memcpy_gbps;
     std::string baseline = r.tool_gbps > 0 ? fmt::format("{:>9.3f} {:>9.2f}", r.tool_gbps,
@@ -452,57 +479,141 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
   }
 }
 
+// The measured end, connected to its peer.
+struct Pair {
+  std::unique_ptr<End> end;
+  std::shared_ptr<Connection> connection;
+  std::shared_ptr<RemoteRegion> target;
+  std::unique_ptr<ChildProcess> child;   // the peer, on this host
+  std::unique_ptr<KeyValueStore> store;  // where the two ends met, across hosts
+};
+
+// One host: the peer is a child process.
+Pair pair_with_child(const BenchOptions& o, uint64_t max_size, const std::string& peer_memory) {
+  Pair p;
+  p.end = std::make_unique<End>(o, device_selector(o.memory), max_size);
+  std::vector<std::string> peer_args = {self_executable(), "bench",        "transport", "--peer",
+                                        "--transport",     o.transport,    "--memory",  peer_memory,
+                                        "--sizes",         human(max_size)};
+  if (o.busy_poll) peer_args.push_back("--busy-poll");
+  if (!o.rdma_device.empty()) peer_args.insert(peer_args.end(), {"--rdma-device", o.rdma_device});
+  peer_args.insert(peer_args.end(), {"--staging-slots", std::to_string(o.staging_slots),
+                                     "--staging-slot-kib", std::to_string(o.staging_slot_kib)});
+  p.child = std::make_unique<ChildProcess>(peer_args);
+  auto peer_endpoint = from_hex(p.child->read_line(kWait).substr(9), "the peer's endpoint line");
+  auto peer_region = from_hex(p.child->read_line(kWait).substr(7), "the peer's region line");
+  p.child->write("ENDPOINT " + to_hex(p.end->transport->endpoint()) + "\nREGION " +
+                 to_hex(p.end->region->describe()) + "\n");
+  p.connection = p.end->transport->connect(peer_endpoint, kWait);
+  p.target = p.connection->import_region(peer_region);
+  return p;
+}
+
+// ---- two hosts: the listening end hosts a store (authenticated by the job's secret) that carries
+// both ends' endpoint and region descriptors ----
+
+constexpr std::chrono::minutes kListenWait{10};
+
+// "HOST" of "HOST:PORT" (an IPv6 host keeps its brackets, as a transport's listen_host wants).
+std::string host_of(const std::string& host_port) {
+  return host_port.substr(0, host_port.rfind(':'));
+}
+
+// The address of this host's interface that reaches `host_port`: the route a UDP socket takes
+// (nothing is sent).
+std::string local_address_towards(const std::string& host_port) {
+  net::Address to = net::resolve(host_port, /*passive=*/false, "--connect").front();
+  net::Fd fd(::socket(to.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd || ::connect(fd.get(), to.get(), to.length) != 0)
+    throw Error(kStatusPeerLost,
+                fmt::format("--connect {}: no route: {}", host_port, std::strerror(errno)));
+  return host_of(net::to_string(net::local_address(fd.get())));
+}
+
+void publish(KeyValueStore& store, const std::string& side, const End& end) {
+  store.set("bench/" + side + "/endpoint", end.transport->endpoint());
+  store.set("bench/" + side + "/region", end.region->describe());
+}
+
+// The measuring end, across hosts (--connect).
+Pair pair_across_hosts(const BenchOptions& o, uint64_t max_size) {
+  Pair p;
+  p.store = connect_tcp_store(o.connect, kWait);  // the secret: HETMESH_JOB_SECRET_FILE
+  p.end = std::make_unique<End>(o, device_selector(o.memory), max_size,
+                                local_address_towards(o.connect));
+  publish(*p.store, "client", *p.end);
+  auto peer_endpoint = p.store->get("bench/server/endpoint", kWait);
+  p.connection = p.end->transport->connect(peer_endpoint, kWait);
+  p.target = p.connection->import_region(p.store->get("bench/server/region", kWait));
+  return p;
+}
+
+// The serving end, across hosts (--listen): waits for one measuring end, serves it, and exits.
+int run_listening(const BenchOptions& o, uint64_t region_size) {
+  const std::string host = host_of(o.listen);
+  if (host == "0.0.0.0" || host == "[::]")
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("--listen {}: name the address the other end reaches this host at "
+                            "(its transport listens there and tells the other end so)",
+                            o.listen));
+  TcpStoreServer server(o.listen);  // refuses beyond loopback without the job's secret
+  auto store = connect_tcp_store(server.address(), kWait);
+  End end(o, device_selector(o.memory), region_size, host);
+  publish(*store, "server", end);
+  fmt::print(
+      "hetmesh bench transport: {} transport, {} memory, serving at {}; on the other host: "
+      "hetmesh bench transport --connect {} --transport {} (with the same {})\n",
+      o.transport, end.device.selector(), server.address(), server.address(), o.transport,
+      JobSecret::kFileVariable);
+  std::fflush(stdout);
+  auto peer_endpoint = store->get("bench/client/endpoint", kListenWait);
+  auto connection = end.transport->connect(peer_endpoint, kWait);
+  auto target = connection->import_region(store->get("bench/client/region", kWait));
+  return serve_as_peer(end, *connection, *target);
+}
+
 void run_bench(const BenchOptions& o) {
   std::vector<uint64_t> sizes;
   for (const auto& s : o.sizes)
     sizes.push_back(parse_size(s));
   uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
+  const bool same_host = o.connect.empty();
   std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
+  if (!same_host) peer_memory = "the other host's";
+  Pair p = same_host ? pair_with_child(o, max_size, peer_memory) : pair_across_hosts(o, max_size);
 
-  auto end = std::make_unique<End>(o, device_selector(o.memory), max_size);
-  std::vector<std::string> peer_args = {self_executable(), "bench",        "transport", "--peer",
-                                        "--transport",     o.transport,    "--memory",  peer_memory,
-                                        "--sizes",         human(max_size)};
-  if (o.busy_poll) peer_args.push_back("--busy-poll");
-  peer_args.insert(peer_args.end(), {"--staging-slots", std::to_string(o.staging_slots),
-                                     "--staging-slot-kib", std::to_string(o.staging_slot_kib)});
-  ChildProcess peer(peer_args);
-  auto peer_endpoint = from_hex(peer.read_line(kWait).substr(9), "the peer's endpoint line");
-  auto peer_region = from_hex(peer.read_line(kWait).substr(7), "the peer's region line");
-  peer.write("ENDPOINT " + to_hex(end->transport->endpoint()) + "\nREGION " +
-             to_hex(end->region->describe()) + "\n");
-  auto connection = end->transport->connect(peer_endpoint, kWait);
-  auto target = connection->import_region(peer_region);
-
-  // Same-node transports are also compared with UCX over shared memory, when it is installed.
-  std::string ucx_perftest = o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
+  // Same-node transports are also compared with UCX over shared memory, when it is installed;
+  // the tools' baselines need both ends on this host.
+  std::string ucx_perftest =
+      same_host && o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
+  const bool perftest = same_host && o.transport == "verbs";
   std::vector<Row> rows;
   std::vector<TransportEvent> events;
   for (uint64_t size : sizes) {
     Row row{size, 0, 0, 0, 0, 0};
-    measure_latency(row, *end, *connection, *target, o.iterations, events);
-    measure_bandwidth(row, *end, *connection, *target, o, events);
+    measure_latency(row, *p.end, *p.connection, *p.target, o.iterations, events);
+    measure_bandwidth(row, *p.end, *p.connection, *p.target, o, events);
     measure_memcpy(row, o.iterations);
-    measure_one_dma(row, end->device, end->memory, o.iterations);
+    measure_one_dma(row, p.end->device, p.end->memory, o.iterations);
     if (!ucx_perftest.empty() && size >= 4096)
       row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(row.count, 200));
     // perftest right after our stream of the same size, so that load on a shared host drifts as
     // little as possible between the two; our completion pollers sleep meanwhile.
-    if (o.transport == "verbs" && !o.busy_poll)
-      measure_perftest(row, std::max(row.count, 200), o.window);
+    if (perftest && !o.busy_poll)
+      measure_perftest(row, std::max(row.count, 200), o.window, o.rdma_device);
     rows.push_back(row);
   }
-  send_text(*connection, "exit");
-  peer.wait(std::chrono::seconds(10));
+  send_text(*p.connection, "exit");
+  if (p.child) p.child->wait(std::chrono::seconds(10));
   // Spinning pollers would take the CPUs perftest needs: with --busy-poll, perftest runs once our
   // transport and its threads are gone.
-  if (o.transport == "verbs" && o.busy_poll) {
-    target.reset();
-    connection.reset();
-    end.reset();
+  if (perftest && o.busy_poll) {
+    p.target.reset();
+    p.connection.reset();
+    p.end.reset();
     for (Row& row : rows)
-      measure_perftest(row, std::max(row.count, 200), o.window);
+      measure_perftest(row, std::max(row.count, 200), o.window, o.rdma_device);
   }
   report(o, peer_memory, rows);
 }
@@ -535,14 +646,23 @@ void add_bench_transport_command(CLI::App& bench) {
   cmd->add_option("--staging-slot-kib", o->staging_slot_kib, "ipc: bytes of a staging slot, KiB")
       ->capture_default_str()
       ->check(CLI::Range(4, 64 << 10));
+  cmd->add_option("--rdma-device", o->rdma_device,
+                  "verbs: the RDMA device of this end (default: the first active one)");
+  auto* listen =
+      cmd->add_option("--listen", o->listen,
+                      "serve one measuring end from another host at HOST:PORT (this host's "
+                      "address there), as ib_write_bw's server does; needs the job's secret "
+                      "beyond loopback (HETMESH_JOB_SECRET_FILE)");
+  cmd->add_option("--connect", o->connect,
+                  "measure against a --listen end at HOST:PORT on another host")
+      ->excludes(listen);
   cmd->add_flag("--peer", o->peer, "internal: run as the benchmark's peer")->group("");
   cmd->callback([o] {
-    if (o->peer) {
-      uint64_t size = 0;
-      for (const auto& s : o->sizes)
-        size = std::max(size, parse_size(s));
-      std::exit(run_peer(*o, size));
-    }
+    uint64_t size = 0;
+    for (const auto& s : o->sizes)
+      size = std::max(size, parse_size(s));
+    if (o->peer) std::exit(run_peer(*o, size));
+    if (!o->listen.empty()) std::exit(run_listening(*o, size));
     run_bench(*o);
   });
 }
