@@ -363,6 +363,37 @@ TEST(ConfigTest, LoadConfigReportsTheFilePath) {
   }
 }
 
+// [hosts]: where each instance runs (its listen address) and its NIC, one value for a role or one
+// per instance, defaulting to [transport]; each instance's engine takes its own entries.
+TEST(ConfigTest, HostsGiveEachInstanceItsAddressAndNic) {
+  JobConfig c = parse_config(R"(
+[job]
+attention = 2
+ffn = 3
+[transport]
+listen_host = "10.0.0.9"
+rdma_device = "mlx5_0"
+[hosts]
+attention = ["10.0.0.1", "10.0.0.2"]
+ffn_nic = ["mlx5_1", "mlx5_2", "mlx5_3"]
+)",
+                             "job.toml");
+  EXPECT_EQ(c.hosts.attention, (std::vector<std::string>{"10.0.0.1", "10.0.0.2"}));
+  EXPECT_EQ(c.hosts.ffn, (std::vector<std::string>{"10.0.0.9", "10.0.0.9", "10.0.0.9"}));
+  EXPECT_EQ(c.hosts.attention_nic, (std::vector<std::string>{"mlx5_0", "mlx5_0"}));
+  EXPECT_EQ(engine_spec(c, Role::attention, 1).transport.listen_host, "10.0.0.2");
+  EXPECT_EQ(engine_spec(c, Role::ffn, 2).transport.listen_host, "10.0.0.9");
+  EXPECT_EQ(engine_spec(c, Role::ffn, 2).transport.rdma_device, "mlx5_3");
+  EXPECT_EQ(error_of("[job]\nattention = 2\n[hosts]\nattention = [\"10.0.0.1\"]\n"),
+            "job.toml:4:1: [hosts] attention: 1 host address(s) for 2 A instance(s) ([job] "
+            "attention = 2); give one per instance or a single string for all");
+  EXPECT_EQ(error_of("[hosts]\nffn = \"10.0.0.1/24\"\n"),
+            "job.toml:2:1: [hosts] ffn: bad host address \"10.0.0.1/24\" (expected a host name or "
+            "an address)");
+  EXPECT_EQ(error_of("[hosts]\nffn_nics = \"mlx5_0\"\n"),
+            "job.toml:2:1: unknown key [hosts] ffn_nics (did you mean ffn_nic?)");
+}
+
 TEST(ConfigTest, ToTomlReadsBackToTheSameConfig) {
   JobConfig c;
   c.job.attention = 3;
@@ -372,6 +403,8 @@ TEST(ConfigTest, ToTomlReadsBackToTheSameConfig) {
   c.model.experts = 6;
   c.model.a2f_dtype = Dtype::fp16;
   c.devices.attention = {"cpu:0", "asic_stub:1", "cpu:0"};  // not uniform: printed as an array
+  c.hosts.attention = {"10.0.0.1", "10.0.0.2", "10.0.0.1"};
+  c.hosts.attention_nic = {"", "mlx5_1", ""};
   c.plugins.paths = {"/tmp/a \"quoted\" path\\x.so"};
   c.plugins.options["asic_stub"] = "copy_latency_us=2";
   c.transport.kind = TransportKind::tcp;

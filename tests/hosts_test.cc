@@ -154,5 +154,35 @@ TEST_F(HostsTest, ADemoAcrossTwoHosts) {
   EXPECT_THAT(output, HasSubstr("verified: final hidden states of 2 attention"));
 }
 
+// One config for every host: [hosts] says where each instance runs; the same command on each host
+// (--instances here) starts the instances whose address is that host's, the store's host hosts
+// it and the other joins it.
+TEST_F(HostsTest, OneConfigForEveryHost) {
+  std::ofstream(dir_.file("job.toml")) << fmt::format(
+      "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n\n"
+      "[hosts]\nattention = \"{0}\"\nffn = [\"{1}\", \"{1}\"]\n\n"
+      "[rendezvous]\naddress = \"{0}:18620\"\nsecret_file = \"{2}\"\n",
+      hosts_->address(0), hosts_->address(1), dir_.file("job.secret"));
+  auto on = [&](int host) {
+    return hosts_->on(
+        host, {HETMESH_CLI, "demo", "--config", dir_.file("job.toml"), "--instances", "here"});
+  };
+  ChildProcess attention(on(0));
+  ProcessResult ffn = run_process(on(1), 180s);
+  std::string output;
+  try {
+    for (;;)
+      output += attention.read_line(120s) + "\n";
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(ffn.exit_code, 0) << ffn.out << ffn.err;
+  EXPECT_EQ(attention.wait(60s).exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("here: attention 0,1, ffn none"));
+  EXPECT_THAT(output, HasSubstr("(hosted here)"));
+  EXPECT_THAT(ffn.out, HasSubstr("here: attention none, ffn 0,1"));
+  EXPECT_THAT(ffn.out, HasSubstr("(joined)"));
+  EXPECT_THAT(output, HasSubstr("verified: final hidden states of 2 attention"));
+}
+
 }  // namespace
 }  // namespace hetmesh

@@ -39,8 +39,16 @@ EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
 EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
   EngineSpec spec = job_shape(c, role, rank);
   spec.transport.kind = single_host_transport(c);
-  spec.transport.listen_host = c.transport.listen_host;
-  spec.transport.rdma_device = c.transport.rdma_device;
+  // This instance's own entries of [hosts]; a config built in code may have none for its rank.
+  const auto index = static_cast<size_t>(rank);
+  auto own = [&](const std::vector<std::string>& values, const std::string& fallback) {
+    return index < values.size() ? values[index] : fallback;
+  };
+  const bool attention = role == Role::attention;
+  spec.transport.listen_host =
+      own(attention ? c.hosts.attention : c.hosts.ffn, c.transport.listen_host);
+  spec.transport.rdma_device =
+      own(attention ? c.hosts.attention_nic : c.hosts.ffn_nic, c.transport.rdma_device);
   spec.transport.gid_index = c.transport.gid_index;
   spec.transport.staging_slots = static_cast<uint32_t>(c.transport.staging_slots);
   spec.transport.staging_slot_bytes = static_cast<uint64_t>(c.transport.staging_slot_kib) << 10;

@@ -77,36 +77,73 @@ bool valid_host_port(std::string_view text) {
 }
 
 // [devices] attention / ffn: one selector for every instance, or one per instance.
-std::vector<std::string> read_selectors(const TomlSection& s, std::string_view key, int count,
-                                        const char* role) {
+// A per-instance list of strings: one string for every instance of the role, or an array of one
+// per instance; `fallback` for every instance when the key is absent. `normalize` returns the
+// stored form of a value, or nullopt with `bad` saying what is wrong. `what` names a value
+// ("selector").
+template <typename Normalize, typename Bad>
+std::vector<std::string> read_per_instance(const TomlSection& s, std::string_view key, int count,
+                                           const char* role, const std::string& fallback,
+                                           const char* what, Normalize normalize, Bad bad) {
   const toml::table* table = s.raw();
   const toml::node* n = table ? table->get(key) : nullptr;
-  if (!n) return std::vector<std::string>(static_cast<size_t>(count), "cpu:0");
-  auto bad = [&](const std::string& text) {
-    return fmt::format("bad device selector {} (expected name:index, e.g. \"cpu:0\")",
-                       toml_quote(text));
-  };
+  if (!n) return std::vector<std::string>(static_cast<size_t>(count), fallback);
   if (n->is_string()) {
-    auto selector = normalize_selector(n->as_string()->get());
-    if (!selector) s.fail(key, bad(n->as_string()->get()));
-    return std::vector<std::string>(static_cast<size_t>(count), *selector);
+    auto value = normalize(n->as_string()->get());
+    if (!value) s.fail(key, bad(n->as_string()->get()));
+    return std::vector<std::string>(static_cast<size_t>(count), *value);
   }
   if (!n->is_array())
-    s.fail(key, fmt::format("expected a selector string or an array of them, got {}",
+    s.fail(key, fmt::format("expected a {} string or an array of them, got {}", what,
                             toml_describe(*n)));
-  auto selectors = s.array<std::string>(key, "an array", [&](size_t i, const toml::node& e) {
+  auto values = s.array<std::string>(key, "an array", [&](size_t i, const toml::node& e) {
     if (!e.is_string())
       s.fail_element(key, i, e,
-                     fmt::format("expected a selector string, got {}", toml_describe(e)));
-    auto selector = normalize_selector(e.as_string()->get());
-    if (!selector) s.fail_element(key, i, e, bad(e.as_string()->get()));
-    return *selector;
+                     fmt::format("expected a {} string, got {}", what, toml_describe(e)));
+    auto value = normalize(e.as_string()->get());
+    if (!value) s.fail_element(key, i, e, bad(e.as_string()->get()));
+    return *value;
   });
-  if (selectors.size() != static_cast<size_t>(count))
-    s.fail(key, fmt::format("{} selector(s) for {} {} instance(s) ([job] {} = {}); give one per "
+  if (values.size() != static_cast<size_t>(count))
+    s.fail(key, fmt::format("{} {}(s) for {} {} instance(s) ([job] {} = {}); give one per "
                             "instance or a single string for all",
-                            selectors.size(), count, role, key, count));
-  return selectors;
+                            values.size(), what, count, role, role[0] == 'A' ? "attention" : "ffn",
+                            count));
+  return values;
+}
+
+std::vector<std::string> read_selectors(const TomlSection& s, std::string_view key, int count,
+                                        const char* role) {
+  return read_per_instance(
+      s, key, count, role, "cpu:0", "selector", normalize_selector, [](const std::string& text) {
+        return fmt::format("bad device selector {} (expected name:index, e.g. \"cpu:0\")",
+                           toml_quote(text));
+      });
+}
+
+// [hosts] attention / ffn: an address this host's instances listen on, as listen_host is.
+std::vector<std::string> read_hosts(const TomlSection& s, std::string_view key, int count,
+                                    const char* role, const std::string& fallback) {
+  return read_per_instance(
+      s, key, count, role, fallback, "host address",
+      [](const std::string& text) {
+        return text.empty() || text.find_first_of(" /") != std::string::npos
+                   ? std::nullopt
+                   : std::optional<std::string>(text);
+      },
+      [](const std::string& text) {
+        return fmt::format("bad host address {} (expected a host name or an address)",
+                           toml_quote(text));
+      });
+}
+
+// [hosts] attention_nic / ffn_nic: an RDMA device name, or "" for the first active one.
+std::vector<std::string> read_nics(const TomlSection& s, std::string_view key, int count,
+                                   const char* role, const std::string& fallback) {
+  return read_per_instance(
+      s, key, count, role, fallback, "NIC",
+      [](const std::string& text) { return std::optional<std::string>(text); },
+      [](const std::string& text) { return toml_quote(text); });
 }
 
 // A plugin's options as a "k=v;k=v" string: given so (checked for shape) or as a table of scalars.
@@ -227,8 +264,9 @@ void check_model_fits(const TomlSection& job, const TomlSection& model, const Jo
 }
 
 JobConfig read_config(const TomlReporter& reporter, const toml::table& document) {
-  static constexpr std::array<std::string_view, 8> kTables = {
-      "job", "model", "devices", "plugins", "transport", "rendezvous", "tracing", "affinity"};
+  static constexpr std::array<std::string_view, 9> kTables = {"job",        "model",   "devices",
+                                                              "hosts",      "plugins", "transport",
+                                                              "rendezvous", "tracing", "affinity"};
   TomlSection root(reporter, document, kTables);
   JobConfig c;
 
@@ -275,6 +313,14 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
     c.transport.kind = parse_transport_kind(std::string(kTransportNames[kind]));
   c.transport.listen_host = transport.string("listen_host", c.transport.listen_host, false);
   c.transport.rdma_device = transport.string("rdma_device", c.transport.rdma_device);
+  static constexpr std::array<std::string_view, 4> kHosts = {"attention", "ffn", "attention_nic",
+                                                             "ffn_nic"};
+  TomlSection hosts = root.table("hosts", kHosts);
+  c.hosts.attention = read_hosts(hosts, "attention", c.job.attention, "A", c.transport.listen_host);
+  c.hosts.ffn = read_hosts(hosts, "ffn", c.job.ffn, "F", c.transport.listen_host);
+  c.hosts.attention_nic =
+      read_nics(hosts, "attention_nic", c.job.attention, "A", c.transport.rdma_device);
+  c.hosts.ffn_nic = read_nics(hosts, "ffn_nic", c.job.ffn, "F", c.transport.rdma_device);
   c.transport.gid_index = transport.small_integer("gid_index", c.transport.gid_index, -1, 65535);
   c.transport.staging_slots =
       transport.small_integer("staging_slots", c.transport.staging_slots, 2, 64);

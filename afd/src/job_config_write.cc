@@ -49,6 +49,9 @@ std::string to_toml(const JobConfig& c) {
       toml_quote(to_string(c.model.a2f_dtype)), toml_quote(to_string(c.model.f2a_dtype)));
   out += fmt::format("\n[devices]\nattention = {}\nffn = {}\n", toml_selectors(c.devices.attention),
                      toml_selectors(c.devices.ffn));
+  out += fmt::format("\n[hosts]\nattention = {}\nffn = {}\nattention_nic = {}\nffn_nic = {}\n",
+                     toml_selectors(c.hosts.attention), toml_selectors(c.hosts.ffn),
+                     toml_selectors(c.hosts.attention_nic), toml_selectors(c.hosts.ffn_nic));
   out += fmt::format("\n[plugins]\npaths = {}\n", toml_list(c.plugins.paths));
   if (!c.plugins.options.empty()) {
     out += "\n[plugins.options]\n";

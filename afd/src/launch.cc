@@ -128,6 +128,25 @@ FolderRemover::~FolderRemover() {
 
 namespace {}  // namespace
 
+namespace {
+
+// Whether `host` (an address or a name) is one of this machine's: a socket can be bound to it.
+bool is_this_host(const std::string& host) {
+  std::vector<net::Address> addresses;
+  try {
+    addresses = net::resolve(host + ":0", /*passive=*/false, "[hosts] address");
+  } catch (const Error&) {
+    return false;
+  }
+  for (const net::Address& a : addresses) {
+    net::Fd fd(::socket(a.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (fd && ::bind(fd.get(), a.get(), a.length) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 LocalInstances parse_instances(const std::vector<std::string>& values, const JobConfig& config) {
   std::set<int> attention, ffn;
   auto all = [](std::set<int>& ranks, int count) {
@@ -139,6 +158,16 @@ LocalInstances parse_instances(const std::vector<std::string>& values, const Job
     all(ffn, config.job.ffn);
   }
   for (const std::string& value : values) {
+    if (value == "here") {  // the instances whose [hosts] address is this machine's
+      for (int r = 0; r < config.job.attention; ++r)
+        if (is_this_host(config.hosts.attention.at(static_cast<size_t>(r)))) attention.insert(r);
+      for (int r = 0; r < config.job.ffn; ++r)
+        if (is_this_host(config.hosts.ffn.at(static_cast<size_t>(r)))) ffn.insert(r);
+      if (attention.empty() && ffn.empty())
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    "--instances here: no [hosts] address of the job is this machine's");
+      continue;
+    }
     std::string_view role = value, list;
     if (auto colon = value.find(':'); colon != std::string::npos) {
       role = std::string_view(value).substr(0, colon);
@@ -218,6 +247,12 @@ JobStore::JobStore(const JobConfig& config, const std::string& join,
   }
   if (!join.empty()) {
     address_ = join;
+    return;
+  }
+  // One config for every host: the host whose address the store has hosts it, the others join.
+  const std::string& at = config.rendezvous.address;
+  if (!is_this_host(at.substr(0, at.rfind(':'))) && !at.ends_with(":0")) {
+    address_ = at;
     return;
   }
   server_ = std::make_unique<TcpStoreServer>(config.rendezvous.address, secret);

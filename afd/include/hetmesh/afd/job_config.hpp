@@ -81,6 +81,16 @@ struct DevicesSection {
   bool operator==(const DevicesSection&) const = default;
 };
 
+// Where each instance runs, for a job across hosts described by one file: its address, which its
+// transport listens on (tcp, the verbs out-of-band channel), and its RDMA NIC. One value for all
+// instances of a role, or an array with one per instance; here always one per instance, indexed
+// by rank. Absent: [transport] listen_host and rdma_device, for every instance.
+struct HostsSection {
+  std::vector<std::string> attention{"127.0.0.1"}, ffn{"127.0.0.1"};  // addresses
+  std::vector<std::string> attention_nic{""}, ffn_nic{""};            // "" = the first
+  bool operator==(const HostsSection&) const = default;
+};
+
 struct PluginsSection {
   // Extra plugin .so files (PluginLoadOptions::explicit_paths), as written: relative paths are
   // relative to the working directory.
@@ -133,6 +143,7 @@ struct JobConfig {
   JobSection job;
   ModelSection model;
   DevicesSection devices;
+  HostsSection hosts;
   PluginsSection plugins;
   TransportSection transport;
   RendezvousSection rendezvous;

@@ -30,15 +30,18 @@ struct LocalInstances {
 };
 
 // Parses `--instances` values: "attention" or "ffn" (every rank of the role), "attention:0,2",
-// "ffn:1-3" (some ranks), one or several; none means every instance of the job. Throws
+// "ffn:1-3" (some ranks), "here" (the ranks whose [hosts] address is this machine's: one config
+// for every host), one or several; none means every instance of the job. Throws
 // Error(INVALID_ARGUMENT) naming a malformed value or a rank the job does not have.
 LocalInstances parse_instances(const std::vector<std::string>& values, const JobConfig& config);
 
 // The store of an invocation: hosted here (at the config's [rendezvous] address) unless `join`
-// names one to connect to; and the job's secret. The secret is the config's [rendezvous]
-// secret_file, or the one this process was handed (HETMESH_JOB_SECRET_FILE); else a store hosted
-// here makes one, in a 0600 file in `folder`. Its file is then named in this process's
-// HETMESH_JOB_SECRET_FILE, which the instances it starts inherit (never their command lines).
+// names one to connect to, or that address is another machine's (one config for every host: the
+// store's host hosts it, every other joins it), or the store is etcd; and the job's secret. The
+// secret is the config's [rendezvous] secret_file, or the one this process was handed
+// (HETMESH_JOB_SECRET_FILE); else a store hosted here makes one, in a 0600 file in `folder`. Its
+// file is then named in this process's HETMESH_JOB_SECRET_FILE, which the instances it starts
+// inherit (never their command lines).
 class JobStore {
  public:
   JobStore(const JobConfig& config, const std::string& join, const std::filesystem::path& folder);
