@@ -1,11 +1,13 @@
 // Two hosts on one machine: two network namespaces joined by a veth pair, each with an address of
 // its own, made and removed by the test itself (root only). A transport benchmark and a 2A2F demo
 // are split across them, each end listening on its own host's address, every store connection and
-// link authenticated by the job's secret; without the secret, neither starts.
+// link authenticated by the job's secret (without it, neither starts); and the demo from one
+// config file, over the embedded store and over etcd with TLS.
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/job_secret.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
+#include "etcd_server.hpp"
 #include "test_support.hpp"
 
 #include <fmt/format.h>
@@ -181,6 +183,98 @@ TEST_F(HostsTest, OneConfigForEveryHost) {
   EXPECT_THAT(output, HasSubstr("(hosted here)"));
   EXPECT_THAT(ffn.out, HasSubstr("here: attention none, ffn 0,1"));
   EXPECT_THAT(ffn.out, HasSubstr("(joined)"));
+  EXPECT_THAT(output, HasSubstr("verified: final hidden states of 2 attention"));
+}
+
+// Makes a CA, and a certificate it signs for `name` (key and certificate in `name`.key and .pem)
+// with `extensions` (openssl x509 -extfile), in `dir`.
+void make_certificate(const test::TempDir& dir, const std::string& name,
+                      const std::string& extensions) {
+  auto run = [](std::vector<std::string> argv) {
+    ProcessResult r = run_process(argv, 60s);
+    ASSERT_EQ(r.exit_code, 0) << fmt::format("{}", fmt::join(argv, " ")) << "\n" << r.err;
+  };
+  if (!std::filesystem::exists(dir.file("ca.pem")))
+    run({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", dir.file("ca.key"), "-out",
+         dir.file("ca.pem"), "-days", "1", "-subj", "/CN=hetmesh test CA"});
+  std::ofstream(dir.file(name + ".ext")) << extensions << "\n";
+  run({"/usr/bin/openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+       "-nodes", "-keyout", dir.file(name + ".key"), "-out", dir.file(name + ".csr"), "-subj",
+       "/CN=" + name});
+  run({"/usr/bin/openssl", "x509", "-req", "-in", dir.file(name + ".csr"), "-CA",
+       dir.file("ca.pem"), "-CAkey", dir.file("ca.key"), "-CAcreateserial", "-out",
+       dir.file(name + ".pem"), "-days", "1", "-extfile", dir.file(name + ".ext")});
+}
+
+// The same one-config job over etcd on host 0, reached with TLS and client certificates (plain
+// HTTP is refused beyond loopback): nothing is hosted by hetmesh, both hosts meet at etcd. A host
+// without a client certificate is refused by etcd, by name.
+TEST_F(HostsTest, OneConfigOverEtcdWithTls) {
+  HETMESH_REQUIRE_ETCD_OR_SKIP();
+  // etcd's JSON gateway dials etcd itself with the server's certificate: it needs clientAuth too.
+  make_certificate(dir_, "etcd",
+                   "subjectAltName=IP:" + hosts_->address(0) +
+                       ",IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth");
+  make_certificate(dir_, "client", "extendedKeyUsage=clientAuth");
+  if (HasFatalFailure()) return;
+  const std::string url = "https://" + hosts_->address(0) + ":2379";
+  ChildProcess etcd(hosts_->on(0, {test::etcd_binary(),
+                                   "--name",
+                                   "hm",
+                                   "--data-dir",
+                                   dir_.file("etcd"),
+                                   "--listen-client-urls",
+                                   url,
+                                   "--advertise-client-urls",
+                                   url,
+                                   "--listen-peer-urls",
+                                   "http://127.0.0.1:2380",
+                                   "--initial-advertise-peer-urls",
+                                   "http://127.0.0.1:2380",
+                                   "--initial-cluster",
+                                   "hm=http://127.0.0.1:2380",
+                                   "--cert-file",
+                                   dir_.file("etcd.pem"),
+                                   "--key-file",
+                                   dir_.file("etcd.key"),
+                                   "--trusted-ca-file",
+                                   dir_.file("ca.pem"),
+                                   "--client-cert-auth",
+                                   "--logger",
+                                   "zap",
+                                   "--log-level",
+                                   "error"}));
+  std::ofstream(dir_.file("job.toml")) << fmt::format(
+      "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n\n"
+      "[hosts]\nattention = \"{}\"\nffn = \"{}\"\n\n"
+      "[rendezvous]\nkind = \"etcd\"\naddress = \"{}\"\nsecret_file = \"{}\"\n",
+      hosts_->address(0), hosts_->address(1), url, dir_.file("job.secret"));
+  auto on = [&](int host) {
+    return hosts_->on(
+        host, {HETMESH_CLI, "demo", "--config", dir_.file("job.toml"), "--instances", "here"});
+  };
+  test::ScopedEnv ca("HETMESH_ETCD_CA_FILE", dir_.file("ca.pem"));
+  {
+    test::ScopedEnv no_certificate("HETMESH_ETCD_CERT_FILE", std::nullopt);
+    ProcessResult refused = run_process(on(1), 120s);
+    EXPECT_NE(refused.exit_code, 0);
+    EXPECT_THAT(refused.err, HasSubstr("etcd store " + url + ": not reachable"));
+    EXPECT_THAT(refused.err, HasSubstr("name this client's in HETMESH_ETCD_CERT_FILE"));
+  }
+  test::ScopedEnv certificate("HETMESH_ETCD_CERT_FILE", dir_.file("client.pem"));
+  test::ScopedEnv key("HETMESH_ETCD_KEY_FILE", dir_.file("client.key"));
+  ChildProcess attention(on(0));
+  ProcessResult ffn = run_process(on(1), 180s);
+  std::string output;
+  try {
+    for (;;)
+      output += attention.read_line(120s) + "\n";
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(ffn.exit_code, 0) << ffn.out << ffn.err;
+  EXPECT_EQ(attention.wait(60s).exit_code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("rendezvous store " + url + " (joined)"));
   EXPECT_THAT(output, HasSubstr("verified: final hidden states of 2 attention"));
 }
 

@@ -80,6 +80,23 @@ size_t watch_chunk(char* data, size_t size, size_t count, void* user) {
   return n;
 }
 
+// A failed transfer: TLS refused both ways (a certificate, a key, a CA) is NOT_AUTHORIZED, which
+// retrying cannot cure; anything else is etcd out of reach (PEER_LOST).
+hm_status failure_status(CURLcode rc) {
+  switch (rc) {
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_CLIENTCERT:
+      return kStatusNotAuthorized;
+    default:
+      return kStatusPeerLost;
+  }
+}
+
 }  // namespace
 
 std::string base64(std::span<const uint8_t> bytes) {
@@ -182,9 +199,10 @@ nlohmann::json Client::call(const std::string& path, const nlohmann::json& body,
     throw Error(HM_ERR_TIMEOUT, fmt::format("etcd {}: {} did not answer within {} ms", endpoint_,
                                             path, timeout.count()));
   if (rc != CURLE_OK)
-    throw Error(reply.too_big ? kStatusProtocolError : kStatusPeerLost,
-                fmt::format("etcd {}: {}: {}", endpoint_, path,
-                            reply.too_big ? "the reply is too big" : curl_easy_strerror(rc)));
+    throw Error(reply.too_big ? kStatusProtocolError : failure_status(rc),
+                fmt::format("etcd {}: {}: {}{}", endpoint_, path,
+                            reply.too_big ? "the reply is too big" : curl_easy_strerror(rc),
+                            missing_certificate_hint(rc)));
   nlohmann::json answer = nlohmann::json::parse(reply.text, nullptr, false);
   if (answer.is_discarded() || !answer.is_object())
     throw Error(kStatusProtocolError,
@@ -196,6 +214,15 @@ nlohmann::json Client::call(const std::string& path, const nlohmann::json& body,
   dropped.release();
   give_back(curl);
   return answer;
+}
+
+// TLS 1.3 refuses a missing client certificate after the handshake: the client sees only that
+// the connection broke.
+const char* Client::missing_certificate_hint(int rc) const {
+  return rc == CURLE_RECV_ERROR && endpoint_.starts_with("https://") && tls_.cert_file.empty()
+             ? " (if etcd asks for client certificates: name this client's in "
+               "HETMESH_ETCD_CERT_FILE and HETMESH_ETCD_KEY_FILE)"
+             : "";
 }
 
 bool Client::watch(const std::string& key, int64_t revision,

@@ -54,6 +54,7 @@ class Client {
  private:
   void* handle();  // a CURL easy handle from the pool, set up for this endpoint
   void give_back(void* curl);
+  const char* missing_certificate_hint(int curl_code) const;
   std::string endpoint_;
   Tls tls_;
   void* headers_ = nullptr;  // the curl_slist every request sends
