@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config clang-format
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libcurl4-openssl-dev
+  libhwloc-dev
   etcd-server iproute2 openssl
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev rdma-core ibverbs-providers

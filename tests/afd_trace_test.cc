@@ -363,6 +363,24 @@ TEST(BenchJsonTest, TransportResultsNameTheirMachineDateAndVersion) {
   EXPECT_EQ(results["rows"].size(), 1u);
 }
 
+// `hetmesh info` says what hwloc knows of the machine: its NUMA nodes, and for each device and
+// RDMA NIC its place (null for a device that is not a PCI device, as the cpu plugin's).
+TEST(InfoTest, SaysWhereThingsSitInTheMachine) {
+  ProcessResult r = run_process({HETMESH_CLI, "info", "--json"}, std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json info = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(info.is_object()) << r.out;
+  EXPECT_GE(info["topology"]["numa_nodes"].get<int>(), 1) << info["topology"].dump();
+  for (const json& plugin : info["plugins"])
+    for (const json& device : plugin["devices"]) {
+      ASSERT_TRUE(device.contains("place")) << device.dump();
+      EXPECT_EQ(device["place"].is_null(), device["pci_bus_id"].get<std::string>().empty())
+          << device.dump();
+    }
+  r = run_process({HETMESH_CLI, "info"}, std::chrono::seconds(60));
+  EXPECT_NE(r.out.find("NUMA node(s) (hwloc)"), std::string::npos) << r.out;
+}
+
 // A job over etcd, split over two invocations as on two hosts: nothing is hosted, both meet at
 // etcd, and the job's secret (a file both name) authenticates their links; the first verifies.
 TEST(DemoLaunchTest, TwoInvocationsMeetAtEtcd) {

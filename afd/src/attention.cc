@@ -247,7 +247,7 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   }
   for (int mb = 0; mb < spec.micro_batches; ++mb)
     s.ready_events.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
-  s.transport = Transport::create(transport_options(spec));
+  s.transport = Transport::create(transport_options(spec, device));
   s.a2f_send_region = s.transport->register_memory(device, s.a2f_send.data(), s.a2f_send.size());
   s.a2f_header_region =
       s.transport->register_memory(device, s.a2f_headers.data(), s.a2f_headers.size());

@@ -2,6 +2,7 @@
 
 #include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/topology.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -156,6 +157,21 @@ Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions
     joined.peers.push_back(std::move(peer));
   }
   return joined;
+}
+
+TransportOptions transport_options(const EngineSpec& spec, const Device& device) {
+  TransportOptions options = spec.transport;
+  options.io_timeout = spec.timeout;
+  if (options.rdma_device == "auto") {
+    const std::string pci = device.properties().pci_bus_id;
+    std::optional<std::string> nic;
+    if (!pci.empty()) nic = Topology::of_this_machine().nearest_nic(pci);
+    options.rdma_device = nic.value_or("");
+    log(LogLevel::info, "{}: RDMA device auto: {}", device.selector(),
+        nic ? fmt::format("{}, the nearest to {}", *nic, pci)
+            : std::string("the first active one (the topology names no NIC near the device)"));
+  }
+  return options;
 }
 
 void pin_thread(std::thread& thread, int cpu, const char* what) {

@@ -233,13 +233,11 @@ class PeerGroup {
   std::unique_ptr<KeyValueStore> ask_store_;
 };
 
-// The transport's options for an engine: spec.transport, with the job's timeout bounding every
-// send as it bounds every wait (a peer that stops reading fails the send; nothing blocks forever).
-inline TransportOptions transport_options(const EngineSpec& spec) {
-  TransportOptions options = spec.transport;
-  options.io_timeout = spec.timeout;
-  return options;
-}
+// The transport's options for an engine on `device`: spec.transport, with the job's timeout
+// bounding every send as it bounds every wait (a peer that stops reading fails the send; nothing
+// blocks forever), and an "auto" RDMA device resolved to the NIC nearest the device (topology.hpp;
+// the first active one where the topology does not say).
+TransportOptions transport_options(const EngineSpec& spec, const Device& device);
 
 // Pins `thread` to `cpu`; logs a warning if that fails.
 void pin_thread(std::thread& thread, int cpu, const char* what);

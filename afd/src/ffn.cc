@@ -362,7 +362,7 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
     : state_(std::make_unique<State>(spec, device)) {
   State& s = *state_;
   s.spec.role = Role::ffn;
-  s.transport = Transport::create(transport_options(spec));
+  s.transport = Transport::create(transport_options(spec, device));
   s.mine.regions["a2f_payload"] =
       s.transport->register_memory(device, s.a2f_receive.data(), s.a2f_receive.size());
   s.mine.regions["a2f_headers"] =

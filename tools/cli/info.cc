@@ -1,14 +1,17 @@
-// `hetmesh info`: the plugins found (path, version, ABI), their devices and capabilities, and the
-// plugins refused with their reasons.
+// `hetmesh info`: the plugins found (path, version, ABI), their devices and capabilities and where
+// each sits in the machine (hwloc: NUMA node, PCI path, local CPUs, nearest RDMA NIC), the RDMA
+// devices, and the plugins refused with their reasons.
 #include "commands.hpp"
 
 #include <hetmesh/core/device.hpp>
 #include <hetmesh/core/plugin.hpp>
+#include <hetmesh/core/topology.hpp>
 #include <hetmesh/transport/rdma_info.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace hetmesh::cli {
@@ -21,9 +24,38 @@ struct InfoOptions {
   bool in_process = false;
 };
 
+// "0-3,8,10-11".
+std::string cpu_ranges(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1)
+      ++j;
+    out +=
+        fmt::format("{}{}", out.empty() ? "" : ",",
+                    i == j ? fmt::format("{}", cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+// Where a PCI device sits (hwloc): its NUMA node, PCI path, local CPUs and nearest RDMA NIC.
+nlohmann::json place_json(const Topology& topology, const std::string& pci) {
+  auto place = pci.empty() ? std::nullopt : topology.place(pci);
+  if (!place) return nullptr;
+  auto nic = topology.nearest_nic(pci);
+  return {{"numa_node", place->numa_node},
+          {"pci_path", place->path},
+          {"cpus", cpu_ranges(place->cpus)},
+          {"nearest_nic", nic ? nlohmann::json(*nic) : nlohmann::json()}};
+}
+
 nlohmann::json to_json(const PluginRegistry& registry) {
   nlohmann::json out;
   out["host_abi"] = fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, HM_DEVICE_PLUGIN_ABI_MINOR);
+  const Topology topology = Topology::of_this_machine();
+  out["topology"] = {{"numa_nodes", topology.numa_nodes()},
+                     {"unknown_because", topology.empty() ? topology.why_empty() : ""}};
   out["plugins"] = nlohmann::json::array();
   for (const auto& p : registry.plugins()) {
     nlohmann::json devices = nlohmann::json::array();
@@ -36,6 +68,7 @@ nlohmann::json to_json(const PluginRegistry& registry) {
                          {"dlpack_device_type", props.dlpack_device_type},
                          {"pci_bus_id", props.pci_bus_id},
                          {"numa_node", props.numa_node},
+                         {"place", place_json(topology, props.pci_bus_id)},
                          {"total_memory", props.total_memory},
                          {"capabilities", capability_names(props.capabilities)}});
     }
@@ -52,32 +85,44 @@ nlohmann::json to_json(const PluginRegistry& registry) {
   for (const auto& r : registry.refused())
     out["refused"].push_back({{"path", r.path}, {"reason", r.reason}});
   out["rdma"] = nlohmann::json::array();
+  const std::vector<Topology::Nic> nics = topology.rdma_nics();
   for (const auto& d : list_rdma_devices()) {
+    auto nic = std::find_if(nics.begin(), nics.end(),
+                            [&](const Topology::Nic& n) { return n.name == d.name; });
     // The registration path for device memory, in the verbs transport's order of preference.
     std::string path = d.dmabuf_supported ? "dmabuf" : d.peermem_present ? "peermem" : "staging";
-    out["rdma"].push_back({{"device", d.name},
-                           {"port", d.port},
-                           {"state", d.port_state},
-                           {"link_layer", d.link_layer},
-                           {"active_mtu", d.active_mtu},
-                           {"gid_index", d.gid_index},
-                           {"gid", d.gid},
-                           {"max_qp_wr", d.max_qp_wr},
-                           {"max_sge", d.max_sge},
-                           {"max_inline", d.max_inline},
-                           {"max_mr_size", d.max_mr_size},
-                           {"max_msg_sz", d.max_msg_sz},
-                           {"dmabuf", d.dmabuf_supported},
-                           {"dmabuf_detail", d.dmabuf_detail},
-                           {"peermem", d.peermem_present},
-                           {"device_memory_path", path},
-                           {"error", d.error}});
+    out["rdma"].push_back(
+        {{"device", d.name},
+         {"port", d.port},
+         {"state", d.port_state},
+         {"link_layer", d.link_layer},
+         {"active_mtu", d.active_mtu},
+         {"gid_index", d.gid_index},
+         {"gid", d.gid},
+         {"max_qp_wr", d.max_qp_wr},
+         {"max_sge", d.max_sge},
+         {"max_inline", d.max_inline},
+         {"max_mr_size", d.max_mr_size},
+         {"max_msg_sz", d.max_msg_sz},
+         {"dmabuf", d.dmabuf_supported},
+         {"dmabuf_detail", d.dmabuf_detail},
+         {"peermem", d.peermem_present},
+         {"device_memory_path", path},
+         {"place", nic == nics.end()
+                       ? nlohmann::json()
+                       : nlohmann::json{{"numa_node", nic->numa_node}, {"pci", nic->pci_bus_id}}},
+         {"error", d.error}});
   }
   return out;
 }
 
 void print_text(const nlohmann::json& info) {
   fmt::print("hetmesh host ABI {}\n", info["host_abi"].get<std::string>());
+  const auto& topology = info["topology"];
+  if (topology["unknown_because"].get<std::string>().empty())
+    fmt::print("machine: {} NUMA node(s) (hwloc)\n", topology["numa_nodes"].get<int>());
+  else
+    fmt::print("machine: topology unknown: {}\n", topology["unknown_because"].get<std::string>());
   fmt::print("\nplugins ({}):\n", info["plugins"].size());
   for (const auto& p : info["plugins"]) {
     fmt::print("  {:<10} version {:<8} ABI {} (negotiated {})  {}\n", p["name"].get<std::string>(),
@@ -91,6 +136,12 @@ void print_text(const nlohmann::json& info) {
                  d["vendor"].get<std::string>(), d["total_memory"].get<uint64_t>() >> 20,
                  pci.empty() ? "-" : pci, d["numa_node"].get<int>(),
                  d["dlpack_device_type"].get<int>());
+      if (const auto& where = d["place"]; !where.is_null())
+        fmt::print(
+            "      place: numa {}, pci path {}, cpus {}, nearest RDMA NIC {}\n",
+            where["numa_node"].get<int>(), where["pci_path"].get<std::string>(),
+            where["cpus"].get<std::string>(),
+            where["nearest_nic"].is_null() ? "none" : where["nearest_nic"].get<std::string>());
       fmt::print("      capabilities: {}\n", d["capabilities"].get<std::string>());
     }
   }
@@ -107,6 +158,9 @@ void print_text(const nlohmann::json& info) {
                d["port"].get<int>(), d["state"].get<std::string>(),
                d["link_layer"].get<std::string>(), d["active_mtu"].get<int>(),
                d["gid_index"].get<int>(), d["gid"].get<std::string>());
+    if (const auto& where = d["place"]; !where.is_null())
+      fmt::print("    place: numa {}, pci {}\n", where["numa_node"].get<int>(),
+                 where["pci"].get<std::string>().empty() ? "-" : where["pci"].get<std::string>());
     fmt::print("    limits: max_qp_wr {} max_sge {} max_inline {} max_mr_size {} max_msg_sz {}\n",
                d["max_qp_wr"].get<uint64_t>(), d["max_sge"].get<uint64_t>(),
                d["max_inline"].get<int64_t>(), d["max_mr_size"].get<uint64_t>(),

@@ -60,7 +60,8 @@ struct TransportOptions {
   // reading: SIGSTOP, a wedged host; each MiB must go within it) fails, and the peer is reported
   // lost. No send waits without a bound.
   std::chrono::milliseconds io_timeout{10000};
-  // verbs: RDMA device ("" = the first active one), GID index (-1 = the first IPv4-mapped one),
+  // verbs: RDMA device ("" = the first active one; the AFD engines also take "auto", the NIC
+  // nearest their device), GID index (-1 = the first IPv4-mapped one),
   // the CPU the completion poller is pinned to (-1 = not pinned), and busy polling.
   std::string rdma_device;
   int gid_index = -1;
