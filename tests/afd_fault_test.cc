@@ -6,6 +6,7 @@
 // then respond(batch, &stream)), the path on which a survivor once polled an event that its own
 // loop had already destroyed. This binary re-runs itself as the instances (--role).
 #include "child_output.hpp"
+#include "etcd_server.hpp"
 #include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -211,7 +212,7 @@ int child_main(int argc, char** argv) {
   spec.rank = std::stoi(argv[4]);
   set_log_identity(fmt::format("{}:{}", role, spec.rank));
   try {
-    auto store = connect_tcp_store(argv[6], kChildTimeout);
+    auto store = connect_store(argv[6], kChildTimeout);  // the TCP store, or etcd
     const std::string mode = argc > 13 ? argv[13] : "";
     if (role == "ffn") {
       spec.role = Role::ffn;
@@ -342,11 +343,12 @@ struct Replacement {
   TransportKind kind;
   const char* victim;  // "ffn" or "attention": its last rank is hit
   int signal;          // SIGKILL, or SIGSTOP: replaced while stopped, killed at the end
+  bool etcd = false;   // the job meets at a real etcd rather than the embedded store
 };
 
 std::string replacement_name(const Replacement& r) {
-  return fmt::format("{}a{}f_{}_{}_{}", r.attention, r.ffn, to_string(r.kind), r.victim,
-                     r.signal == SIGKILL ? "killed" : "stopped");
+  return fmt::format("{}a{}f_{}_{}_{}{}", r.attention, r.ffn, to_string(r.kind), r.victim,
+                     r.signal == SIGKILL ? "killed" : "stopped", r.etcd ? "_etcd" : "");
 }
 void PrintTo(const Replacement& r, std::ostream* os) {
   *os << replacement_name(r);
@@ -363,8 +365,14 @@ TEST_P(AfdReplacementTest, TheReplacementRejoinsAndTheJobFinishes) {
   const Replacement r = GetParam();
   HETMESH_SKIP_UNLESS_USABLE(r.kind);
   constexpr int kRounds = 300;  // the hit comes after 3: most of the run is after it
-  TcpStoreServer store("127.0.0.1:0");
-  LocalJob job({}, store.address(), testing::TempDir());
+  if (r.etcd) HETMESH_REQUIRE_ETCD_OR_SKIP();
+  std::optional<TcpStoreServer> store;
+  std::optional<test::EtcdServer> etcd;
+  if (r.etcd)
+    etcd.emplace();
+  else
+    store.emplace("127.0.0.1:0");
+  LocalJob job({}, r.etcd ? etcd->endpoint() : store->address(), testing::TempDir());
   const std::vector<std::string> args = {
       std::to_string(r.attention), std::to_string(r.ffn), to_string(r.kind), "cpu:0", "recover",
       std::to_string(kRounds)};
@@ -441,7 +449,10 @@ INSTANTIATE_TEST_SUITE_P(
                     Replacement{2, 2, TransportKind::ipc, "ffn", SIGSTOP},
                     Replacement{2, 2, TransportKind::tcp, "attention", SIGSTOP},
                     Replacement{2, 2, TransportKind::verbs, "ffn", SIGKILL},
-                    Replacement{2, 2, TransportKind::verbs, "attention", SIGKILL}),
+                    Replacement{2, 2, TransportKind::verbs, "attention", SIGKILL},
+                    // Containment and rejoin over etcd as over the embedded store.
+                    Replacement{2, 2, TransportKind::ipc, "ffn", SIGKILL, true},
+                    Replacement{2, 2, TransportKind::tcp, "attention", SIGKILL, true}),
     [](const testing::TestParamInfo<Replacement>& p) { return replacement_name(p.param); });
 
 // The As still in the job finish while a lost A's replacement is starting: the F must not take

@@ -139,6 +139,8 @@ class EtcdStore final : public KeyValueStore {
                       fmt::format("{}: add to '{}': the key holds a value that is not a counter",
                                   describe(), key));
       }
+      // A read of the counter (pollers add 0) writes nothing: an etcd write is a raft commit.
+      if (delta == 0) return current;
       int64_t next;
       if (__builtin_add_overflow(current, delta, &next))
         throw Error(HM_ERR_INVALID_ARGUMENT,
