@@ -1,7 +1,9 @@
 // The machine's topology (core/topology.hpp) on made-up machines given as hwloc XML: each GPU's
 // NUMA node, PCI path and local CPUs, and the NIC nearest it. A box with 8 GPUs and 8 NICs (each
 // GPU and a NIC under one PCIe switch) gives each GPU its own NIC; a box with 2 NICs for 8 GPUs
-// shares them by NUMA node; NICs that are equally near are shared out evenly.
+// shares them by NUMA node; NICs that are equally near are shared out evenly; and each instance is
+// pinned to CPUs of its device's NUMA node (afd::assign_cpus).
+#include <hetmesh/afd/job.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/topology.hpp>
 
@@ -189,6 +191,22 @@ TEST(TopologyTest, UnknownDevicesAndMachinesWithoutNicsHaveNoNearestNic) {
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
   }
+}
+
+// Each instance gets CPUs of its device's NUMA node while that node has some left, then any;
+// a device that is not a PCI device gets any; each CPU once.
+TEST(TopologyTest, InstancesArePinnedToTheirDevicesNumaNode) {
+  std::vector<Socket> sockets(2);
+  sockets[0].gpus = {0x11};
+  sockets[1].gpus = {0x31};
+  Topology t = Topology::from_xml(machine_xml(sockets, 4));
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7};
+  auto cpus =
+      afd::assign_cpus({bus_id(0x31), bus_id(0x11), "", bus_id(0x31), bus_id(0x31)}, t, 2, all);
+  EXPECT_EQ(cpus, (std::vector<std::vector<int>>{{4, 5}, {0, 1}, {2, 3}, {6, 7}, {}}));
+  // Once its node is full, a device's instance takes CPUs elsewhere.
+  cpus = afd::assign_cpus({bus_id(0x11), bus_id(0x11), bus_id(0x11)}, t, 3, all);
+  EXPECT_EQ(cpus, (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}, {}}));
 }
 
 TEST(TopologyTest, ThisMachineLoads) {

@@ -76,6 +76,31 @@ std::optional<std::string> shared_device_advice(const JobConfig& c) {
   return std::nullopt;
 }
 
+std::vector<std::vector<int>> assign_cpus(const std::vector<std::string>& pci_bus_ids,
+                                          const Topology& topology, int per_instance,
+                                          const std::vector<int>& available) {
+  std::vector<int> left = available;
+  std::vector<std::vector<int>> out;
+  for (const std::string& pci : pci_bus_ids) {
+    std::vector<int> near;
+    if (auto place = pci.empty() ? std::nullopt : topology.place(pci)) near = place->cpus;
+    std::vector<int> mine;
+    // Near ones first, in `available` order, then the rest.
+    for (bool want_near : {true, false})
+      for (int cpu : left) {
+        if (static_cast<int>(mine.size()) == per_instance) break;
+        bool is_near = std::find(near.begin(), near.end(), cpu) != near.end();
+        if (is_near == want_near && std::find(mine.begin(), mine.end(), cpu) == mine.end())
+          mine.push_back(cpu);
+      }
+    if (static_cast<int>(mine.size()) < per_instance) mine.clear();
+    for (int cpu : mine)
+      left.erase(std::find(left.begin(), left.end(), cpu));
+    out.push_back(std::move(mine));
+  }
+  return out;
+}
+
 PluginRegistry load_plugins(const JobConfig& c) {
   PluginLoadOptions options;
   options.explicit_paths = c.plugins.paths;

@@ -24,6 +24,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -47,6 +48,17 @@ int cpu_block_size(const JobConfig& c, const std::string& pin) {
   if (pin == "off" || size < 1) return 0;
   if (pin == "auto" && (size < 4 || !c.affinity.comm_cpus.empty())) return 0;
   return size;
+}
+
+// The CPUs this process may run on (its affinity mask).
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
 }
 
 JobConfig stepmesh_shape() {
@@ -87,12 +99,31 @@ bool run_instances(const BenchRun& run, const std::string& prefix) {
   const AfdBenchOptions& o = run.options;
   afd::LocalJob job({"bench", "afd", "--config", (run.dir / "job.toml").string()}, run.store,
                     run.dir.string(), job_id(prefix + "attention"));
-  int block = 0;  // instances on this host, in order: attention first, as in CPU numbering
+  // Each instance's CPUs: of its device's NUMA node where the topology says, attention first.
+  std::vector<std::string> pci;
+  if (run.cpu_block_size > 0) {
+    PluginRegistry plugins = afd::load_plugins(run.config);
+    for (int a : run.local.attention)
+      pci.push_back(plugins.device(run.config.devices.attention.at(static_cast<size_t>(a)))
+                        .properties()
+                        .pci_bus_id);
+    for (int f : run.local.ffn)
+      pci.push_back(plugins.device(run.config.devices.ffn.at(static_cast<size_t>(f)))
+                        .properties()
+                        .pci_bus_id);
+  }
+  const std::vector<std::vector<int>> cpus =
+      run.cpu_block_size > 0
+          ? afd::assign_cpus(pci, Topology::of_this_machine(), run.cpu_block_size, allowed_cpus())
+          : std::vector<std::vector<int>>();
+  size_t next = 0;
   auto start = [&](const std::string& role, int rank) {
-    job.start(prefix + role, rank,
-              {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup),
-               "--cpu-block", std::to_string(block++), "--cpu-block-size",
-               std::to_string(run.cpu_block_size)});
+    std::vector<std::string> args = {"--iterations", std::to_string(o.iterations), "--warmup",
+                                     std::to_string(o.warmup)};
+    if (next < cpus.size() && !cpus[next].empty())
+      args.insert(args.end(), {"--cpus", fmt::format("{}", fmt::join(cpus[next], ","))});
+    ++next;
+    job.start(prefix + role, rank, args);
   };
   for (int a : run.local.attention)
     start("attention", a);
@@ -225,16 +256,17 @@ void add_bench_afd_command(CLI::App& bench) {
   cmd->add_option("--json", o->json, "also write the results here");
   cmd->add_option("--trace", o->trace,
                   "write the engine's round trips here as a Chrome trace (Perfetto)");
-  cmd->add_option("--pin", o->pin,
-                  "pin each instance (engine and bare transport) to a block of CPUs: auto (when "
-                  "each gets 4 or more), on, off")
+  cmd->add_option(
+         "--pin", o->pin,
+         "pin each instance (engine and bare transport) to CPUs of its device's NUMA node (where "
+         "the topology says): auto (when "
+         "each gets 4 or more), on, off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_flag("!--no-bare", o->bare,
                 "skip the bare-transport baseline (it runs the job a second time)");
   add_job_launch_options(*cmd, *o);
-  cmd->add_option("--cpu-block", o->cpu_block, "internal")->group("");
-  cmd->add_option("--cpu-block-size", o->cpu_block_size, "internal")->group("");
+  cmd->add_option("--cpus", o->cpus, "internal")->delimiter(',')->group("");
   cmd->callback([o] {
     JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);
     if (int rc = run_role(c, *o); rc != 0) throw CLI::RuntimeError(rc);

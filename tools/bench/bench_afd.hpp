@@ -27,10 +27,9 @@ struct AfdBenchOptions : JobLaunchOptions {  // role: attention, ffn, bare-atten
   int warmup = 20;
   std::string json;
   std::string trace;         // Chrome trace of the engine's round trips
-  std::string pin = "auto";  // auto, on, off: a block of CPUs per instance
+  std::string pin = "auto";  // auto, on, off: CPUs of its device's NUMA node per instance
   bool bare = true;          // also run the bare-transport baseline
-  int cpu_block = 0;  // internal: this instance's CPUs are [block * size, +size); size 0: unpinned
-  int cpu_block_size = 0;
+  std::vector<int> cpus;     // internal: this instance's CPUs; empty: unpinned
 };
 
 // ---- the instances (child processes), each writing its results under o.out ----

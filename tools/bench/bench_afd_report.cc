@@ -28,8 +28,9 @@ void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
       to_string(afd::single_host_transport(c)), c.devices.attention[0], c.devices.ffn[0]);
   fmt::print("instances: {}\n",
              r.cpu_block_size > 0
-                 ? fmt::format("each pinned to {} CPUs of {} (attention 0 on CPUs 0-{}, ...)",
-                               r.cpu_block_size, cpus, r.cpu_block_size - 1)
+                 ? fmt::format("each pinned to {} CPUs of {}, of its device's NUMA node where "
+                               "the topology says",
+                               r.cpu_block_size, cpus)
                  : fmt::format("not pinned ({} CPUs)", cpus));
   fmt::print("{:<30} {:>10} {:>10}\n", "(us)", "p50", "p99");
   for (auto [label, name] : {std::pair{"A2F", "A2F network*"}, std::pair{"F2A", "F2A network*"},

@@ -33,14 +33,12 @@ uint64_t total(const std::vector<std::pair<std::string, uint64_t>>& regions) {
 }  // namespace
 
 afd::EngineSpec pinned(afd::EngineSpec spec, const AfdBenchOptions& o) {
-  if (o.cpu_block_size <= 0) return spec;
+  if (o.cpus.empty()) return spec;
   cpu_set_t set;
   CPU_ZERO(&set);
-  spec.comm_cpus.clear();
-  for (int i = 0; i < o.cpu_block_size; ++i) {
-    CPU_SET(o.cpu_block * o.cpu_block_size + i, &set);
-    spec.comm_cpus.push_back(o.cpu_block * o.cpu_block_size + i);
-  }
+  spec.comm_cpus = o.cpus;
+  for (int cpu : o.cpus)
+    CPU_SET(cpu, &set);
   if (sched_setaffinity(0, sizeof set, &set) != 0)
     throw Error(HM_ERR_INTERNAL, fmt::format("cannot pin to CPUs {}-{}: {}", spec.comm_cpus.front(),
                                              spec.comm_cpus.back(), std::strerror(errno)));

@@ -5,6 +5,7 @@
 
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/topology.hpp>
 #include <hetmesh/transport/selection.hpp>
 
 #include <filesystem>
@@ -28,6 +29,14 @@ EngineSpec engine_spec(const JobConfig& config, Role role, int rank);
 
 // Loads the plugins the config names (explicit paths, per-plugin options) plus the usual search.
 PluginRegistry load_plugins(const JobConfig& config);
+
+// The CPUs to pin each of a host's instances to, `per_instance` each, for instances whose devices
+// have these PCI bus ids (in start order; "" for a device that is not a PCI device): CPUs of the
+// device's NUMA node (topology.hpp) while that node has some left, then any left, each CPU given
+// once, in the order of `available`. An instance gets none when fewer than `per_instance` are left.
+std::vector<std::vector<int>> assign_cpus(const std::vector<std::string>& pci_bus_ids,
+                                          const Topology& topology, int per_instance,
+                                          const std::vector<int>& available);
 
 // ---- refusing, before anything starts, what cannot work ----
 
