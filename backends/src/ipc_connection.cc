@@ -265,7 +265,7 @@ class IpcConnection : public Connection {
         send_control_frame(message.data(), message.size());
       } catch (const Error& e) {
         lock.unlock();
-        link_->lose(e.what());
+        link_->lost_on_send(e.what());
         throw;
       }
       return true;
@@ -303,7 +303,7 @@ class IpcConnection : public Connection {
       done.status = e.status();
       done.message =
           fmt::format("write {} to region {} of peer {}: {}", cookie, region, peer_id_, e.what());
-      link_->lose(e.what());
+      link_->lost_on_send(e.what());
     }
     shared_->events.push(std::move(done));
   }
@@ -507,7 +507,7 @@ class IpcConnection : public Connection {
       check_open();
       send_control_frame(op.payload.data(), op.payload.size());
     } catch (const Error& e) {
-      link_->lose(e.what());
+      link_->lost_on_send(e.what());
     }
   }
 
@@ -534,7 +534,7 @@ class IpcConnection : public Connection {
       done.status = e.status();
       done.message = fmt::format("write {} to region {} of peer {}: {}", w.cookie, w.dst->id,
                                  peer_id_, e.what());
-      link_->lose(e.what());
+      link_->lost_on_send(e.what());
     }
     return done;
   }

@@ -347,6 +347,22 @@ void IpcLink::lose(const std::string& reason) {
   wake_progress();
 }
 
+void IpcLink::lost_on_send(const std::string& reason) {
+  if (!role_.try_lock()) {
+    // A peer that closed its end is found by the progress thread, which reads first; any other
+    // failure (a copy engine's) ends the connection now.
+    if (net::hung_up(socket_.get()))
+      wake_progress();
+    else
+      lose(reason);
+    return;
+  }
+  std::vector<TransportEvent> batch;
+  const bool read_well = read_into_queue(batch);  // a malformed frame loses the peer itself
+  role_.unlock();
+  if (read_well) lose(reason);
+}
+
 void IpcLink::close() {
   closing_ = true;
   socket_.shutdown();

@@ -94,6 +94,11 @@ class IpcLink {
   // ---- ending ----
   // Reports the peer lost once, with the first reason, and wakes everything that waits on it.
   void lose(const std::string& reason);
+  // A send or a write failed: the connection ends. What the peer published before it went is
+  // delivered before the loss, as when the progress thread finds it gone: read here if nobody
+  // holds the ring's reader role; else, if the peer closed its end, left to the progress thread,
+  // which reads first (the closed socket wakes it). Never call it holding the role.
+  void lost_on_send(const std::string& reason);
   // Marks the link closing (no more peer_lost events or reads) and wakes its waiters.
   void close();
   // After close(): waits until no poller reads this link any more.
