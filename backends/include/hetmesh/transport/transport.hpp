@@ -15,7 +15,9 @@
 // arrive in issue order. Control messages are ordered among themselves only.
 //
 // Errors: setup calls throw hetmesh::Error. A dead or misbehaving peer becomes a peer_lost event
-// (and failed writes) within the transport's timeouts, never a hang or an abort.
+// (and failed writes) within the transport's timeouts, never a hang or an abort. What a peer sent
+// before it went (its last control messages and notifications) is delivered before its
+// peer_lost, however the loss was found (by a read, or by a send of ours that failed).
 #pragma once
 
 #include <hetmesh/core/device.hpp>
