@@ -63,6 +63,11 @@ hwloc_topology_t load(bool xml, const std::string& text, std::string& why) {
     why = fmt::format("hwloc_topology_init: {}", std::strerror(errno));
     return nullptr;
   }
+  // PCI devices come from the Linux backend's sysfs discovery. hwloc's optional components stay
+  // out: libpciaccess only adds names (and leaks them), and the GPU ones (opencl, gl, cuda, nvml,
+  // rsmi, levelzero) would initialise vendor runtimes in every process that asks where it is.
+  for (const char* component : {"pci", "opencl", "gl", "cuda", "nvml", "rsmi", "levelzero"})
+    hwloc_topology_set_components(t, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, component);
   // A made-up topology keeps every I/O object it names; this machine's, those hwloc finds
   // important (GPUs, NICs and the bridges above them).
   hwloc_topology_set_io_types_filter(
