@@ -8,6 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -130,7 +134,9 @@ namespace {}  // namespace
 
 namespace {
 
-// Whether `host` (an address or a name) is one of this machine's: a socket can be bound to it.
+// Whether `host` (an address or a name) is one of this machine's: an address of one of its
+// interfaces (getifaddrs), a loopback address, or the wildcard. (Not "a socket binds to it":
+// with ip_nonlocal_bind every address would be.)
 bool is_this_host(const std::string& host) {
   std::vector<net::Address> addresses;
   try {
@@ -138,11 +144,31 @@ bool is_this_host(const std::string& host) {
   } catch (const Error&) {
     return false;
   }
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return false;
+  bool mine = false;
   for (const net::Address& a : addresses) {
-    net::Fd fd(::socket(a.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    if (fd && ::bind(fd.get(), a.get(), a.length) == 0) return true;
+    const sockaddr* sa = a.get();
+    if (net::is_loopback(a)) mine = true;
+    if (sa->sa_family == AF_INET &&
+        reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY))
+      mine = true;
+    if (sa->sa_family == AF_INET6 &&
+        IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr))
+      mine = true;
+    for (ifaddrs* i = interfaces; i && !mine; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != sa->sa_family) continue;
+      if (sa->sa_family == AF_INET)
+        mine = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+               reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr;
+      else if (sa->sa_family == AF_INET6)
+        mine = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                           &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr,
+                           sizeof(in6_addr)) == 0;
+    }
   }
-  return false;
+  freeifaddrs(interfaces);
+  return mine;
 }
 
 }  // namespace

@@ -69,13 +69,19 @@ size_t watch_chunk(char* data, size_t size, size_t count, void* user) {
       w->error = message["error"].dump();
       return 0;
     }
-    const nlohmann::json& result = message.value("result", nlohmann::json::object());
-    if (!result.is_object() || !result.contains("events")) continue;
-    for (const nlohmann::json& event : result["events"])
-      if ((*w->done)(event)) {
-        w->satisfied = true;
-        return 0;  // ends the transfer: the caller has what it waited for
-      }
+    // Nothing may throw through libcurl's C frames: a malformed event ends the watch here.
+    try {
+      const nlohmann::json& result = message.value("result", nlohmann::json::object());
+      if (!result.is_object() || !result.contains("events")) continue;
+      for (const nlohmann::json& event : result["events"])
+        if ((*w->done)(event)) {
+          w->satisfied = true;
+          return 0;  // ends the transfer: the caller has what it waited for
+        }
+    } catch (const std::exception& e) {
+      w->error = fmt::format("a malformed watch event: {}", e.what());
+      return 0;
+    }
   }
   return n;
 }
@@ -245,7 +251,16 @@ bool Client::watch(const std::string& key, int64_t revision,
   if (state.satisfied) return true;
   if (!state.error.empty())
     throw Error(kStatusProtocolError, fmt::format("etcd {}: watch: {}", endpoint_, state.error));
-  if (rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_OK) return false;
+  if (rc == CURLE_OPERATION_TIMEDOUT) return false;
+  if (rc == CURLE_OK) {
+    // A watch that ends by itself (an error reply, etcd going away) would make the callers'
+    // read-then-watch loops spin: it is the store lost.
+    long http = 0;
+    curl_easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &http);
+    throw Error(kStatusPeerLost,
+                fmt::format("etcd {}: the watch ended early (HTTP {}){}", endpoint_, http,
+                            state.pending.empty() ? "" : ": " + state.pending));
+  }
   throw Error(kStatusPeerLost,
               fmt::format("etcd {}: watch: {}", endpoint_, curl_easy_strerror(rc)));
 }

@@ -68,6 +68,7 @@ struct Shared {
     if (lease == 0)
       throw Error(kStatusProtocolError,
                   fmt::format("etcd {}: lease grant answered without an ID", client->endpoint()));
+    if (keeper.joinable()) keeper.join();  // the keeper of an expired lease, which has ended
     keeper = std::thread([this] { keep_alive(); });
     return lease;
   }
@@ -80,11 +81,15 @@ struct Shared {
       lock.unlock();
       try {
         json answer = client->call("/v3/lease/keepalive", {{"ID", std::to_string(id)}}, every);
-        if (etcd::integer(answer.value("result", json::object()), "TTL") <= 0)
+        if (etcd::integer(answer.value("result", json::object()), "TTL") <= 0) {
           log(LogLevel::error,
               "etcd {}: this process's lease {} has expired: its keys are gone, and its peers "
-              "were told it is lost",
+              "were told it is lost; its next keys go on a new lease",
               client->endpoint(), id);
+          lock.lock();
+          lease = 0;  // the next owned set grants a new one (and starts no second keeper)
+          return;
+        }
       } catch (const Error& e) {
         log(LogLevel::warn, "etcd {}: cannot renew lease {}: {}", client->endpoint(), id, e.what());
       }

@@ -127,18 +127,22 @@ void Gate::accept_waiting() {
       from = peer ? fmt::format("local process {} (user {})", peer->pid, peer->uid)
                   : std::string("a local process");
     }
-    if (openings_.size() >= limits_.openings) {
+    if (!openings_.empty() && openings_.size() >= limits_.openings) {
       // The oldest goes, not the newcomer: a flood of silent connections then cannot keep a
       // real peer out, whose opening takes a round trip where theirs take the whole deadline.
       refuse(openings_.front()->from,
              fmt::format("{} connections were opening, and it was the oldest", limits_.openings));
       openings_.erase(openings_.begin());
     }
-    auto c = std::make_unique<Connection>();
-    c->fd = std::move(fd);
-    c->from = std::move(from);
-    c->opening = make_(c->fd.get(), c->from);
-    if (follow(*c, c->opening->start())) openings_.push_back(std::move(c));
+    try {
+      auto c = std::make_unique<Connection>();
+      c->fd = std::move(fd);
+      c->from = std::move(from);
+      c->opening = make_(c->fd.get(), c->from);
+      if (follow(*c, c->opening->start())) openings_.push_back(std::move(c));
+    } catch (const std::exception& e) {  // one connection's trouble, never the gate's
+      refuse("a connection", fmt::format("its opening failed: {}", e.what()));
+    }
   }
 }
 
@@ -151,7 +155,12 @@ bool Gate::advance(Connection& c) {
   }
   c.have += static_cast<size_t>(n);
   if (c.have < c.frame.size()) return true;
-  return follow(c, c.opening->next(c.frame));
+  try {
+    return follow(c, c.opening->next(c.frame));
+  } catch (const std::exception& e) {  // one connection's trouble, never the gate's
+    refuse(c.from, fmt::format("its opening failed: {}", e.what()));
+    return false;
+  }
 }
 
 bool Gate::follow(Connection& c, Opening::Step step) {

@@ -3,7 +3,8 @@
 // An IPC handle names (exporter pid, fd number, size); the importer opens /proc/<pid>/fd/<fd>,
 // which works between processes of the same user without a socket to pass the descriptor. A
 // handle is a peer's bytes, so the importer opens only what the kit itself exported: a memfd
-// named "hetmesh-<pid>-..." after the process the handle names, of exactly the size it names.
+// named "hetmesh-<pid>-..." after the process the handle names, of exactly the size it names, and
+// sealed against shrinking (so its pages cannot vanish under a mapping).
 // Anything else (a regular file, a FIFO, a device, another program's memfd) is refused before
 // it is mapped, and never opened if its name already says it is not the kit's.
 #pragma once
@@ -47,6 +48,13 @@ inline int create_memfd(const char* what, uint64_t size) {
     close(fd);
     fail(HM_ERR_OUT_OF_MEMORY, "ftruncate(memfd, %llu) failed: %s",
          static_cast<unsigned long long>(size), std::strerror(err));
+  }
+  // Sealed against shrinking: an importer's mapping can then never lose its pages under it
+  // (SIGBUS), and /dev/udmabuf accepts it.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    int err = errno;
+    close(fd);
+    fail(HM_ERR_BACKEND, "sealing the memfd against shrinking failed: %s", std::strerror(err));
   }
   return fd;
 }
@@ -103,7 +111,9 @@ inline std::string link_target(const char* path) {
 inline const char* not_the_kits_memfd(int fd, int32_t pid, uint64_t size) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return "it is not a memfd";
-  if (fcntl(fd, F_GET_SEALS) < 0) return "it is a file, not a memfd";
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) return "it is a file, not a memfd";
+  if ((seals & F_SEAL_SHRINK) == 0) return "it is not sealed against shrinking";
   char self[64];
   std::snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
   if (link_target(self).rfind("/memfd:" + memfd_prefix(pid), 0) != 0)
@@ -153,9 +163,7 @@ inline int export_udmabuf(int memfd, uint64_t offset, uint64_t size) {
   if (offset % page_size() != 0 || size % page_size() != 0 || size == 0)
     fail(HM_ERR_INVALID_ARGUMENT, "dma-buf range (offset %llu, size %llu) is not page-aligned",
          static_cast<unsigned long long>(offset), static_cast<unsigned long long>(size));
-  // udmabuf requires the memfd to be sealed against shrinking.
-  if (fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 && errno != EPERM)
-    fail(HM_ERR_BACKEND, "sealing memfd for udmabuf failed: %s", std::strerror(errno));
+  // udmabuf requires the memfd to be sealed against shrinking (create_memfd did).
   int device = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
   if (device < 0) fail(HM_ERR_NOT_SUPPORTED, "/dev/udmabuf: %s", std::strerror(errno));
   udmabuf_create create{};
