@@ -93,6 +93,26 @@ class HostsTest : public testing::Test {
     }
     JobSecret::generate().write_file(dir_.file("job.secret"));
   }
+  // Runs `attention` on host 0, then `ffn` on host 1, each to its end; expects both to exit 0 and
+  // returns what each printed.
+  struct Outputs {
+    std::string attention, ffn;
+  };
+  Outputs run_split(const std::vector<std::string>& attention,
+                    const std::vector<std::string>& ffn) {
+    ChildProcess first(hosts_->on(0, attention));
+    ProcessResult second = run_process(hosts_->on(1, ffn), 180s);
+    std::string output;
+    try {
+      for (;;)
+        output += first.read_line(120s) + "\n";
+    } catch (const Error&) {
+    }
+    EXPECT_EQ(second.exit_code, 0) << second.out << second.err;
+    EXPECT_EQ(first.wait(60s).exit_code, 0) << output;
+    return {output, second.out};
+  }
+
   test::TempDir dir_;
   std::optional<TwoHosts> hosts_;
 };
@@ -138,22 +158,12 @@ TEST_F(HostsTest, ADemoAcrossTwoHosts) {
         "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n"
         "listen_host = \"{}\"\n\n[rendezvous]\naddress = \"{}\"\nsecret_file = \"{}\"\n",
         hosts_->address(h), store, dir_.file("job.secret"));
-  ChildProcess attention(hosts_->on(
-      0, {HETMESH_CLI, "demo", "--config", dir_.file("host0.toml"), "--instances", "attention"}));
-  ProcessResult ffn =
-      run_process(hosts_->on(1, {HETMESH_CLI, "demo", "--config", dir_.file("host1.toml"),
-                                 "--instances", "ffn", "--store", store}),
-                  180s);
-  std::string output;
-  try {
-    for (;;)
-      output += attention.read_line(120s) + "\n";
-  } catch (const Error&) {
-  }
-  EXPECT_EQ(ffn.exit_code, 0) << ffn.out << ffn.err;
-  EXPECT_EQ(attention.wait(60s).exit_code, 0) << output;
-  EXPECT_THAT(ffn.out, HasSubstr("ffn instance(s) 0,1 done"));
-  EXPECT_THAT(output, HasSubstr("verified: final hidden states of 2 attention"));
+  Outputs out = run_split(
+      {HETMESH_CLI, "demo", "--config", dir_.file("host0.toml"), "--instances", "attention"},
+      {HETMESH_CLI, "demo", "--config", dir_.file("host1.toml"), "--instances", "ffn", "--store",
+       store});
+  EXPECT_THAT(out.ffn, HasSubstr("ffn instance(s) 0,1 done"));
+  EXPECT_THAT(out.attention, HasSubstr("verified: final hidden states of 2 attention"));
 }
 
 // One config for every host: [hosts] says where each instance runs; the same command on each host
@@ -165,25 +175,14 @@ TEST_F(HostsTest, OneConfigForEveryHost) {
       "[hosts]\nattention = \"{0}\"\nffn = [\"{1}\", \"{1}\"]\n\n"
       "[rendezvous]\naddress = \"{0}:18620\"\nsecret_file = \"{2}\"\n",
       hosts_->address(0), hosts_->address(1), dir_.file("job.secret"));
-  auto on = [&](int host) {
-    return hosts_->on(
-        host, {HETMESH_CLI, "demo", "--config", dir_.file("job.toml"), "--instances", "here"});
-  };
-  ChildProcess attention(on(0));
-  ProcessResult ffn = run_process(on(1), 180s);
-  std::string output;
-  try {
-    for (;;)
-      output += attention.read_line(120s) + "\n";
-  } catch (const Error&) {
-  }
-  EXPECT_EQ(ffn.exit_code, 0) << ffn.out << ffn.err;
-  EXPECT_EQ(attention.wait(60s).exit_code, 0) << output;
-  EXPECT_THAT(output, HasSubstr("here: attention 0,1, ffn none"));
-  EXPECT_THAT(output, HasSubstr("(hosted here)"));
-  EXPECT_THAT(ffn.out, HasSubstr("here: attention none, ffn 0,1"));
-  EXPECT_THAT(ffn.out, HasSubstr("(joined)"));
-  EXPECT_THAT(output, HasSubstr("verified: final hidden states of 2 attention"));
+  const std::vector<std::string> here = {HETMESH_CLI,           "demo",        "--config",
+                                         dir_.file("job.toml"), "--instances", "here"};
+  Outputs out = run_split(here, here);
+  EXPECT_THAT(out.attention, HasSubstr("here: attention 0,1, ffn none"));
+  EXPECT_THAT(out.attention, HasSubstr("(hosted here)"));
+  EXPECT_THAT(out.ffn, HasSubstr("here: attention none, ffn 0,1"));
+  EXPECT_THAT(out.ffn, HasSubstr("(joined)"));
+  EXPECT_THAT(out.attention, HasSubstr("verified: final hidden states of 2 attention"));
 }
 
 // Makes a CA, and a certificate it signs for `name` (key and certificate in `name`.key and .pem)
@@ -250,32 +249,21 @@ TEST_F(HostsTest, OneConfigOverEtcdWithTls) {
       "[hosts]\nattention = \"{}\"\nffn = \"{}\"\n\n"
       "[rendezvous]\nkind = \"etcd\"\naddress = \"{}\"\nsecret_file = \"{}\"\n",
       hosts_->address(0), hosts_->address(1), url, dir_.file("job.secret"));
-  auto on = [&](int host) {
-    return hosts_->on(
-        host, {HETMESH_CLI, "demo", "--config", dir_.file("job.toml"), "--instances", "here"});
-  };
+  const std::vector<std::string> here = {HETMESH_CLI,           "demo",        "--config",
+                                         dir_.file("job.toml"), "--instances", "here"};
   test::ScopedEnv ca("HETMESH_ETCD_CA_FILE", dir_.file("ca.pem"));
   {
     test::ScopedEnv no_certificate("HETMESH_ETCD_CERT_FILE", std::nullopt);
-    ProcessResult refused = run_process(on(1), 120s);
+    ProcessResult refused = run_process(hosts_->on(1, here), 120s);
     EXPECT_NE(refused.exit_code, 0);
     EXPECT_THAT(refused.err, HasSubstr("etcd store " + url + ": not reachable"));
     EXPECT_THAT(refused.err, HasSubstr("name this client's in HETMESH_ETCD_CERT_FILE"));
   }
   test::ScopedEnv certificate("HETMESH_ETCD_CERT_FILE", dir_.file("client.pem"));
   test::ScopedEnv key("HETMESH_ETCD_KEY_FILE", dir_.file("client.key"));
-  ChildProcess attention(on(0));
-  ProcessResult ffn = run_process(on(1), 180s);
-  std::string output;
-  try {
-    for (;;)
-      output += attention.read_line(120s) + "\n";
-  } catch (const Error&) {
-  }
-  EXPECT_EQ(ffn.exit_code, 0) << ffn.out << ffn.err;
-  EXPECT_EQ(attention.wait(60s).exit_code, 0) << output;
-  EXPECT_THAT(output, HasSubstr("rendezvous store " + url + " (joined)"));
-  EXPECT_THAT(output, HasSubstr("verified: final hidden states of 2 attention"));
+  Outputs out = run_split(here, here);
+  EXPECT_THAT(out.attention, HasSubstr("rendezvous store " + url + " (joined)"));
+  EXPECT_THAT(out.attention, HasSubstr("verified: final hidden states of 2 attention"));
 }
 
 }  // namespace
