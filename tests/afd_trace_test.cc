@@ -393,6 +393,17 @@ TEST(DemoLaunchTest, TwoInvocationsMeetAtEtcd) {
       "[rendezvous]\nkind = \"etcd\"\naddress = \"{}\"\nsecret_file = \"{}\"\n",
       etcd.endpoint(), dir.file("job.secret"));
   const std::string config = dir.file("job.toml");
+  {  // Without the secret file, an invocation of part of the job is refused before it starts
+     // anything: a secret of its own would be unknown to the other invocations.
+    std::ofstream(dir.file("no-secret.toml")) << fmt::format(
+        "[job]\nattention = 2\nffn = 2\n\n[rendezvous]\nkind = \"etcd\"\naddress = \"{}\"\n",
+        etcd.endpoint());
+    ProcessResult r = run_process(
+        {HETMESH_CLI, "demo", "--config", dir.file("no-secret.toml"), "--instances", "ffn"},
+        std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("starts part of a job that meets at etcd"), std::string::npos) << r.err;
+  }
   ChildProcess attention({HETMESH_CLI, "demo", "--config", config, "--instances", "attention"});
   ProcessResult ffn = run_process({HETMESH_CLI, "demo", "--config", config, "--instances", "ffn"},
                                   std::chrono::seconds(120));

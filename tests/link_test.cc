@@ -185,6 +185,22 @@ TEST_F(LinkTest, AHelloForAnotherEndpointIsRefused) {
   }
 }
 
+// A dialer of another version of the handshake hears so, at once, instead of retrying until its
+// timeout: the listener reads its whole hello and answers with the verdict before it closes.
+TEST_F(LinkTest, AHelloOfAnotherVersionIsAnsweredWithItsVerdict) {
+  Fd stranger = raw_connection(listener_.address());
+  Hello hello = hello_from(kPeerId, kListenerId);
+  hello.version = 3;
+  send_all(stranger.get(), &hello, sizeof hello, "hello", net::Clock::now() + 5s);
+  uint8_t challenge[72];
+  recv_all(stranger.get(), challenge, sizeof challenge, "challenge", net::Clock::now() + 5s);
+  EXPECT_EQ(std::memcmp(challenge, "HMHL", 4), 0) << "the challenge's magic";
+  EXPECT_EQ(challenge[4], 5) << "the verdict: another version";
+  char c;
+  EXPECT_FALSE(net::recv_exact(stranger.get(), &c, 1, "end", net::Clock::now() + 5s))
+      << "the listener kept the connection open";
+}
+
 TEST_F(LinkTest, MalformedIdsAreRefusedBeforeAnyByteIsSent) {
   EXPECT_THROW(dial(listener_.address(), "not-hex-at-all!!", kListenerId, secret_, 1s), Error);
   EXPECT_THROW(dial(listener_.address(), kPeerId, "8000", secret_, 1s), Error);

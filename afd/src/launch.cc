@@ -237,7 +237,7 @@ std::string url_host_port(const std::string& url) {
 
 }  // namespace
 
-JobStore::JobStore(const JobConfig& config, const std::string& join,
+JobStore::JobStore(const JobConfig& config, const std::string& join, bool whole_job,
                    const std::filesystem::path& folder) {
   std::optional<JobSecret> secret;
   std::string file = config.rendezvous.secret_file;
@@ -246,6 +246,13 @@ JobStore::JobStore(const JobConfig& config, const std::string& join,
   else if ((secret = JobSecret::from_environment()))
     file = std::getenv(JobSecret::kFileVariable);
   const bool etcd = config.rendezvous.kind == RendezvousKind::etcd;
+  if (!secret && etcd && !whole_job)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("this invocation starts part of a job that meets at etcd ({}): name "
+                            "the job's secret file, [rendezvous] secret_file, which every "
+                            "invocation reads (a secret made here would be this invocation's "
+                            "alone, and the others' links would be refused)",
+                            config.rendezvous.address));
   if (!secret && (join.empty() || etcd)) {
     // A job of this launcher's own gets a secret for it alone; one across hosts must name the
     // file every host reads, since nobody else could learn this one.

@@ -47,7 +47,9 @@ enum Verdict : uint8_t {
   kWrongEndpoint = 1,  // the hello named another acceptor than this listener's
   kNotProven = 2,      // the dialer's MAC was wrong: it does not hold this job's secret
   kDuplicate = 3,      // a connection of this id is already proven here or handed over
-  kBusy = 4            // too many proven peers wait to be asked for
+  kBusy = 4,           // too many proven peers wait to be asked for
+  kWrongVersion = 5,   // the hello is of another version of this handshake
+  kWrongUser = 6       // on a unix socket: the dialer runs as another user
 };
 
 struct DialerHello {
@@ -162,11 +164,17 @@ class LinkOpening : public net::Opening {
   LinkOpening(Listener& listener, int fd, std::string from)
       : listener_(listener), fd_(fd), from_(std::move(from)) {}
 
+  // Another user's process is refused before a byte is read (a hetmesh dialer checks the
+  // listener's user before it sends one). Every other refusal waits for the whole hello, so that
+  // the verdict reaches the dialer (a close with unread bytes would reset the connection).
   Step start() override {
     if (listener_.local_) {
-      std::optional<ucred> peer = net::peer_credentials(fd_);
-      if (!peer || peer->uid != ::geteuid())
-        return refused({}, fmt::format("it does not run as this process's user ({})", ::geteuid()));
+      std::optional<ucred> dialer = net::peer_credentials(fd_);
+      if (!dialer || dialer->uid != ::geteuid()) {
+        Challenge c{kMagic, kWrongUser, {}, {}, {}};
+        return refused(bytes_of(c),
+                       fmt::format("it does not run as this process's user ({})", ::geteuid()));
+      }
     }
     return Step{{}, sizeof(DialerHello), false, {}};
   }
@@ -179,14 +187,17 @@ class LinkOpening : public net::Opening {
     }
     std::memcpy(&hello_, frame.data(), sizeof hello_);
     hello_in_ = true;
-    if (hello_.magic != kMagic || hello_.version != kVersion)
-      return refused({}, fmt::format("not a hetmesh link hello (magic {:08x}, version {}; "
-                                     "expected version {})",
-                                     hello_.magic, hello_.version, kVersion));
+    if (hello_.magic != kMagic)
+      return refused({}, fmt::format("not a hetmesh link hello (magic {:08x})", hello_.magic));
+    Challenge c{kMagic, kAccepted, {}, {}, {}};
+    if (hello_.version != kVersion) {
+      c.verdict = kWrongVersion;
+      return refused(bytes_of(c), fmt::format("its hello is of link version {}; this is version {}",
+                                              hello_.version, kVersion));
+    }
     std::string acceptor(hello_.acceptor, kIdBytes);
     if (!is_endpoint_id(peer()) || !is_endpoint_id(acceptor))
       return refused({}, "its hello's endpoint ids are not 16 hex digits");
-    Challenge c{kMagic, kAccepted, {}, {}, {}};
     if (acceptor != listener_.self_id_) {
       c.verdict = kWrongEndpoint;
       return refused(bytes_of(c), fmt::format("it dialled endpoint {}; this is {}", acceptor,
@@ -346,11 +357,26 @@ Attempt handshake(const Fd& fd, const SocketAddress& address, const std::string&
                 fmt::format("{} answered the link hello with something else (magic {:08x}): it "
                             "is not a hetmesh endpoint",
                             address.text, c.magic));
+  if (c.verdict == kWrongVersion)
+    throw Error(kStatusProtocolError,
+                fmt::format("peer {} at {} speaks another version of the link handshake than this "
+                            "endpoint's ({}): are both ends the same hetmesh release?",
+                            peer_id, address.text, kVersion));
+  if (c.verdict == kWrongUser)
+    throw Error(kStatusNotAuthorized,
+                fmt::format("peer {} at {} refused this process's user ({}): both ends of an ipc "
+                            "link must run as one user",
+                            peer_id, address.text, ::geteuid()));
   if (c.verdict == kWrongEndpoint)
     throw Error(kStatusPeerLost,
                 fmt::format("the endpoint at {} is not peer {} (another endpoint reused its "
                             "address: the peer is gone)",
                             address.text, peer_id));
+  if (c.verdict != kAccepted)
+    throw Error(kStatusProtocolError,
+                fmt::format("peer {} at {} refused the link hello with verdict {}, which this "
+                            "endpoint does not know",
+                            peer_id, address.text, c.verdict));
   Proof proof{kMagic, 0, {}};
   bool proven = same_mac(c.mac, link_mac(secret, kAcceptorLabel, hello, c.nonce));
   if (proven) {

@@ -15,7 +15,9 @@
 // has a new endpoint id, so each incarnation of an instance does: the MACs bind a connection to
 // the job (its secret), to these two incarnations (the ids, which the rendezvous store published
 // under the store's own authentication) and to this attempt (the nonces). A verdict other than
-// "accepted" closes the connection, and the dialer throws naming it.
+// "accepted" closes the connection, and the dialer throws naming it. Every answer starts with
+// the magic and the verdict, and a listener reads a whole hello before it refuses one, so that a
+// dialer of another version of the handshake hears why it was refused.
 //
 // The listener runs every handshake at its gate (socket_gate.hpp): all at once, each to its own
 // deadline, bounded, without spinning when descriptors run out. Only the ids that the owner asks

@@ -211,7 +211,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
   fs::path dir = afd::make_job_folder("hetmesh-bench-afd");
   const afd::FolderRemover remove_dir(dir);
   std::ofstream(dir / "job.toml") << afd::to_toml(c);
-  afd::JobStore store(c, o.store, dir);
+  afd::JobStore store(c, o.store, local.everything(c), dir);
   if (!local.everything(c)) {
     fmt::print("{}\n", afd::describe_share(local, store));
     std::fflush(stdout);  // an invocation on another host needs the store's address now

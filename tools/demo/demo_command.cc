@@ -393,7 +393,7 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
   const afd::FolderRemover remove_dir(dir);
   std::ofstream(dir / "job.toml") << afd::to_toml(c);
 
-  afd::JobStore store(c, o.store, dir);
+  afd::JobStore store(c, o.store, local.everything(c), dir);
   fmt::print(
       "hetmesh demo: {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
       "hidden {}, A on {}, F on {}, transport {}\n",

@@ -44,7 +44,11 @@ LocalInstances parse_instances(const std::vector<std::string>& values, const Job
 // inherit (never their command lines).
 class JobStore {
  public:
-  JobStore(const JobConfig& config, const std::string& join, const std::filesystem::path& folder);
+  // `whole_job`: this invocation starts every instance of the job. Throws Error(INVALID_ARGUMENT)
+  // when the job needs a secret file that it does not name: a store reachable from other hosts,
+  // or etcd with the job split over invocations.
+  JobStore(const JobConfig& config, const std::string& join, bool whole_job,
+           const std::filesystem::path& folder);
   const std::string& address() const { return address_; }
   bool hosted() const { return static_cast<bool>(server_); }
   // The job secret's file ("" when the job has none: a store joined without one).
