@@ -8,6 +8,7 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libcurl4-openssl-dev
   libhwloc-dev
   etcd-server iproute2 openssl
+  python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev rdma-core ibverbs-providers
   libamdhip64-dev libhsa-runtime-dev

@@ -21,9 +21,10 @@ KeyValueStore::~KeyValueStore() = default;
 void KeyValueStore::own_keys(const std::string&) {}
 
 std::unique_ptr<KeyValueStore> connect_store(const std::string& address,
-                                             std::chrono::milliseconds timeout) {
+                                             std::chrono::milliseconds timeout,
+                                             std::optional<JobSecret> secret) {
   if (!address.starts_with("http://") && !address.starts_with("https://"))
-    return connect_tcp_store(address, timeout);
+    return connect_tcp_store(address, timeout, std::move(secret));
   auto from_environment = [](const char* name) {
     const char* value = std::getenv(name);
     return std::string(value ? value : "");

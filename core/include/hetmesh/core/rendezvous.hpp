@@ -128,9 +128,10 @@ std::unique_ptr<KeyValueStore> connect_etcd_store(const EtcdOptions& options,
 
 // The store at `address`: etcd for "http://host:port" or "https://host:port" (keys under
 // "hetmesh/", TLS files from the environment), else the embedded TCP store at "host:port"
-// (connect_tcp_store, with the secret from the environment).
+// (connect_tcp_store, with `secret`, or else the one from the environment).
 std::unique_ptr<KeyValueStore> connect_store(const std::string& address,
-                                             std::chrono::milliseconds timeout);
+                                             std::chrono::milliseconds timeout,
+                                             std::optional<JobSecret> secret = std::nullopt);
 
 // How often a rendezvous wait looks for its job's published failure.
 constexpr std::chrono::milliseconds kFailureCheck{100};

@@ -1,0 +1,200 @@
+"""A PyTorch attention + MoE model split across processes with hetmesh: attention instances (A)
+in some processes, FFN instances (F) holding the experts in others, three micro-batches in flight.
+
+    PYTHONPATH=<build>/python python3 examples/python/moe_layer.py              # 2A2F on cpu:0
+    PYTHONPATH=<build>/python python3 examples/python/moe_layer.py --attention-device cuda:0
+
+The launcher (no --role) hosts the job's store, writes the job's secret, starts every instance as
+a process of its own, then computes the same model in one process and checks that each A's final
+hidden states match it. Each A runs its attention and router in torch, writes the tokens (bf16)
+and the routing straight into its engine's slots (DLPack, no copy) and push_pull()s them; each F
+runs its share of the experts on what arrived and writes the weighted sum into the output slot,
+which lands in the A's result slot; the A adds the partials of every F to its residual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+import hetmesh
+
+JOB = dict(attention=2, ffn=2, micro_batches=3, layers=2, tokens=16, hidden=64, experts=4,
+           top_k=2, a2f_dtype="bf16", f2a_dtype="bf16", timeout_ms=30000)
+FFN_DIM = 128
+
+
+# ---- the model: the same weights in every process (seeded), in float32 ----
+
+def layer_weights(layer: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + layer)
+    h, e = JOB["hidden"], JOB["experts"]
+    scale = h ** -0.5
+    return {
+        "qkv": torch.randn(h, 3 * h, generator=g) * scale,
+        "out": torch.randn(h, h, generator=g) * scale,
+        "router": torch.randn(h, e, generator=g) * scale,
+        "w1": torch.randn(e, h, FFN_DIM, generator=g) * scale,
+        "w2": torch.randn(e, FFN_DIM, h, generator=g) * FFN_DIM ** -0.5,
+    }
+
+
+def model_input(rank: int, mb: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank * 100 + mb)
+    return torch.randn(JOB["tokens"], JOB["hidden"], generator=g)
+
+
+def attention(x: torch.Tensor, w) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Self-attention with its residual, then the router: (h, experts [T, k], weights [T, k])."""
+    q, k, v = (x @ w["qkv"]).chunk(3, dim=-1)
+    scores = torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1)
+    h = x + (scores @ v) @ w["out"]
+    top = torch.topk(torch.softmax(h @ w["router"], dim=-1), JOB["top_k"], dim=-1)
+    return h, top.indices.to(torch.int32), top.values / top.values.sum(-1, keepdim=True)
+
+
+def experts_of(ffn_rank: int) -> range:
+    share = JOB["experts"] // JOB["ffn"]
+    return range(ffn_rank * share, (ffn_rank + 1) * share)
+
+
+def run_experts(tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, w,
+                mine: range) -> torch.Tensor:
+    """The weighted sum of the experts in `mine` that each token chose (zero for the others)."""
+    x = tokens.float()
+    out = torch.zeros_like(x)
+    for e in mine:
+        weight = (weights * (experts == e)).sum(-1, keepdim=True)  # [T, 1]: 0 where not chosen
+        out += weight * (torch.relu(x @ w["w1"][e]) @ w["w2"][e])
+    return out
+
+
+def reference(rank: int) -> list[torch.Tensor]:
+    """One A's final hidden states, computed in this process with the same roundings (bf16 on the
+    wire both ways, the partials added in F order)."""
+    weights = [layer_weights(layer) for layer in range(JOB["layers"])]
+    finals = []
+    for mb in range(JOB["micro_batches"]):
+        x = model_input(rank, mb)
+        for w in weights:
+            h, experts, gates = attention(x, w)
+            tokens = h.to(torch.bfloat16)
+            x = h
+            for f in range(JOB["ffn"]):
+                x = x + run_experts(tokens, experts, gates, w, experts_of(f)).to(torch.bfloat16).float()
+        finals.append(x)
+    return finals
+
+
+# ---- the instances ----
+
+def run_attention(rank: int, store: str, device: str, out: str) -> None:
+    a = hetmesh.AttentionEngine(rank=rank, store=store, device=device, **JOB)
+    on_gpu = device.startswith("cuda")
+    compute = a.create_stream() if on_gpu else None
+    torch_stream = torch.cuda.ExternalStream(compute.native_handle) if on_gpu else None
+    weights = [{k: v.to(device) for k, v in layer_weights(l).items()} for l in range(JOB["layers"])]
+    M, F = JOB["micro_batches"], JOB["ffn"]
+    x = [model_input(rank, mb).to(device) for mb in range(M)]
+    tokens = [hetmesh.as_tensor(a.tokens(mb)) for mb in range(M)]
+    experts = [torch.from_dlpack(a.experts(mb)) for mb in range(M)]
+    gates = [torch.from_dlpack(a.weights(mb)) for mb in range(M)]
+    results = [[torch.from_dlpack(a.result(mb, f)) for f in range(F)] for mb in range(M)]
+    handles = [None] * M
+
+    def finish(mb):  # wait for mb's partials and add them to its residual (in F order)
+        a.wait(handles[mb])
+        for f in range(F):
+            x[mb] = x[mb] + results[mb][f].float()
+
+    # On a GPU, torch computes on the engine's own stream, which push_pull waits on.
+    with torch.cuda.stream(torch_stream) if on_gpu else contextlib.nullcontext():
+        for layer, w in enumerate(weights):
+            for mb in range(M):  # pipelined: mb's round trip flies while mb+1's attention runs
+                if layer > 0:
+                    finish(mb)
+                h, e, g = attention(x[mb], w)
+                tokens[mb].copy_(h)  # into the engine's registered memory: no copy later
+                experts[mb].copy_(e)
+                gates[mb].copy_(g)
+                x[mb] = h
+                handles[mb] = a.push_pull(mb, tag=layer, stream=compute)
+        for mb in range(M):
+            finish(mb)
+    a.finish()
+    torch.save([t.cpu() for t in x], os.path.join(out, f"attention{rank}.pt"))
+
+
+def run_ffn(rank: int, store: str, device: str) -> None:
+    f = hetmesh.FfnEngine(rank=rank, store=store, device=device, **JOB)
+    weights = [layer_weights(layer) for layer in range(JOB["layers"])]
+    mine = experts_of(rank)
+    for batch in f.batches():
+        for part in batch.parts:  # the tag is the layer
+            out = run_experts(torch.from_dlpack(part.tokens), torch.from_dlpack(part.experts),
+                              torch.from_dlpack(part.weights), weights[part.tag], mine)
+            torch.from_dlpack(part.output).copy_(out)
+        f.respond(batch)
+
+
+def launch(args) -> int:
+    with tempfile.TemporaryDirectory(prefix="hetmesh-moe-") as folder:
+        secret = os.path.join(folder, "job.secret")
+        hetmesh.write_secret(secret)
+        store = hetmesh.StoreServer(secret_file=secret)
+        env = {**os.environ, "HETMESH_JOB_SECRET_FILE": secret}
+        me = [sys.executable, os.path.abspath(__file__), "--store", store.address, "--out", folder]
+        procs = [subprocess.Popen(me + ["--role", "ffn", "--rank", str(f), "--device",
+                                        args.ffn_device], env=env) for f in range(JOB["ffn"])]
+        procs += [subprocess.Popen(me + ["--role", "attention", "--rank", str(r), "--device",
+                                         args.attention_device], env=env)
+                  for r in range(JOB["attention"])]
+        codes = [p.wait(timeout=300) for p in procs]
+        if any(codes):
+            print(f"moe_layer: an instance failed (exit codes {codes})", file=sys.stderr)
+            return 1
+        worst = 0.0
+        for rank in range(JOB["attention"]):
+            got = torch.load(os.path.join(folder, f"attention{rank}.pt"))
+            for mb, (g, want) in enumerate(zip(got, reference(rank))):
+                worst = max(worst, (g - want).abs().max().item())
+                if not torch.allclose(g, want, rtol=1e-2, atol=1e-2):
+                    print(f"moe_layer: attention {rank} micro-batch {mb} differs from the "
+                          f"single-process reference by {(g - want).abs().max().item():.3g}",
+                          file=sys.stderr)
+                    return 1
+        print(f"verified: {JOB['attention']} attention x {JOB['ffn']} ffn, "
+              f"{JOB['micro_batches']} micro-batches, {JOB['layers']} layers, A on "
+              f"{args.attention_device}, F on {args.ffn_device}: every final hidden state matches "
+              f"the single-process reference (max difference {worst:.3g})")
+        return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attention-device", default="cpu:0")
+    parser.add_argument("--ffn-device", default="cpu:0")
+    parser.add_argument("--role", choices=["attention", "ffn"], help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu:0", help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role is None:
+        return launch(args)
+    torch.set_num_threads(1)
+    if args.role == "attention":
+        run_attention(args.rank, args.store, args.device, args.out)
+    else:
+        run_ffn(args.rank, args.store, args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""hetmesh: attention-FFN disaggregation over any accelerator, from Python.
+
+    import hetmesh, torch
+    store = hetmesh.StoreServer()                       # or the address of the job's store
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, attention=1, ffn=1)
+    torch.from_dlpack(a.tokens(0))[:] = ...             # the engine's own memory, no copy
+    a.wait(a.push_pull(0))
+    partial = torch.from_dlpack(a.result(0, 0))
+
+Every slot (A's tokens, experts, weights and results; F's parts and outputs) is a hetmesh.Slot with
+__dlpack__ and __dlpack_device__. Calls that wait release the GIL. Errors are hetmesh.Error
+subclasses (hetmesh/_errors.py). See docs/python.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+
+from . import _native
+from ._errors import (
+    DeviceError,
+    Error,
+    InvalidArgumentError,
+    JobFailedError,
+    NotAuthorizedError,
+    NotSupportedError,
+    OutOfMemoryError,
+    PeerLostError,
+    ProtocolError,
+    TimeoutError,
+)
+
+__version__ = _native.__version__
+
+Batch = _native.Batch
+Config = _native.Config
+Part = _native.Part
+RoundTrip = _native.RoundTrip
+Slot = _native.Slot
+Stream = _native.Stream
+StoreServer = _native.StoreServer
+devices = _native.devices
+now_ns = _native.now_ns
+refused_plugins = _native.refused_plugins
+write_secret = _native.write_secret
+
+__all__ = [
+    "AttentionEngine", "Batch", "Config", "DeviceError", "Error", "FfnEngine",
+    "InvalidArgumentError", "JobFailedError", "NotAuthorizedError", "NotSupportedError",
+    "OutOfMemoryError", "Part", "PeerLostError", "ProtocolError", "RoundTrip", "Slot",
+    "StoreServer", "Stream", "TimeoutError", "as_tensor", "config", "devices", "now_ns",
+    "refused_plugins", "write_secret",
+]
+
+# Keyword arguments of the engines and config(), and the [section] key each one sets.
+_KEYS = {
+    "attention": ("job", "attention"),
+    "ffn": ("job", "ffn"),
+    "micro_batches": ("job", "micro_batches"),
+    "layers": ("job", "layers"),
+    "gather": ("job", "gather"),
+    "timeout_ms": ("job", "timeout_ms"),
+    "heartbeat_ms": ("job", "heartbeat_ms"),
+    "gather_window_ms": ("job", "gather_window_ms"),
+    "tokens": ("model", "tokens"),
+    "hidden": ("model", "hidden"),
+    "experts": ("model", "experts"),
+    "top_k": ("model", "top_k"),
+    "a2f_dtype": ("model", "a2f_dtype"),
+    "f2a_dtype": ("model", "f2a_dtype"),
+    "attention_devices": ("devices", "attention"),
+    "ffn_devices": ("devices", "ffn"),
+    "transport": ("transport", "kind"),
+    "listen_host": ("transport", "listen_host"),
+}
+
+
+def _toml_value(name: str, value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, str, list, tuple)):
+        raise TypeError(f"hetmesh: {name}={value!r}: expected an int or a str")
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(name, v) for v in value) + "]"
+    if isinstance(value, int):
+        return str(value)
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def config(path: str | os.PathLike | None = None, **job) -> Config:
+    """A job config: the TOML file at `path`, or one made of keyword arguments (attention, ffn,
+    micro_batches, tokens, hidden, top_k, a2f_dtype, f2a_dtype, attention_devices, ffn_devices,
+    transport, timeout_ms, ...), validated as a whole by the same reader as `hetmesh demo`'s.
+    Not both: a file is what every process of a job shares."""
+    if path is not None:
+        if job:
+            raise TypeError(
+                f"hetmesh: give a config file or keyword arguments, not both (got {path!s} and "
+                f"{', '.join(sorted(job))})")
+        return Config.load(os.fspath(path))
+    sections: dict[str, list[str]] = {}
+    for name, value in job.items():
+        if name not in _KEYS:
+            near = difflib.get_close_matches(name, _KEYS, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise TypeError(f"hetmesh: unknown job setting '{name}'{hint}; known: "
+                            f"{', '.join(sorted(_KEYS))}")
+        section, key = _KEYS[name]
+        sections.setdefault(section, []).append(f"{key} = {_toml_value(name, value)}")
+    text = "".join(f"[{s}]\n" + "\n".join(lines) + "\n\n" for s, lines in sections.items())
+    return Config.parse(text, "<keyword arguments>")
+
+
+def _engine_config(config_or_path, job) -> Config:
+    if isinstance(config_or_path, Config):
+        if job:
+            raise TypeError("hetmesh: give a Config or keyword arguments, not both")
+        return config_or_path
+    return config(config_or_path, **job)
+
+
+class AttentionEngine(_native.AttentionEngine):
+    """An attention instance (A): pushes each micro-batch's tokens and routing to every FFN
+    instance and waits for their partial results, which land in result(mb, f).
+
+    config: a Config, a TOML file's path, or None with the job as keyword arguments.
+    store: "host:port" of the job's store (hetmesh.StoreServer().address), or an etcd URL; default
+    the config's [rendezvous] address. secret_file: the job's secret (default: the config's, or
+    HETMESH_JOB_SECRET_FILE). device: this instance's device selector ("cuda:0"), overriding the
+    config's. Blocks (without the GIL) until every FFN instance is in the job.
+    """
+
+    def __init__(self, config=None, *, rank: int = 0, store: str = "", secret_file: str = "",
+                 device: str = "", **job):
+        super().__init__(_engine_config(config, job), rank, store, os.fspath(secret_file),
+                         device)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.finish()  # the Fs hear "leave"; after an exception they hear "quit" when it goes
+
+
+class FfnEngine(_native.FfnEngine):
+    """An FFN instance (F): get_batch() gives each micro-batch's parts (one per attention
+    instance), respond(batch) sends each part's output back into its A's result slot.
+
+    Arguments as AttentionEngine's. Blocks (without the GIL) until every A is in the job.
+    """
+
+    def __init__(self, config=None, *, rank: int = 0, store: str = "", secret_file: str = "",
+                 device: str = "", **job):
+        super().__init__(_engine_config(config, job), rank, store, os.fspath(secret_file),
+                         device)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        return None
+
+    def batches(self, timeout_ms: float | None = None):
+        """Every micro-batch until every attention instance has left: `for b in f.batches():`."""
+        while (batch := self.get_batch(timeout_ms)) is not None:
+            yield batch
+
+
+def as_tensor(slot: Slot):
+    """The torch tensor over `slot`'s memory (no copy); an fp8 slot as torch.float8_e4m3fn where
+    this torch has it, else as uint8."""
+    import torch
+
+    tensor = torch.from_dlpack(slot)
+    if slot.dtype == "fp8" and hasattr(torch, "float8_e4m3fn"):
+        tensor = tensor.view(torch.float8_e4m3fn)
+    return tensor

@@ -1,0 +1,41 @@
+// hetmesh._native.Config: a job config (afd/job_config.hpp), read from a file or parsed from text
+// (the package builds that text from keyword arguments), validated as a whole by the C++ reader.
+#include "engines.hpp"
+
+#include <hetmesh/afd/job_config.hpp>
+
+#include <pybind11/stl.h>
+
+namespace hetmesh::python {
+
+void bind_config(py::module_& m) {
+  using afd::JobConfig;
+  py::class_<JobConfig>(m, "Config", "A job config, validated as a whole (see docs/launching.md).")
+      .def_static("load", &afd::load_config, py::arg("path"), "Reads and validates a TOML file.")
+      .def_static("parse", &afd::parse_config, py::arg("text"), py::arg("source_name"),
+                  "Parses and validates TOML text; source_name names it in errors.")
+      .def("to_toml", &afd::to_toml, "The effective config as TOML.")
+      .def_property_readonly("attention", [](const JobConfig& c) { return c.job.attention; })
+      .def_property_readonly("ffn", [](const JobConfig& c) { return c.job.ffn; })
+      .def_property_readonly("micro_batches", [](const JobConfig& c) { return c.job.micro_batches; })
+      .def_property_readonly("layers", [](const JobConfig& c) { return c.job.layers; })
+      .def_property_readonly("timeout_ms", [](const JobConfig& c) { return c.job.timeout.count(); })
+      .def_property_readonly("tokens", [](const JobConfig& c) { return c.model.tokens; })
+      .def_property_readonly("hidden", [](const JobConfig& c) { return c.model.hidden; })
+      .def_property_readonly("experts", [](const JobConfig& c) { return c.model.experts; })
+      .def_property_readonly("top_k", [](const JobConfig& c) { return c.model.top_k; })
+      .def_property_readonly("a2f_dtype",
+                             [](const JobConfig& c) { return afd::to_string(c.model.a2f_dtype); })
+      .def_property_readonly("f2a_dtype",
+                             [](const JobConfig& c) { return afd::to_string(c.model.f2a_dtype); })
+      .def_property_readonly("attention_devices",
+                             [](const JobConfig& c) { return c.devices.attention; })
+      .def_property_readonly("ffn_devices", [](const JobConfig& c) { return c.devices.ffn; })
+      .def_property_readonly("transport",
+                             [](const JobConfig& c) { return afd::to_string(c.transport.kind); })
+      .def_property_readonly("store", [](const JobConfig& c) { return c.rendezvous.address; })
+      .def_property_readonly("secret_file",
+                             [](const JobConfig& c) { return c.rendezvous.secret_file; });
+}
+
+}  // namespace hetmesh::python

@@ -1,0 +1,399 @@
+// hetmesh._native.AttentionEngine, FfnEngine, Batch, Part, RoundTrip and Stream: the AFD engines
+// (afd/engine.hpp) for Python. Each engine owns what it runs on (its plugins, device and store
+// connection), in an order that lets the engine go first; every slot it hands out is a DLPack
+// view (slot.hpp) that keeps the engine alive. Every call that can wait releases the GIL.
+#include "engines.hpp"
+
+#include "slot.hpp"
+
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/job.hpp>
+#include <hetmesh/core/job_secret.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/plugins/cuda.h>
+
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+
+namespace hetmesh::python {
+namespace {
+
+using std::chrono::milliseconds;
+
+// What an engine runs on. Declared before the engine in each holder, so it is destroyed after.
+struct Context {
+  afd::JobConfig config;
+  afd::EngineSpec spec;
+  PluginRegistry plugins;
+  std::optional<Device> device;
+  std::unique_ptr<KeyValueStore> store;
+};
+
+// The job secret: the one named here, else the config's, else the one this process was handed
+// (HETMESH_JOB_SECRET_FILE); none for a job on one host's loopback.
+std::optional<JobSecret> find_secret(const afd::JobConfig& config, const std::string& file) {
+  if (!file.empty()) return JobSecret::read_file(file);
+  if (!config.rendezvous.secret_file.empty())
+    return JobSecret::read_file(config.rendezvous.secret_file);
+  return JobSecret::from_environment();
+}
+
+std::unique_ptr<Context> make_context(const afd::JobConfig& config, afd::Role role, int rank,
+                                      std::string store, const std::string& secret_file,
+                                      const std::string& device) {
+  const int count = role == afd::Role::attention ? config.job.attention : config.job.ffn;
+  if (rank < 0 || rank >= count)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("rank {}: the job has {} {} instance(s)", rank,
+                                                     count, afd::to_string(role)));
+  auto c = std::make_unique<Context>();
+  c->config = config;
+  auto& selectors = role == afd::Role::attention ? c->config.devices.attention : c->config.devices.ffn;
+  if (!device.empty()) selectors.at(static_cast<size_t>(rank)) = device;
+  std::optional<JobSecret> secret = find_secret(config, secret_file);
+  c->spec = afd::engine_spec(c->config, role, rank);
+  if (secret) c->spec.transport.secret = *secret;
+  if (store.empty()) store = config.rendezvous.address;
+  if (store.ends_with(":0"))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("store '{}': name the address of the job's store (store=\"host:port\", "
+                            "e.g. hetmesh.StoreServer().address); port 0 is only for the process "
+                            "that hosts it",
+                            store));
+  py::gil_scoped_release unlocked;  // loading plugins and reaching the store may take a while
+  c->plugins = afd::load_plugins(c->config);
+  c->device = c->plugins.device(selectors.at(static_cast<size_t>(rank)));
+  c->store = connect_store(store, config.job.timeout, secret);
+  return c;
+}
+
+milliseconds timeout_or(const std::optional<double>& timeout_ms, const Context& c) {
+  if (!timeout_ms) return c.config.job.timeout;
+  if (*timeout_ms < 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("timeout_ms {} is negative", *timeout_ms));
+  return milliseconds(static_cast<int64_t>(*timeout_ms));
+}
+
+void check_micro_batch(int mb, const afd::EngineSpec& spec) {
+  if (mb < 0 || mb >= spec.micro_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("micro-batch {}: the engine has {} (0..{})", mb,
+                                                     spec.micro_batches, spec.micro_batches - 1));
+}
+
+// Routing entries are {int32 expert, float weight} pairs: two strided views of the same bytes.
+Slot experts_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
+                  py::object owner) {
+  return Slot(routing,
+              {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::int32},
+              device, std::move(owner));
+}
+Slot weights_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
+                  py::object owner) {
+  return Slot(static_cast<char*>(routing) + sizeof(int32_t),
+              {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::fp32}, device,
+              std::move(owner));
+}
+Slot rows_slot(void* data, uint32_t tokens, const afd::EngineSpec& spec, afd::Dtype dtype,
+               const Device& device, py::object owner) {
+  return Slot(data, {{tokens, spec.hidden}, {}, element_of(dtype)}, device, std::move(owner));
+}
+
+// A stream of the engine's device, for push_pull/respond readiness. Keeps the engine (and so its
+// device) alive.
+struct PyStream {
+  Stream stream;
+  py::object owner;
+};
+
+PyStream make_stream(py::object owner, const Device& device) {
+  return PyStream{device.create_stream(), std::move(owner)};
+}
+
+// The vendor's handle behind a stream (a cudaStream_t for the cuda plugin), so a framework can
+// run its kernels on it (torch.cuda.ExternalStream); None where the plugin offers none.
+py::object native_handle(const PyStream& s) {
+  const Device& device = s.stream.device();
+  const void* table = nullptr;
+  if (device.api().get_extension == nullptr ||
+      device.api().get_extension(HM_CUDA_NATIVE_EXTENSION, HM_CUDA_NATIVE_VERSION, &table) != HM_OK)
+    return py::none();
+  void* handle = nullptr;
+  int32_t ordinal = 0;
+  device.plugin().check(
+      static_cast<const hm_cuda_native_ext*>(table)->stream_native(s.stream.native(), &handle,
+                                                                    &ordinal),
+      "hm.cuda.native.stream_native");
+  return py::int_(reinterpret_cast<uintptr_t>(handle));
+}
+
+const Stream* stream_of(const std::optional<const PyStream*>& s) {
+  return s && *s ? &(*s)->stream : nullptr;
+}
+
+class PyAttention {
+ public:
+  PyAttention(const afd::JobConfig& config, int rank, const std::string& store,
+              const std::string& secret_file, const std::string& device)
+      : context_(make_context(config, afd::Role::attention, rank, store, secret_file, device)) {
+    py::gil_scoped_release unlocked;  // waits for every F
+    engine_ = std::make_unique<afd::AttentionEngine>(context_->spec, *context_->device,
+                                                     *context_->store);
+  }
+  ~PyAttention() {
+    py::gil_scoped_release unlocked;  // tells the Fs, joins the engine's threads
+    engine_.reset();
+    context_.reset();
+  }
+  afd::AttentionEngine& engine() { return *engine_; }
+  const Context& context() const { return *context_; }
+
+ private:
+  std::unique_ptr<Context> context_;
+  std::unique_ptr<afd::AttentionEngine> engine_;
+};
+
+class PyFfn {
+ public:
+  PyFfn(const afd::JobConfig& config, int rank, const std::string& store,
+        const std::string& secret_file, const std::string& device)
+      : context_(make_context(config, afd::Role::ffn, rank, store, secret_file, device)) {
+    py::gil_scoped_release unlocked;
+    engine_ = std::make_unique<afd::FfnEngine>(context_->spec, *context_->device, *context_->store);
+  }
+  ~PyFfn() {
+    py::gil_scoped_release unlocked;
+    engine_.reset();
+    context_.reset();
+  }
+  afd::FfnEngine& engine() { return *engine_; }
+  const Context& context() const { return *context_; }
+
+ private:
+  std::unique_ptr<Context> context_;
+  std::unique_ptr<afd::FfnEngine> engine_;
+};
+
+// One A's part of a micro-batch, as an F sees it.
+struct PyPart {
+  afd::Batch::FromAttention part;
+  py::object engine;  // the PyFfn whose memory the slots are in
+  const Context* context = nullptr;
+};
+
+struct PyBatch {
+  afd::Batch batch;
+  py::list parts;
+};
+
+py::dict peer_dict(const afd::PeerStatus& p) {
+  py::dict d;
+  d["role"] = afd::to_string(p.role);
+  d["rank"] = p.rank;
+  d["epoch"] = p.epoch;
+  d["state"] = afd::to_string(p.state);
+  d["reason"] = p.reason;
+  return d;
+}
+
+template <typename Engine>
+py::list peers_of(Engine& engine) {
+  py::list out;
+  for (const afd::PeerStatus& p : engine.peers())
+    out.append(peer_dict(p));
+  return out;
+}
+
+}  // namespace
+
+void bind_engines(py::module_& m) {
+  py::class_<PyStream>(m, "Stream", "A stream of an engine's device (engine.create_stream()).")
+      .def(
+          "synchronize",
+          [](const PyStream& s, std::optional<double> timeout_ms) {
+            s.stream.synchronize(timeout_ms ? Timeout(static_cast<int64_t>(*timeout_ms * 1e6))
+                                            : kForever);
+          },
+          py::arg("timeout_ms") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("native_handle", &native_handle,
+                             "The vendor's stream handle (cudaStream_t for cuda), or None.");
+
+  py::class_<afd::RoundTrip>(m, "RoundTrip", "Timestamps of one round trip (ns, A's clock).")
+      .def_readonly("micro_batch", &afd::RoundTrip::micro_batch)
+      .def_readonly("sequence", &afd::RoundTrip::sequence)
+      .def_readonly("push_start", &afd::RoundTrip::push_start)
+      .def_readonly("posted", &afd::RoundTrip::posted)
+      .def_readonly("completed", &afd::RoundTrip::completed)
+      .def_readonly("wait_returned", &afd::RoundTrip::wait_returned);
+
+  py::class_<PyAttention>(m, "AttentionEngine")
+      .def(py::init<const afd::JobConfig&, int, const std::string&, const std::string&,
+                    const std::string&>(),
+           py::arg("config"), py::arg("rank"), py::arg("store"), py::arg("secret_file"),
+           py::arg("device"))
+      .def(
+          "tokens",
+          [](py::object self, int mb) {
+            auto& a = self.cast<PyAttention&>();
+            const afd::EngineSpec& spec = a.context().spec;
+            check_micro_batch(mb, spec);
+            return rows_slot(a.engine().tokens(mb), spec.tokens, spec, a.context().config.model.a2f_dtype,
+                             *a.context().device, self);
+          },
+          py::arg("micro_batch"), "[tokens, hidden] in the A2F dtype: what push_pull sends.")
+      .def(
+          "experts",
+          [](py::object self, int mb) {
+            auto& a = self.cast<PyAttention&>();
+            check_micro_batch(mb, a.context().spec);
+            return experts_slot(a.engine().routing(mb), a.context().spec.tokens, a.context().spec,
+                                *a.context().device, self);
+          },
+          py::arg("micro_batch"), "[tokens, top_k] int32: each token's experts.")
+      .def(
+          "weights",
+          [](py::object self, int mb) {
+            auto& a = self.cast<PyAttention&>();
+            check_micro_batch(mb, a.context().spec);
+            return weights_slot(a.engine().routing(mb), a.context().spec.tokens, a.context().spec,
+                                *a.context().device, self);
+          },
+          py::arg("micro_batch"), "[tokens, top_k] float32: each token's expert weights.")
+      .def(
+          "result",
+          [](py::object self, int mb, int ffn) {
+            auto& a = self.cast<PyAttention&>();
+            const afd::EngineSpec& spec = a.context().spec;
+            check_micro_batch(mb, spec);
+            if (ffn < 0 || ffn >= spec.ffn)
+              throw Error(HM_ERR_INVALID_ARGUMENT,
+                          fmt::format("ffn {}: the job has {} FFN instance(s)", ffn, spec.ffn));
+            return rows_slot(a.engine().result(mb, ffn), spec.tokens, spec,
+                             a.context().config.model.f2a_dtype, *a.context().device, self);
+          },
+          py::arg("micro_batch"), py::arg("ffn"),
+          "[tokens, hidden] in the F2A dtype: where F `ffn`'s partial result lands.")
+      .def(
+          "push_pull",
+          [](PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
+             std::optional<const PyStream*> stream, int64_t attention_start_ns) {
+            afd::PushOptions push;
+            push.ready.stream = stream_of(stream);
+            push.tag = tag;
+            push.attention_start_ns = attention_start_ns;
+            py::gil_scoped_release unlocked;
+            return a.engine().push_pull(mb, tokens.value_or(a.context().spec.tokens), push);
+          },
+          py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(),
+          py::arg("tag") = 0, py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0)
+      .def(
+          "wait",
+          [](PyAttention& a, afd::AttentionEngine::Handle handle, std::optional<double> timeout_ms) {
+            milliseconds timeout = timeout_or(timeout_ms, a.context());
+            py::gil_scoped_release unlocked;
+            return a.engine().wait(handle, timeout);
+          },
+          py::arg("handle"), py::arg("timeout_ms") = py::none())
+      .def(
+          "wait_for_peers",
+          [](PyAttention& a, std::optional<double> timeout_ms) {
+            milliseconds timeout = timeout_or(timeout_ms, a.context());
+            py::gil_scoped_release unlocked;
+            return a.engine().wait_for_peers(timeout);
+          },
+          py::arg("timeout_ms") = py::none())
+      .def("finish", [](PyAttention& a) { a.engine().finish(); },
+           py::call_guard<py::gil_scoped_release>())
+      .def("peers", [](PyAttention& a) { return peers_of(a.engine()); })
+      .def(
+          "create_stream",
+          [](py::object self) {
+            return make_stream(self, *self.cast<PyAttention&>().context().device);
+          },
+          "A stream of this engine's device, for push_pull(stream=...).")
+      .def_property_readonly("epoch", [](PyAttention& a) { return a.engine().epoch(); })
+      .def_property_readonly("rank", [](PyAttention& a) { return a.context().spec.rank; })
+      .def_property_readonly("device",
+                             [](PyAttention& a) { return a.context().device->selector(); })
+      .def_property_readonly("config", [](PyAttention& a) { return a.context().config; });
+
+  py::class_<PyPart>(m, "Part", "One attention instance's part of a micro-batch.")
+      .def_property_readonly("rank", [](const PyPart& p) { return p.part.rank; })
+      .def_property_readonly("epoch", [](const PyPart& p) { return p.part.epoch; })
+      .def_property_readonly("sequence", [](const PyPart& p) { return p.part.sequence; })
+      .def_property_readonly("tag", [](const PyPart& p) { return p.part.tag; })
+      .def_property_readonly("count", [](const PyPart& p) { return p.part.tokens; },
+                             "the tokens this A sent")
+      .def_property_readonly("tokens",
+                             [](const PyPart& p) {
+                               return rows_slot(p.part.tokens_data, p.part.tokens, p.context->spec,
+                                                p.context->config.model.a2f_dtype,
+                                                *p.context->device, p.engine);
+                             })
+      .def_property_readonly("experts",
+                             [](const PyPart& p) {
+                               return experts_slot(p.part.routing_data, p.part.tokens,
+                                                   p.context->spec, *p.context->device, p.engine);
+                             })
+      .def_property_readonly("weights",
+                             [](const PyPart& p) {
+                               return weights_slot(p.part.routing_data, p.part.tokens,
+                                                   p.context->spec, *p.context->device, p.engine);
+                             })
+      .def_property_readonly("output", [](const PyPart& p) {
+        return rows_slot(p.part.output, p.part.tokens, p.context->spec,
+                         p.context->config.model.f2a_dtype, *p.context->device, p.engine);
+      });
+
+  py::class_<PyBatch>(m, "Batch", "A micro-batch as an FFN instance got it.")
+      .def_property_readonly("micro_batch", [](const PyBatch& b) { return b.batch.micro_batch; })
+      .def_readonly("parts", &PyBatch::parts);
+
+  py::class_<PyFfn>(m, "FfnEngine")
+      .def(py::init<const afd::JobConfig&, int, const std::string&, const std::string&,
+                    const std::string&>(),
+           py::arg("config"), py::arg("rank"), py::arg("store"), py::arg("secret_file"),
+           py::arg("device"))
+      .def(
+          "get_batch",
+          [](py::object self, std::optional<double> timeout_ms) -> std::optional<PyBatch> {
+            auto& f = self.cast<PyFfn&>();
+            milliseconds timeout = timeout_or(timeout_ms, f.context());
+            std::optional<afd::Batch> batch;
+            {
+              py::gil_scoped_release unlocked;
+              batch = f.engine().get_batch(timeout);
+            }
+            if (!batch) return std::nullopt;
+            PyBatch out{std::move(*batch), py::list()};
+            for (const auto& part : out.batch.parts)
+              out.parts.append(PyPart{part, self, &f.context()});
+            return out;
+          },
+          py::arg("timeout_ms") = py::none(),
+          "The next micro-batch, or None once every attention instance has left.")
+      .def(
+          "respond",
+          [](PyFfn& f, const PyBatch& b, std::optional<const PyStream*> stream,
+             int64_t compute_start_ns) {
+            py::gil_scoped_release unlocked;
+            f.engine().respond(b.batch, stream_of(stream), compute_start_ns);
+          },
+          py::arg("batch"), py::kw_only(), py::arg("stream") = py::none(),
+          py::arg("compute_start_ns") = 0)
+      .def("lost_attention", [](PyFfn& f) { return f.engine().lost_attention(); })
+      .def("peers", [](PyFfn& f) { return peers_of(f.engine()); })
+      .def(
+          "create_stream",
+          [](py::object self) { return make_stream(self, *self.cast<PyFfn&>().context().device); },
+          "A stream of this engine's device, for respond(stream=...).")
+      .def_property_readonly("epoch", [](PyFfn& f) { return f.engine().epoch(); })
+      .def_property_readonly("rank", [](PyFfn& f) { return f.context().spec.rank; })
+      .def_property_readonly("device", [](PyFfn& f) { return f.context().device->selector(); })
+      .def_property_readonly("config", [](PyFfn& f) { return f.context().config; });
+
+  m.def("now_ns", &afd::now_ns, "The engines' clock (steady, ns).");
+}
+
+}  // namespace hetmesh::python

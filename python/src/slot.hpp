@@ -1,0 +1,62 @@
+// A slot of an engine's registered memory, seen from Python: an object with __dlpack__ and
+// __dlpack_device__ (the DLPack exchange protocol), so that torch.from_dlpack and
+// numpy.from_dlpack make a tensor over the slot's own bytes, with no copy. Each exported tensor
+// holds a reference to the slot's owner (the engine, or the batch), so the memory outlives every
+// tensor made from it.
+#pragma once
+
+#include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/device.hpp>
+
+#include <dlpack/dlpack.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hetmesh::python {
+
+namespace py = pybind11;
+
+// The element types a slot holds. fp8 travels as uint8 (DLPack 0.6 and torch 1.13 have no fp8);
+// hetmesh.as_tensor views it as torch.float8_e4m3fn where torch has that.
+enum class Element { fp8, bf16, fp16, fp32, int32, uint32 };
+Element element_of(afd::Dtype dtype);
+
+struct SlotLayout {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // in elements; empty: row-major
+  Element element = Element::fp8;
+};
+
+class Slot {
+ public:
+  // `data` lies in memory of `device` that stays valid while `owner` lives.
+  Slot(void* data, SlotLayout layout, const Device& device, py::object owner);
+
+  // A new DLPack capsule ("dltensor") over the slot. `stream` is the consumer's stream; the slot
+  // is ready when the call that handed it out returned (wait, get_batch), so it is not waited on.
+  py::capsule dlpack(const py::object& stream) const;
+  // (DLDeviceType, device id): kDLCPU for memory the host may address (the cpu plugin's, the
+  // asic_stub's), else the plugin's own DLPack type with its device index.
+  py::tuple dlpack_device() const;
+
+  uintptr_t data_ptr() const { return reinterpret_cast<uintptr_t>(data_); }
+  py::tuple shape() const;
+  py::tuple strides() const;
+  // "fp8", "bfloat16", "float16", "float32", "int32", "uint32"
+  std::string dtype() const;
+  uint64_t nbytes() const;
+  std::string repr() const;
+
+ private:
+  void* data_;
+  SlotLayout layout_;
+  DLDevice device_{};
+  py::object owner_;
+};
+
+void bind_slot(py::module_& m);
+
+}  // namespace hetmesh::python

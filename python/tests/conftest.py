@@ -1,0 +1,93 @@
+"""Shared fixtures: a store per test, a small job, and instances in processes of their own."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import hetmesh
+
+# A job small enough for a 2-core machine: every test's engines use it unless they say otherwise.
+SMALL_JOB = dict(attention=1, ffn=1, micro_batches=2, tokens=8, hidden=16, experts=2, top_k=2,
+                 timeout_ms=10000)
+
+
+@pytest.fixture
+def store():
+    server = hetmesh.StoreServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def job():
+    return dict(SMALL_JOB)
+
+
+class Instance:
+    """A Python program in a process of its own (a real peer: it can be killed)."""
+
+    def __init__(self, code: str, env=None):
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+    def finish(self, timeout=60):
+        out, err = self.process.communicate(timeout=timeout)
+        return self.process.returncode, out, err
+
+    def kill(self):
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def spawn():
+    started = []
+
+    def start(code, env=None):
+        instance = Instance(code, env)
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        if instance.process.poll() is None:
+            instance.kill()
+
+
+# An FFN instance that doubles every token (as float) into its output, for the given job.
+DOUBLING_FFN = """
+import sys, torch, hetmesh
+job = {job!r}
+f = hetmesh.FfnEngine(rank={rank}, store={store!r}, **job)
+served = 0
+for batch in f.batches():
+    for part in batch.parts:
+        tokens = torch.from_dlpack(part.tokens)
+        torch.from_dlpack(part.output)[:] = (tokens.float() * 2 + part.rank).to(torch.bfloat16)
+    f.respond(batch)
+    served += 1
+print("served", served, flush=True)
+"""
+
+
+def doubling_ffn(spawn, store, job, rank=0):
+    return spawn(DOUBLING_FFN.format(job=job, rank=rank, store=store.address))
+
+
+def serve(store, job, rank=0):
+    """An FFN instance in a thread of this process that answers every batch as it came (the
+    engines release the GIL while they wait); returns the thread."""
+
+    def run():
+        f = hetmesh.FfnEngine(rank=rank, store=store.address, **job)
+        for batch in f.batches():
+            f.respond(batch)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

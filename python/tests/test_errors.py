@@ -1,0 +1,132 @@
+"""Failures reach Python as hetmesh.Error subclasses carrying the status and the peer, within the
+timeout asked for, and never take the interpreter down: a silent FFN, a killed one, a stranger
+without the job's secret, an engine used after finish()."""
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+import hetmesh
+from conftest import DOUBLING_FFN, serve
+
+
+def test_a_wait_that_times_out_names_the_ffn_that_did_not_answer(store, job, spawn):
+    silent = spawn(f"""
+import time, hetmesh
+f = hetmesh.FfnEngine(rank=0, store={store.address!r}, **{job!r})
+batch = f.get_batch()
+print("got it", flush=True)
+time.sleep(60)  # never responds
+""")
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    handle = a.push_pull(0)
+    started = time.monotonic()
+    with pytest.raises(hetmesh.TimeoutError) as caught:
+        a.wait(handle, timeout_ms=300)
+    assert time.monotonic() - started < 5
+    assert caught.value.peer == "ffn:0"
+    assert caught.value.status_name == "HM_ERR_TIMEOUT"
+    assert "no answer from ffn 0 within 300 ms" in str(caught.value)
+    assert isinstance(caught.value, TimeoutError)  # the builtin, too
+    silent.kill()
+
+
+def test_an_ffn_killed_mid_job_is_a_peer_lost_naming_it(store, job, spawn):
+    job["heartbeat_ms"] = 500
+    ffn = spawn(DOUBLING_FFN.format(job=job, rank=0, store=store.address))
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    a.wait(a.push_pull(0))  # the job works
+    ffn.kill()
+    started = time.monotonic()
+    with pytest.raises(hetmesh.PeerLostError) as caught:
+        while time.monotonic() - started < 10:  # the push that finds it gone, or its wait
+            a.wait(a.push_pull(1), timeout_ms=5000)
+    assert caught.value.peer == "ffn:0"
+    assert isinstance(caught.value, ConnectionError)
+    assert [p["state"] for p in a.peers()] == ["lost"]
+    assert not a.wait_for_peers(timeout_ms=100)  # no replacement is coming
+
+
+def test_get_batch_times_out_when_no_attention_instance_sends(store, job, spawn):
+    attention = spawn(f"""
+import time, hetmesh
+a = hetmesh.AttentionEngine(rank=0, store={store.address!r}, **{job!r})
+time.sleep(30)
+""")
+    f = hetmesh.FfnEngine(rank=0, store=store.address, **job)
+    with pytest.raises(hetmesh.TimeoutError, match="within 200 ms"):
+        f.get_batch(timeout_ms=200)
+    attention.kill()
+
+
+def test_a_process_without_the_jobs_secret_is_refused(tmp_path, job):
+    secret = tmp_path / "job.secret"
+    hetmesh.write_secret(secret)
+    assert oct(os.stat(secret).st_mode & 0o777) == "0o600"
+    server = hetmesh.StoreServer(secret_file=str(secret))
+    other = tmp_path / "other.secret"
+    hetmesh.write_secret(other)
+    with pytest.raises(hetmesh.NotAuthorizedError) as caught:
+        hetmesh.FfnEngine(rank=0, store=server.address, secret_file=other, **job)
+    assert isinstance(caught.value, PermissionError)
+    server.close()
+
+
+def test_a_job_whose_peers_never_come_times_out_in_the_constructor(store, job):
+    job["timeout_ms"] = 300
+    started = time.monotonic()
+    with pytest.raises(hetmesh.TimeoutError):
+        hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    assert time.monotonic() - started < 10
+
+
+def test_the_gil_is_free_while_an_engine_waits(store, job):
+    job["timeout_ms"] = 1500
+    ticks = []
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    with pytest.raises(hetmesh.TimeoutError):
+        hetmesh.AttentionEngine(rank=0, store=store.address, **job)  # waits 1.5 s for its F
+    stop.set()
+    thread.join()
+    assert len(ticks) > 50  # the other thread ran all along
+
+
+def test_an_engine_used_after_finish_says_so(store, job):
+    serve(store, job)
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    a.finish()
+    with pytest.raises(hetmesh.InvalidArgumentError, match="push_pull after finish"):
+        a.push_pull(0)
+
+
+def test_a_second_push_of_a_busy_micro_batch_is_refused(store, job, spawn):
+    ffn = spawn(DOUBLING_FFN.format(job=job, rank=0, store=store.address))
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    handle = a.push_pull(0)
+    with pytest.raises(hetmesh.InvalidArgumentError, match="micro-batch 0"):
+        a.push_pull(0)
+    a.wait(handle)
+    a.finish()
+    assert ffn.finish()[0] == 0
+
+
+def test_a_closed_store_fails_the_next_engine_clearly(job):
+    server = hetmesh.StoreServer()
+    address = server.address
+    server.close()
+    job["timeout_ms"] = 500
+    with pytest.raises(hetmesh.Error, match=address):
+        hetmesh.FfnEngine(rank=0, store=address, **job)
+    with pytest.raises(hetmesh.InvalidArgumentError, match="closed"):
+        server.address
