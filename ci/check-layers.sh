@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that includes follow the layers (shared design, docs/architecture.md "Layers"):
-#   sdk/include < core < backends < afd < tools, and plugins/<name> see only sdk/include, their
+#   sdk/include < core < backends < afd < tools and python (the Python package), and plugins/<name> see only sdk/include, their
 #   own public header and their vendor's headers. Also: no vendor header outside plugins/, each
 #   library's public headers under its own hetmesh/<library>/ folder, and nothing built from
 #   examples/ (it holds configs and scripts, never a library).
@@ -39,7 +39,7 @@ includes_all() {  # includes_all PATTERN FOLDER...: PATTERN gives the opening < 
 # Vendor headers come in angle brackets. The demo's per-device expert kernels (tools/demo/<vendor>/,
 # built by the vendor's compiler) are the one place outside plugins/ that may include them.
 vendor='<(cuda|hip/|hsa/|level_zero|ze_api|nccl|rccl|nvml)'
-report "vendor header outside plugins/" < <(includes_all "$vendor" sdk core backends afd tools |
+report "vendor header outside plugins/" < <(includes_all "$vendor" sdk core backends afd tools python |
   grep -vE '^tools/demo/(cuda|rocm|level_zero)/')
 
 report "sdk/include (layer 0) includes only itself" \
@@ -47,7 +47,7 @@ report "sdk/include (layer 0) includes only itself" \
 report "core (layer 1) includes a higher layer" < <(includes 'hetmesh/(transport|afd)/' core)
 report "backends (layer 2) includes the AFD engine (layer 3)" < <(includes 'hetmesh/afd/' backends)
 # Relative includes that climb out of a folder reach into another layer's private files.
-report "relative include out of its folder" < <(includes '\.\./' sdk core backends afd plugins)
+report "relative include out of its folder" < <(includes '\.\./' sdk core backends afd plugins python)
 report "a plugin includes the host's libraries (plugins see only sdk/include)" \
   < <(includes 'hetmesh/(core|transport|afd)/' plugins)
 

@@ -17,7 +17,8 @@ void bind_config(py::module_& m) {
       .def("to_toml", &afd::to_toml, "The effective config as TOML.")
       .def_property_readonly("attention", [](const JobConfig& c) { return c.job.attention; })
       .def_property_readonly("ffn", [](const JobConfig& c) { return c.job.ffn; })
-      .def_property_readonly("micro_batches", [](const JobConfig& c) { return c.job.micro_batches; })
+      .def_property_readonly("micro_batches",
+                             [](const JobConfig& c) { return c.job.micro_batches; })
       .def_property_readonly("layers", [](const JobConfig& c) { return c.job.layers; })
       .def_property_readonly("timeout_ms", [](const JobConfig& c) { return c.job.timeout.count(); })
       .def_property_readonly("tokens", [](const JobConfig& c) { return c.model.tokens; })

@@ -6,17 +6,19 @@
 
 #include "slot.hpp"
 
+#include <hetmesh/plugins/cuda.h>
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/core/job_secret.hpp>
 #include <hetmesh/core/rendezvous.hpp>
-#include <hetmesh/plugins/cuda.h>
 
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace hetmesh::python {
 namespace {
@@ -50,7 +52,8 @@ std::unique_ptr<Context> make_context(const afd::JobConfig& config, afd::Role ro
                                                      count, afd::to_string(role)));
   auto c = std::make_unique<Context>();
   c->config = config;
-  auto& selectors = role == afd::Role::attention ? c->config.devices.attention : c->config.devices.ffn;
+  auto& selectors =
+      role == afd::Role::attention ? c->config.devices.attention : c->config.devices.ffn;
   if (!device.empty()) selectors.at(static_cast<size_t>(rank)) = device;
   std::optional<JobSecret> secret = find_secret(config, secret_file);
   c->spec = afd::engine_spec(c->config, role, rank);
@@ -78,16 +81,16 @@ milliseconds timeout_or(const std::optional<double>& timeout_ms, const Context& 
 
 void check_micro_batch(int mb, const afd::EngineSpec& spec) {
   if (mb < 0 || mb >= spec.micro_batches)
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("micro-batch {}: the engine has {} (0..{})", mb,
-                                                     spec.micro_batches, spec.micro_batches - 1));
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("micro-batch {}: the engine has {} (0..{})", mb, spec.micro_batches,
+                            spec.micro_batches - 1));
 }
 
 // Routing entries are {int32 expert, float weight} pairs: two strided views of the same bytes.
 Slot experts_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
                   py::object owner) {
-  return Slot(routing,
-              {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::int32},
-              device, std::move(owner));
+  return Slot(routing, {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::int32}, device,
+              std::move(owner));
 }
 Slot weights_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
                   py::object owner) {
@@ -121,10 +124,9 @@ py::object native_handle(const PyStream& s) {
     return py::none();
   void* handle = nullptr;
   int32_t ordinal = 0;
-  device.plugin().check(
-      static_cast<const hm_cuda_native_ext*>(table)->stream_native(s.stream.native(), &handle,
-                                                                    &ordinal),
-      "hm.cuda.native.stream_native");
+  device.plugin().check(static_cast<const hm_cuda_native_ext*>(table)->stream_native(
+                            s.stream.native(), &handle, &ordinal),
+                        "hm.cuda.native.stream_native");
   return py::int_(reinterpret_cast<uintptr_t>(handle));
 }
 
@@ -138,8 +140,8 @@ class PyAttention {
               const std::string& secret_file, const std::string& device)
       : context_(make_context(config, afd::Role::attention, rank, store, secret_file, device)) {
     py::gil_scoped_release unlocked;  // waits for every F
-    engine_ = std::make_unique<afd::AttentionEngine>(context_->spec, *context_->device,
-                                                     *context_->store);
+    engine_ =
+        std::make_unique<afd::AttentionEngine>(context_->spec, *context_->device, *context_->store);
   }
   ~PyAttention() {
     py::gil_scoped_release unlocked;  // tells the Fs, joins the engine's threads
@@ -238,8 +240,8 @@ void bind_engines(py::module_& m) {
             auto& a = self.cast<PyAttention&>();
             const afd::EngineSpec& spec = a.context().spec;
             check_micro_batch(mb, spec);
-            return rows_slot(a.engine().tokens(mb), spec.tokens, spec, a.context().config.model.a2f_dtype,
-                             *a.context().device, self);
+            return rows_slot(a.engine().tokens(mb), spec.tokens, spec,
+                             a.context().config.model.a2f_dtype, *a.context().device, self);
           },
           py::arg("micro_batch"), "[tokens, hidden] in the A2F dtype: what push_pull sends.")
       .def(
@@ -285,11 +287,12 @@ void bind_engines(py::module_& m) {
             py::gil_scoped_release unlocked;
             return a.engine().push_pull(mb, tokens.value_or(a.context().spec.tokens), push);
           },
-          py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(),
-          py::arg("tag") = 0, py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0)
+          py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
+          py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0)
       .def(
           "wait",
-          [](PyAttention& a, afd::AttentionEngine::Handle handle, std::optional<double> timeout_ms) {
+          [](PyAttention& a, afd::AttentionEngine::Handle handle,
+             std::optional<double> timeout_ms) {
             milliseconds timeout = timeout_or(timeout_ms, a.context());
             py::gil_scoped_release unlocked;
             return a.engine().wait(handle, timeout);
@@ -303,9 +306,27 @@ void bind_engines(py::module_& m) {
             return a.engine().wait_for_peers(timeout);
           },
           py::arg("timeout_ms") = py::none())
-      .def("finish", [](PyAttention& a) { a.engine().finish(); },
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "finish", [](PyAttention& a) { a.engine().finish(); },
+          py::call_guard<py::gil_scoped_release>())
       .def("peers", [](PyAttention& a) { return peers_of(a.engine()); })
+      .def(
+          "_round_trips_from_cpp",
+          [](PyAttention& a, int mb, int count) {
+            // The baseline of python/hetmesh/bench.py: the same push_pull + wait as Python's
+            // loop, from C++, timed the same way (each round trip alone in flight).
+            check_micro_batch(mb, a.context().spec);
+            std::vector<int64_t> ns(static_cast<size_t>(std::max(count, 0)));
+            py::gil_scoped_release unlocked;
+            for (int64_t& sample : ns) {
+              int64_t start = afd::now_ns();
+              a.engine().wait(a.engine().push_pull(mb, a.context().spec.tokens),
+                              a.context().config.job.timeout);
+              sample = afd::now_ns() - start;
+            }
+            return ns;
+          },
+          py::arg("micro_batch"), py::arg("count"))
       .def(
           "create_stream",
           [](py::object self) {
@@ -323,8 +344,8 @@ void bind_engines(py::module_& m) {
       .def_property_readonly("epoch", [](const PyPart& p) { return p.part.epoch; })
       .def_property_readonly("sequence", [](const PyPart& p) { return p.part.sequence; })
       .def_property_readonly("tag", [](const PyPart& p) { return p.part.tag; })
-      .def_property_readonly("count", [](const PyPart& p) { return p.part.tokens; },
-                             "the tokens this A sent")
+      .def_property_readonly(
+          "count", [](const PyPart& p) { return p.part.tokens; }, "the tokens this A sent")
       .def_property_readonly("tokens",
                              [](const PyPart& p) {
                                return rows_slot(p.part.tokens_data, p.part.tokens, p.context->spec,

@@ -17,8 +17,8 @@ namespace {
 
 void raise_as_python(const Error& e) {
   py::object errors = py::module_::import("hetmesh._errors");
-  py::object error = errors.attr("from_native")(static_cast<int>(e.status()),
-                                                status_name(e.status()), e.what());
+  py::object error =
+      errors.attr("from_native")(static_cast<int>(e.status()), status_name(e.status()), e.what());
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
 }
 

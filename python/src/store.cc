@@ -32,7 +32,7 @@ void bind_store(py::module_& m) {
                           "The job's embedded rendezvous store, served by this process until "
                           "close() or until it is dropped.")
       .def(py::init([](const std::string& address,
-                            const std::optional<std::filesystem::path>& secret_file) {
+                       const std::optional<std::filesystem::path>& secret_file) {
              std::optional<JobSecret> secret;
              if (secret_file) secret = JobSecret::read_file(secret_file->string());
              py::gil_scoped_release unlocked;
@@ -43,7 +43,8 @@ void bind_store(py::module_& m) {
           "address", [](const HostedStore& s) { return s.get().address(); },
           "host:port, for the engines' store=")
       .def(
-          "close", [](HostedStore& s) { s.server.reset(); }, py::call_guard<py::gil_scoped_release>(),
+          "close", [](HostedStore& s) { s.server.reset(); },
+          py::call_guard<py::gil_scoped_release>(),
           "Stops serving: every client's next call fails with PeerLostError.");
   m.def(
       "write_secret",

@@ -1,0 +1,126 @@
+"""The Python path's cost: one job, its round trips driven from Python and from C++ in turns.
+
+    python3 -m hetmesh.bench                                  # 1A1F, StepMesh's per-A traffic
+    python3 -m hetmesh.bench --attention-device cuda:0 --json out.json
+
+One attention engine in this process, its FFN instance in another (Python, the same in both
+phases). In each phase the engine does `--iterations` round trips of one micro-batch alone in
+flight (push_pull, then wait): from Python (timed with time.perf_counter_ns around the two calls)
+and from C++ (the same two calls in a native loop, timed around them the same way). The phases
+alternate `--phases` times, so both see the same machine state. Python's overhead per round trip
+is the difference of the two medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import hetmesh
+
+# StepMesh's per-A traffic: 128 tokens of hidden 7168, fp8 out (896 KiB) and bf16 back (1.75 MiB).
+DEFAULT_JOB = dict(attention=1, ffn=1, micro_batches=1, tokens=128, hidden=7168, experts=8,
+                   top_k=8, a2f_dtype="fp8", f2a_dtype="bf16", timeout_ms=30000)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def serve(store: str, job: dict, device: str) -> None:
+    f = hetmesh.FfnEngine(rank=0, store=store, device=device, **job)
+    for batch in f.batches():
+        f.respond(batch)
+
+
+def measure(args, job: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="hetmesh-pybench-") as folder:
+        secret = os.path.join(folder, "job.secret")
+        hetmesh.write_secret(secret)
+        store = hetmesh.StoreServer(secret_file=secret)
+        ffn = subprocess.Popen(
+            [sys.executable, "-m", "hetmesh.bench", "--role", "ffn", "--store", store.address,
+             "--job", json.dumps(job), "--ffn-device", args.ffn_device],
+            env={**os.environ, "HETMESH_JOB_SECRET_FILE": secret})
+        try:
+            a = hetmesh.AttentionEngine(rank=0, store=store.address, secret_file=secret,
+                                        device=args.attention_device, **job)
+            cpp_ns: list[int] = []
+            python_ns: list[int] = []
+            clock = time.perf_counter_ns
+            a._round_trips_from_cpp(0, args.warmup)
+            for _ in range(args.phases):
+                cpp_ns += a._round_trips_from_cpp(0, args.iterations)
+                for _ in range(args.iterations):
+                    start = clock()
+                    a.wait(a.push_pull(0))
+                    python_ns.append(clock() - start)
+            a.finish()
+        finally:
+            if ffn.wait(timeout=60) != 0:
+                raise SystemExit(f"hetmesh.bench: the FFN instance failed ({ffn.returncode})")
+            store.close()
+    cpp_us = [n / 1000 for n in cpp_ns]
+    python_us = [n / 1000 for n in python_ns]
+    cpp_p50, python_p50 = statistics.median(cpp_us), statistics.median(python_us)
+    return {
+        "run": {"host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "hetmesh_version": hetmesh.__version__, "python": platform.python_version()},
+        "job": job, "attention_device": args.attention_device, "ffn_device": args.ffn_device,
+        "round_trips_per_side": len(cpp_us),
+        "cpp_round_trip_us": {"p50": cpp_p50, "p99": percentile(cpp_us, 0.99)},
+        "python_round_trip_us": {"p50": python_p50, "p99": percentile(python_us, 0.99)},
+        "python_overhead_us_p50": python_p50 - cpp_p50,
+        "python_over_cpp": python_p50 / cpp_p50,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m hetmesh.bench",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attention-device", default="cpu:0")
+    parser.add_argument("--ffn-device", default="cpu:0")
+    parser.add_argument("--iterations", type=int, default=200, help="round trips per phase")
+    parser.add_argument("--phases", type=int, default=5, help="C++ and Python phases, in turns")
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--tokens", type=int, default=DEFAULT_JOB["tokens"])
+    parser.add_argument("--hidden", type=int, default=DEFAULT_JOB["hidden"])
+    parser.add_argument("--json", help="also write the results here ('-': stdout)")
+    parser.add_argument("--role", choices=["ffn"], help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "ffn":
+        serve(args.store, json.loads(args.job), args.ffn_device)
+        return 0
+    job = dict(DEFAULT_JOB, tokens=args.tokens, hidden=args.hidden)
+    r = measure(args, job)
+    print(f"hetmesh.bench: 1A1F, {job['tokens']} tokens x hidden {job['hidden']} "
+          f"({job['a2f_dtype']} out, {job['f2a_dtype']} back), A on {args.attention_device}, "
+          f"F on {args.ffn_device}; {r['round_trips_per_side']} round trips per side, one in "
+          f"flight, C++ and Python in {args.phases} alternating phases")
+    print(f"{'driven from':<14}{'p50 us':>10}{'p99 us':>10}")
+    print(f"{'C++':<14}{r['cpp_round_trip_us']['p50']:>10.1f}{r['cpp_round_trip_us']['p99']:>10.1f}")
+    print(f"{'Python':<14}{r['python_round_trip_us']['p50']:>10.1f}"
+          f"{r['python_round_trip_us']['p99']:>10.1f}")
+    print(f"Python overhead per push_pull + wait: {r['python_overhead_us_p50']:.2f} us (p50), "
+          f"{r['python_over_cpp']:.3f}x the C++ round trip")
+    if args.json == "-":
+        json.dump(r, sys.stdout, indent=1)
+        print()
+    elif args.json:
+        with open(args.json, "w") as out:
+            json.dump(r, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
