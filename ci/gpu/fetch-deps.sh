@@ -19,6 +19,7 @@ packages=(
   libssl-dev libssl3  # the job secret: libcrypto's HMAC and random bytes
   libgtest-dev libgmock-dev
   libamdhip64-dev libhsa-runtime-dev  # headers only: the rocm plugin and hip-on-cuda build there
+  libdlpack-dev  # the Python package (ci/gpu/python.sh); pybind11 comes with the torch wheel there
 )
 
 download=$(mktemp -d)

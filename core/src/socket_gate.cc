@@ -164,9 +164,15 @@ bool Gate::advance(Connection& c) {
 }
 
 bool Gate::follow(Connection& c, Opening::Step step) {
-  if (!step.send.empty() &&
-      ::send(c.fd.get(), step.send.data(), step.send.size(), MSG_DONTWAIT | MSG_NOSIGNAL) !=
-          static_cast<ssize_t>(step.send.size())) {
+  const bool sent =
+      step.send.empty() ||
+      ::send(c.fd.get(), step.send.data(), step.send.size(), MSG_DONTWAIT | MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(step.send.size());
+  if (!step.refusal.empty()) {  // refused, whether or not the answer reached it (it may be gone)
+    refuse(c.from, step.refusal);
+    return false;
+  }
+  if (!sent) {
     log(LogLevel::debug, "{}: {} does not read its opening", name_, c.from);
     return false;
   }
@@ -176,10 +182,7 @@ bool Gate::follow(Connection& c, Opening::Step step) {
     c.deadline = Clock::now() + limits_.deadline;
     return true;
   }
-  if (step.admitted)
-    admit_(std::move(c.fd), *c.opening, c.from);
-  else if (!step.refusal.empty())
-    refuse(c.from, step.refusal);
+  if (step.admitted) admit_(std::move(c.fd), *c.opening, c.from);
   return false;
 }
 

@@ -130,8 +130,23 @@ py::object native_handle(const PyStream& s) {
   return py::int_(reinterpret_cast<uintptr_t>(handle));
 }
 
-const Stream* stream_of(const std::optional<const PyStream*>& s) {
-  return s && *s ? &(*s)->stream : nullptr;
+// The stream a push or a response waits for: None, or a Stream of the engine's own device.
+const Stream* stream_of(const py::object& s, const Device& device) {
+  if (s.is_none()) return nullptr;
+  if (!py::isinstance<PyStream>(s))
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        fmt::format("stream: expected a hetmesh.Stream (engine.create_stream()), got a {}; "
+                    "to order a framework's work before the send, run that work on the "
+                    "engine's stream (torch: torch.cuda.ExternalStream(stream."
+                    "native_handle))",
+                    py::str(py::type::handle_of(s).attr("__qualname__")).cast<std::string>()));
+  const Stream& stream = s.cast<const PyStream&>().stream;
+  if (!(stream.device() == device))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("stream: it is a stream of {}, and this engine runs on {}",
+                            stream.device().selector(), device.selector()));
+  return &stream;
 }
 
 class PyAttention {
@@ -279,9 +294,9 @@ void bind_engines(py::module_& m) {
       .def(
           "push_pull",
           [](PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
-             std::optional<const PyStream*> stream, int64_t attention_start_ns) {
+             const py::object& stream, int64_t attention_start_ns) {
             afd::PushOptions push;
-            push.ready.stream = stream_of(stream);
+            push.ready.stream = stream_of(stream, *a.context().device);
             push.tag = tag;
             push.attention_start_ns = attention_start_ns;
             py::gil_scoped_release unlocked;
@@ -396,10 +411,10 @@ void bind_engines(py::module_& m) {
           "The next micro-batch, or None once every attention instance has left.")
       .def(
           "respond",
-          [](PyFfn& f, const PyBatch& b, std::optional<const PyStream*> stream,
-             int64_t compute_start_ns) {
+          [](PyFfn& f, const PyBatch& b, const py::object& stream, int64_t compute_start_ns) {
+            const Stream* after = stream_of(stream, *f.context().device);
             py::gil_scoped_release unlocked;
-            f.engine().respond(b.batch, stream_of(stream), compute_start_ns);
+            f.engine().respond(b.batch, after, compute_start_ns);
           },
           py::arg("batch"), py::kw_only(), py::arg("stream") = py::none(),
           py::arg("compute_start_ns") = 0)

@@ -130,3 +130,13 @@ def test_a_closed_store_fails_the_next_engine_clearly(job):
         hetmesh.FfnEngine(rank=0, store=address, **job)
     with pytest.raises(hetmesh.InvalidArgumentError, match="closed"):
         server.address
+
+
+def test_a_stream_that_is_not_the_engines_is_refused_with_what_to_do(store, job):
+    serve(store, job)
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    with pytest.raises(hetmesh.InvalidArgumentError, match=r"expected a hetmesh.Stream .*got a "
+                                                           r"object.*ExternalStream"):
+        a.push_pull(0, stream=object())
+    a.wait(a.push_pull(0, stream=a.create_stream()))  # the engine's own: accepted
+    a.finish()

@@ -1,0 +1,48 @@
+"""On a CUDA device (the GPU machine; skipped elsewhere): an attention engine's slots are CUDA
+tensors over the engine's own device memory, torch's work on the engine's stream orders the push,
+and what the FFN on the CPU gets is what torch wrote."""
+
+import threading
+
+import pytest
+import torch
+
+import hetmesh
+
+CUDA = any(d["plugin"] == "cuda" for d in hetmesh.devices())
+pytestmark = pytest.mark.skipif(not CUDA or not torch.cuda.is_available(),
+                                reason="needs the cuda plugin's device and a CUDA torch")
+
+
+def test_slots_are_cuda_tensors_of_the_engines_memory_and_the_stream_orders_the_push(store, job):
+    job.update(attention_devices="cuda:0", ffn_devices="cpu:0", a2f_dtype="bf16")
+    got = {}
+
+    def ffn():
+        f = hetmesh.FfnEngine(rank=0, store=store.address, **job)
+        for batch in f.batches():
+            part = batch.parts[0]
+            tokens = torch.from_dlpack(part.tokens)
+            got["tokens"] = tokens.clone()
+            torch.from_dlpack(part.output).copy_(tokens * 3)
+            f.respond(batch)
+
+    thread = threading.Thread(target=ffn)
+    thread.start()
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    slot = a.tokens(0)
+    assert slot.__dlpack_device__() == (2, 0)  # kDLCUDA, device 0
+    tokens = torch.from_dlpack(slot)
+    assert tokens.is_cuda and tokens.data_ptr() == slot.data_ptr
+    stream = a.create_stream()
+    assert stream.native_handle  # the cudaStream_t behind the engine's stream
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream.native_handle)):
+        torch.cuda._sleep(50_000_000)  # a kernel still running when push_pull is called
+        tokens.copy_(torch.arange(tokens.numel(), device="cuda").reshape(tokens.shape) % 64)
+    a.wait(a.push_pull(0, stream=stream))  # sends once the stream's work is done
+    expected = (torch.arange(tokens.numel()).reshape(tokens.shape) % 64).to(torch.bfloat16)
+    assert torch.equal(got["tokens"], expected)
+    result = torch.from_dlpack(a.result(0, 0))
+    assert result.is_cuda and torch.equal(result.cpu(), expected * 3)
+    a.finish()
+    thread.join(30)
