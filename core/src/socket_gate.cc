@@ -164,10 +164,9 @@ bool Gate::advance(Connection& c) {
 }
 
 bool Gate::follow(Connection& c, Opening::Step step) {
-  const bool sent =
-      step.send.empty() ||
-      ::send(c.fd.get(), step.send.data(), step.send.size(), MSG_DONTWAIT | MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(step.send.size());
+  const bool sent = step.send.empty() ||
+                    ::send(c.fd.get(), step.send.data(), step.send.size(),
+                           MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(step.send.size());
   if (!step.refusal.empty()) {  // refused, whether or not the answer reached it (it may be gone)
     refuse(c.from, step.refusal);
     return false;
