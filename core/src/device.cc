@@ -96,6 +96,11 @@ Stream Device::create_stream(uint32_t flags) const {
   return Stream(*this, stream);
 }
 
+Stream Device::adopt_stream(hm_stream stream) const {
+  if (stream == nullptr) throw Error(HM_ERR_INVALID_ARGUMENT, "adopt_stream: the stream is NULL");
+  return Stream(*this, stream);
+}
+
 Event Device::create_event(uint32_t flags) const {
   hm_event event = nullptr;
   plugin_->check(api().event_create(index_, flags, &event), "event_create");

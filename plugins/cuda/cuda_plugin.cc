@@ -9,6 +9,7 @@
 #include <hetmesh/plugins/cuda.h>
 #include <hetmesh/plugin_kit/extension.hpp>
 #include <hetmesh/plugin_kit/gpu_slots.hpp>
+#include <hetmesh/plugin_kit/gpu_streams.hpp>
 #include <hetmesh/plugin_kit/status.hpp>
 
 #include <cstdio>
@@ -29,8 +30,12 @@ hm_status stream_native(hm_stream stream, void** cu_stream, int32_t* cuda_ordina
   });
 }
 
-const hm_cuda_native_ext kNativeExtension = {{sizeof(hm_cuda_native_ext), HM_CUDA_NATIVE_VERSION},
-                                             stream_native};
+hm_status stream_borrow(int32_t device, void* cu_stream, hm_stream* out) {
+  return hm::kit::gpu::stream_borrow<Vendor>(device, static_cast<CUstream>(cu_stream), out);
+}
+
+const hm_cuda_native_ext kNativeExtension = {
+    {sizeof(hm_cuda_native_ext), HM_CUDA_NATIVE_VERSION}, stream_native, stream_borrow};
 
 hm_status get_extension(const char* name, uint32_t min_version, const void** table) {
   return hm::kit::get_single_extension(name, min_version, table, HM_CUDA_NATIVE_EXTENSION,

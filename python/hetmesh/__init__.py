@@ -14,8 +14,10 @@ subclasses (hetmesh/_errors.py). See docs/python.md.
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import os
+import weakref
 
 from . import _native
 from ._errors import (
@@ -118,6 +120,17 @@ def _engine_config(config_or_path, job) -> Config:
     return config(config_or_path, **job)
 
 
+# Engines still alive when the interpreter exits are shut down first, while everything they use
+# exists: their peers hear that they quit, and no engine thread outlives the interpreter.
+_live_engines: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _shut_down_live_engines() -> None:
+    for engine in list(_live_engines):
+        engine._shutdown()
+
+
 class AttentionEngine(_native.AttentionEngine):
     """An attention instance (A): pushes each micro-batch's tokens and routing to every FFN
     instance and waits for their partial results, which land in result(mb, f).
@@ -133,6 +146,7 @@ class AttentionEngine(_native.AttentionEngine):
                  device: str = "", **job):
         super().__init__(_engine_config(config, job), rank, store, os.fspath(secret_file),
                          device)
+        _live_engines.add(self)
 
     def __enter__(self):
         return self
@@ -153,6 +167,7 @@ class FfnEngine(_native.FfnEngine):
                  device: str = "", **job):
         super().__init__(_engine_config(config, job), rank, store, os.fspath(secret_file),
                          device)
+        _live_engines.add(self)
 
     def __enter__(self):
         return self

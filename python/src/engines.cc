@@ -16,6 +16,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -32,6 +34,9 @@ struct Context {
   PluginRegistry plugins;
   std::optional<Device> device;
   std::unique_ptr<KeyValueStore> store;
+  // Framework streams handed to push_pull/respond/wait_on_stream, by native handle, each borrowed
+  // once (hm.cuda.native's stream_borrow) and kept for the engine's life (a few per framework).
+  std::map<uintptr_t, Stream> borrowed;
 };
 
 // The job secret: the one named here, else the config's, else the one this process was handed
@@ -72,11 +77,14 @@ std::unique_ptr<Context> make_context(const afd::JobConfig& config, afd::Role ro
   return c;
 }
 
+// A timeout in milliseconds from Python: None is the job's; inf is "forever" (capped at a year,
+// which every clock sum below holds); negative or NaN is refused.
 milliseconds timeout_or(const std::optional<double>& timeout_ms, const Context& c) {
   if (!timeout_ms) return c.config.job.timeout;
-  if (*timeout_ms < 0)
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("timeout_ms {} is negative", *timeout_ms));
-  return milliseconds(static_cast<int64_t>(*timeout_ms));
+  constexpr double kYearMs = 365.0 * 24 * 3600 * 1000;
+  if (!(*timeout_ms >= 0))
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("timeout_ms {} is not >= 0", *timeout_ms));
+  return milliseconds(static_cast<int64_t>(std::min(*timeout_ms, kYearMs)));
 }
 
 void check_micro_batch(int mb, const afd::EngineSpec& spec) {
@@ -87,13 +95,25 @@ void check_micro_batch(int mb, const afd::EngineSpec& spec) {
 }
 
 // Routing entries are {int32 expert, float weight} pairs: two strided views of the same bytes.
+// They follow the tokens in a slot, so with fp8 tokens they are 4-aligned only when tokens x
+// hidden is a multiple of 4: a misaligned int32 view would fault on a GPU.
+void check_routing_alignment(const void* routing, const afd::EngineSpec& spec) {
+  if (reinterpret_cast<uintptr_t>(routing) % alignof(int32_t) != 0)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("the routing of this slot is not 4-byte aligned (tokens {} x hidden {} "
+                            "x {} byte(s) precede it): make tokens x hidden a multiple of 4",
+                            spec.tokens, spec.hidden, spec.a2f_bytes));
+}
+
 Slot experts_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
                   py::object owner) {
+  check_routing_alignment(routing, spec);
   return Slot(routing, {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::int32}, device,
               std::move(owner));
 }
 Slot weights_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
                   py::object owner) {
+  check_routing_alignment(routing, spec);
   return Slot(static_cast<char*>(routing) + sizeof(int32_t),
               {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::fp32}, device,
               std::move(owner));
@@ -116,37 +136,83 @@ PyStream make_stream(py::object owner, const Device& device) {
 
 // The vendor's handle behind a stream (a cudaStream_t for the cuda plugin), so a framework can
 // run its kernels on it (torch.cuda.ExternalStream); None where the plugin offers none.
-py::object native_handle(const PyStream& s) {
-  const Device& device = s.stream.device();
+constexpr size_t kMaxBorrowedStreams = 64;
+
+// The cuda plugin's native-stream extension, version `version` or later; nullptr where the
+// device's plugin has none.
+const hm_cuda_native_ext* cuda_native(const Device& device, uint32_t version) {
   const void* table = nullptr;
   if (device.api().get_extension == nullptr ||
-      device.api().get_extension(HM_CUDA_NATIVE_EXTENSION, HM_CUDA_NATIVE_VERSION, &table) != HM_OK)
-    return py::none();
-  void* handle = nullptr;
-  int32_t ordinal = 0;
-  device.plugin().check(static_cast<const hm_cuda_native_ext*>(table)->stream_native(
-                            s.stream.native(), &handle, &ordinal),
-                        "hm.cuda.native.stream_native");
-  return py::int_(reinterpret_cast<uintptr_t>(handle));
+      device.api().get_extension(HM_CUDA_NATIVE_EXTENSION, version, &table) != HM_OK)
+    return nullptr;
+  return static_cast<const hm_cuda_native_ext*>(table);
 }
 
-// The stream a push or a response waits for: None, or a Stream of the engine's own device.
-const Stream* stream_of(const py::object& s, const Device& device) {
-  if (s.is_none()) return nullptr;
-  if (!py::isinstance<PyStream>(s))
-    throw Error(
-        HM_ERR_INVALID_ARGUMENT,
-        fmt::format("stream: expected a hetmesh.Stream (engine.create_stream()), got a {}; "
-                    "to order a framework's work before the send, run that work on the "
-                    "engine's stream (torch: torch.cuda.ExternalStream(stream."
-                    "native_handle))",
-                    py::str(py::type::handle_of(s).attr("__qualname__")).cast<std::string>()));
-  const Stream& stream = s.cast<const PyStream&>().stream;
-  if (!(stream.device() == device))
+// An hm_stream over a framework's stream (its native handle), borrowed once per engine.
+const Stream& borrowed_stream(Context& c, uintptr_t handle) {
+  if (auto it = c.borrowed.find(handle); it != c.borrowed.end()) return it->second;
+  const hm_cuda_native_ext* native = cuda_native(*c.device, 2);
+  if (native == nullptr)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("stream: {}'s plugin cannot take a framework's stream (it offers no "
+                            "{} version 2); pass engine.create_stream() and run the framework's "
+                            "work on it",
+                            c.device->selector(), HM_CUDA_NATIVE_EXTENSION));
+  if (c.borrowed.size() >= kMaxBorrowedStreams)
     throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("stream: it is a stream of {}, and this engine runs on {}",
-                            stream.device().selector(), device.selector()));
-  return &stream;
+                fmt::format("stream: already {} distinct framework streams were handed to this "
+                            "engine; reuse them",
+                            kMaxBorrowedStreams));
+  hm_stream stream = nullptr;
+  c.device->plugin().check(
+      native->stream_borrow(c.device->index(), reinterpret_cast<void*>(handle), &stream),
+      "hm.cuda.native.stream_borrow");
+  return c.borrowed.emplace(handle, c.device->adopt_stream(stream)).first->second;
+}
+
+// The stream a push, a response or a device-side wait is ordered with: None; a Stream of the
+// engine's own device; or a framework's stream (torch.cuda.Stream, torch.cuda.ExternalStream:
+// anything with a `cuda_stream` handle) or a raw handle, borrowed through the plugin.
+const Stream* stream_of(const py::object& s, Context& c) {
+  if (s.is_none()) return nullptr;
+  if (py::isinstance<PyStream>(s)) {
+    const Stream& stream = s.cast<const PyStream&>().stream;
+    if (!(stream.device() == *c.device))
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("stream: it is a stream of {}, and this engine runs on {}",
+                              stream.device().selector(), c.device->selector()));
+    return &stream;
+  }
+  if (py::isinstance<py::int_>(s)) return &borrowed_stream(c, s.cast<uintptr_t>());
+  if (py::hasattr(s, "cuda_stream")) {
+    // A framework's stream of another GPU would fail deep in the driver: say so here.
+    if (py::hasattr(s, "device") && py::hasattr(s.attr("device"), "index")) {
+      py::object index = s.attr("device").attr("index");
+      if (!index.is_none() && index.cast<int>() != c.device->index())
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("stream: it is a stream of cuda:{}, and this engine runs on {}",
+                                index.cast<int>(), c.device->selector()));
+    }
+    return &borrowed_stream(c, s.attr("cuda_stream").cast<uintptr_t>());
+  }
+  throw Error(
+      HM_ERR_INVALID_ARGUMENT,
+      fmt::format("stream: expected a hetmesh.Stream (engine.create_stream()), a "
+                  "framework's CUDA stream or a raw stream handle, got a {}",
+                  py::str(py::type::handle_of(s).attr("__qualname__")).cast<std::string>()));
+}
+
+// The vendor's handle behind a stream (a cudaStream_t for the cuda plugin), so a framework can
+// run its kernels on it (torch.cuda.ExternalStream); None where the plugin offers none.
+py::object native_handle(const PyStream& s) {
+  const Device& device = s.stream.device();
+  const hm_cuda_native_ext* native = cuda_native(device, 1);
+  if (native == nullptr) return py::none();
+  void* handle = nullptr;
+  int32_t ordinal = 0;
+  device.plugin().check(native->stream_native(s.stream.native(), &handle, &ordinal),
+                        "hm.cuda.native.stream_native");
+  return py::int_(reinterpret_cast<uintptr_t>(handle));
 }
 
 class PyAttention {
@@ -163,8 +229,18 @@ class PyAttention {
     engine_.reset();
     context_.reset();
   }
-  afd::AttentionEngine& engine() { return *engine_; }
-  const Context& context() const { return *context_; }
+  afd::AttentionEngine& engine() {
+    if (!engine_)
+      throw Error(HM_ERR_INVALID_ARGUMENT, "the engine was shut down (the interpreter is exiting)");
+    return *engine_;
+  }
+  Context& context() { return *context_; }
+  // At the interpreter's exit (the package's atexit hook): the engine tells its peers and stops
+  // its threads while everything it uses still exists. Its memory goes with it.
+  void shutdown() {
+    py::gil_scoped_release unlocked;
+    engine_.reset();
+  }
 
  private:
   std::unique_ptr<Context> context_;
@@ -184,8 +260,18 @@ class PyFfn {
     engine_.reset();
     context_.reset();
   }
-  afd::FfnEngine& engine() { return *engine_; }
-  const Context& context() const { return *context_; }
+  afd::FfnEngine& engine() {
+    if (!engine_)
+      throw Error(HM_ERR_INVALID_ARGUMENT, "the engine was shut down (the interpreter is exiting)");
+    return *engine_;
+  }
+  Context& context() { return *context_; }
+  // At the interpreter's exit (the package's atexit hook): the engine tells its peers and stops
+  // its threads while everything it uses still exists. Its memory goes with it.
+  void shutdown() {
+    py::gil_scoped_release unlocked;
+    engine_.reset();
+  }
 
  private:
   std::unique_ptr<Context> context_;
@@ -201,7 +287,8 @@ struct PyPart {
 
 struct PyBatch {
   afd::Batch batch;
-  py::list parts;
+  py::object parts;              // a list of Part
+  const void* engine = nullptr;  // the FfnEngine it came from: only it may respond to it
 };
 
 py::dict peer_dict(const afd::PeerStatus& p) {
@@ -225,12 +312,18 @@ py::list peers_of(Engine& engine) {
 }  // namespace
 
 void bind_engines(py::module_& m) {
-  py::class_<PyStream>(m, "Stream", "A stream of an engine's device (engine.create_stream()).")
+  py::class_<PyStream>(m, "Stream", gc_visible<PyStream, &PyStream::owner>(),
+                       "A stream of an engine's device (engine.create_stream()).")
       .def(
           "synchronize",
           [](const PyStream& s, std::optional<double> timeout_ms) {
-            s.stream.synchronize(timeout_ms ? Timeout(static_cast<int64_t>(*timeout_ms * 1e6))
-                                            : kForever);
+            if (timeout_ms && !(*timeout_ms >= 0))
+              throw Error(HM_ERR_INVALID_ARGUMENT,
+                          fmt::format("timeout_ms {} is not >= 0", *timeout_ms));
+            s.stream.synchronize(timeout_ms && std::isfinite(*timeout_ms)
+                                     ? Timeout(static_cast<int64_t>(
+                                           std::min(*timeout_ms, 365.0 * 24 * 3600 * 1000) * 1e6))
+                                     : kForever);
           },
           py::arg("timeout_ms") = py::none(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("native_handle", &native_handle,
@@ -296,7 +389,7 @@ void bind_engines(py::module_& m) {
           [](PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
              const py::object& stream, int64_t attention_start_ns) {
             afd::PushOptions push;
-            push.ready.stream = stream_of(stream, *a.context().device);
+            push.ready.stream = stream_of(stream, a.context());
             push.tag = tag;
             push.attention_start_ns = attention_start_ns;
             py::gil_scoped_release unlocked;
@@ -348,13 +441,15 @@ void bind_engines(py::module_& m) {
             return make_stream(self, *self.cast<PyAttention&>().context().device);
           },
           "A stream of this engine's device, for push_pull(stream=...).")
+      .def("_shutdown", &PyAttention::shutdown)
       .def_property_readonly("epoch", [](PyAttention& a) { return a.engine().epoch(); })
       .def_property_readonly("rank", [](PyAttention& a) { return a.context().spec.rank; })
       .def_property_readonly("device",
                              [](PyAttention& a) { return a.context().device->selector(); })
       .def_property_readonly("config", [](PyAttention& a) { return a.context().config; });
 
-  py::class_<PyPart>(m, "Part", "One attention instance's part of a micro-batch.")
+  py::class_<PyPart>(m, "Part", gc_visible<PyPart, &PyPart::engine>(),
+                     "One attention instance's part of a micro-batch.")
       .def_property_readonly("rank", [](const PyPart& p) { return p.part.rank; })
       .def_property_readonly("epoch", [](const PyPart& p) { return p.part.epoch; })
       .def_property_readonly("sequence", [](const PyPart& p) { return p.part.sequence; })
@@ -382,7 +477,8 @@ void bind_engines(py::module_& m) {
                          p.context->config.model.f2a_dtype, *p.context->device, p.engine);
       });
 
-  py::class_<PyBatch>(m, "Batch", "A micro-batch as an FFN instance got it.")
+  py::class_<PyBatch>(m, "Batch", gc_visible<PyBatch, &PyBatch::parts>(),
+                      "A micro-batch as an FFN instance got it.")
       .def_property_readonly("micro_batch", [](const PyBatch& b) { return b.batch.micro_batch; })
       .def_readonly("parts", &PyBatch::parts);
 
@@ -402,17 +498,20 @@ void bind_engines(py::module_& m) {
               batch = f.engine().get_batch(timeout);
             }
             if (!batch) return std::nullopt;
-            PyBatch out{std::move(*batch), py::list()};
-            for (const auto& part : out.batch.parts)
-              out.parts.append(PyPart{part, self, &f.context()});
-            return out;
+            py::list parts;
+            for (const auto& part : batch->parts)
+              parts.append(PyPart{part, self, &f.context()});
+            return PyBatch{std::move(*batch), std::move(parts), &f};
           },
           py::arg("timeout_ms") = py::none(),
           "The next micro-batch, or None once every attention instance has left.")
       .def(
           "respond",
           [](PyFfn& f, const PyBatch& b, const py::object& stream, int64_t compute_start_ns) {
-            const Stream* after = stream_of(stream, *f.context().device);
+            if (b.engine != &f)
+              throw Error(HM_ERR_INVALID_ARGUMENT,
+                          "respond: this batch came from another FfnEngine's get_batch");
+            const Stream* after = stream_of(stream, f.context());
             py::gil_scoped_release unlocked;
             f.engine().respond(b.batch, after, compute_start_ns);
           },
@@ -424,6 +523,7 @@ void bind_engines(py::module_& m) {
           "create_stream",
           [](py::object self) { return make_stream(self, *self.cast<PyFfn&>().context().device); },
           "A stream of this engine's device, for respond(stream=...).")
+      .def("_shutdown", &PyFfn::shutdown)
       .def_property_readonly("epoch", [](PyFfn& f) { return f.engine().epoch(); })
       .def_property_readonly("rank", [](PyFfn& f) { return f.context().spec.rank; })
       .def_property_readonly("device", [](PyFfn& f) { return f.context().device->selector(); })

@@ -17,8 +17,13 @@ namespace {
 
 void raise_as_python(const Error& e) {
   py::object errors = py::module_::import("hetmesh._errors");
+  // A message may carry bytes from a peer, a plugin or a path: never let decoding them fail.
+  const std::string message = e.what();
+  py::object text = py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(
+      message.data(), static_cast<Py_ssize_t>(message.size()), "backslashreplace"));
+  if (!text) throw py::error_already_set();
   py::object error =
-      errors.attr("from_native")(static_cast<int>(e.status()), status_name(e.status()), e.what());
+      errors.attr("from_native")(static_cast<int>(e.status()), status_name(e.status()), text);
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
 }
 

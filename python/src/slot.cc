@@ -41,6 +41,10 @@ struct Exported {
 
 void delete_exported(DLManagedTensor* tensor) {
   auto* exported = static_cast<Exported*>(tensor->manager_ctx);
+  if (!Py_IsInitialized()) {  // a framework freed it after the interpreter ended: nothing to drop
+    delete exported;
+    return;
+  }
   PyGILState_STATE gil = PyGILState_Ensure();
   Py_XDECREF(exported->owner);
   PyGILState_Release(gil);
@@ -166,7 +170,7 @@ std::string Slot::repr() const {
 }
 
 void bind_slot(py::module_& m) {
-  py::class_<Slot>(m, "Slot",
+  py::class_<Slot>(m, "Slot", gc_visible<Slot, &Slot::owner_>(),
                    "A slot of an engine's registered memory. torch.from_dlpack(slot) and "
                    "numpy.from_dlpack(slot) see its bytes with no copy; fp8 slots come as uint8 "
                    "(hetmesh.as_tensor views them as torch.float8_e4m3fn where torch has it).")

@@ -55,8 +55,30 @@ class Slot {
   SlotLayout layout_;
   DLDevice device_{};
   py::object owner_;
+  friend void bind_slot(py::module_& m);
 };
 
 void bind_slot(py::module_& m);
+
+// A type setup that shows the garbage collector the Python object `T::*member` holds, so that a
+// cycle through it (an engine subclass that keeps its own slots or streams as attributes) is
+// collected instead of keeping the engine, its threads and its memory forever. For types made only
+// by C++ (never by Python's __init__), whose value always exists.
+template <typename T, py::object T::*Member>
+py::custom_type_setup gc_visible() {
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+    PyTypeObject* type = &heap_type->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
+      Py_VISIT(Py_TYPE(self));
+      Py_VISIT((py::cast<T&>(py::handle(self)).*Member).ptr());
+      return 0;
+    };
+    type->tp_clear = [](PyObject* self) {
+      py::cast<T&>(py::handle(self)).*Member = py::none();
+      return 0;
+    };
+  });
+}
 
 }  // namespace hetmesh::python

@@ -43,8 +43,12 @@ void bind_store(py::module_& m) {
           "address", [](const HostedStore& s) { return s.get().address(); },
           "host:port, for the engines' store=")
       .def(
-          "close", [](HostedStore& s) { s.server.reset(); },
-          py::call_guard<py::gil_scoped_release>(),
+          "close",
+          [](HostedStore& s) {
+            std::unique_ptr<TcpStoreServer> closing = std::move(s.server);  // under the GIL
+            py::gil_scoped_release unlocked;  // joins the store's threads
+            closing.reset();
+          },
           "Stops serving: every client's next call fails with PeerLostError.");
   m.def(
       "write_secret",

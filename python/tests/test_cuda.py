@@ -46,3 +46,29 @@ def test_slots_are_cuda_tensors_of_the_engines_memory_and_the_stream_orders_the_
     assert result.is_cuda and torch.equal(result.cpu(), expected * 3)
     a.finish()
     thread.join(30)
+
+
+def test_a_torch_stream_is_borrowed_and_orders_the_push(store, job):
+    job.update(attention_devices="cuda:0", ffn_devices="cpu:0", a2f_dtype="bf16")
+    got = {}
+
+    def ffn():
+        f = hetmesh.FfnEngine(rank=0, store=store.address, **job)
+        for batch in f.batches():
+            got.setdefault("tokens", []).append(torch.from_dlpack(batch.parts[0].tokens).clone())
+            f.respond(batch)
+
+    thread = threading.Thread(target=ffn)
+    thread.start()
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    tokens = torch.from_dlpack(a.tokens(0))
+    s = torch.cuda.Stream()
+    for value in (5, 7):  # the same torch stream twice: borrowed once, used twice
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(50_000_000)
+            tokens.fill_(value)
+        a.wait(a.push_pull(0, stream=s))
+    a.wait(a.push_pull(0, stream=s.cuda_stream))  # its raw handle, as an int
+    a.finish()
+    thread.join(30)
+    assert [int(t[0, 0]) for t in got["tokens"]] == [5, 7, 7]

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import hetmesh
+
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")
 
 
@@ -15,7 +17,8 @@ def test_the_small_job_of_the_python_page_runs_as_written(tmp_path):
     assert set(files) == {"ffn.py", "attention.py"}
     for name, code in files.items():
         (tmp_path / name).write_text(code)
+    package = os.path.dirname(os.path.dirname(hetmesh.__file__))  # as the test found it
     r = subprocess.run([sys.executable, "attention.py"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": package})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "tensor([[6., 6.," in r.stdout and "dtype=torch.bfloat16" in r.stdout

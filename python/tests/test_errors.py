@@ -91,15 +91,21 @@ def test_the_gil_is_free_while_an_engine_waits(store, job):
     def tick():
         while not stop.is_set():
             ticks.append(time.monotonic())
-            time.sleep(0.01)
+            time.sleep(0.005)
 
     thread = threading.Thread(target=tick)
     thread.start()
+    started = time.monotonic()
     with pytest.raises(hetmesh.TimeoutError):
         hetmesh.AttentionEngine(rank=0, store=store.address, **job)  # waits 1.5 s for its F
+    ended = time.monotonic()
     stop.set()
     thread.join()
-    assert len(ticks) > 50  # the other thread ran all along
+    during = [t for t in ticks if started <= t <= ended]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    assert ended - started >= 1.4 and len(during) > 2
+    # Held through the wait, the GIL would stop the other thread for the whole 1.5 s.
+    assert max(gaps) < 0.5, f"the other thread stood still for {max(gaps):.2f} s"
 
 
 def test_an_engine_used_after_finish_says_so(store, job):
@@ -121,22 +127,39 @@ def test_a_second_push_of_a_busy_micro_batch_is_refused(store, job, spawn):
     assert ffn.finish()[0] == 0
 
 
-def test_a_closed_store_fails_the_next_engine_clearly(job):
-    server = hetmesh.StoreServer()
-    address = server.address
-    server.close()
+def test_a_store_nobody_serves_fails_the_engine_clearly(job):
     job["timeout_ms"] = 500
-    with pytest.raises(hetmesh.Error, match=address):
-        hetmesh.FfnEngine(rank=0, store=address, **job)
+    with pytest.raises(hetmesh.Error, match="127.0.0.1:1"):  # nothing listens on port 1
+        hetmesh.FfnEngine(rank=0, store="127.0.0.1:1", **job)
+
+
+def test_a_closed_store_says_so(job):
+    server = hetmesh.StoreServer()
+    server.close()
+    server.close()  # twice is harmless
     with pytest.raises(hetmesh.InvalidArgumentError, match="closed"):
         server.address
+
+
+def test_timeouts_must_be_durations(store, job):
+    serve(store, job)
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    handle = a.push_pull(0)
+    for bad in (-1, float("nan")):
+        with pytest.raises(hetmesh.InvalidArgumentError, match="timeout_ms"):
+            a.wait(handle, timeout_ms=bad)
+    a.wait(handle, timeout_ms=float("inf"))  # forever is a duration
+    a.finish()
 
 
 def test_a_stream_that_is_not_the_engines_is_refused_with_what_to_do(store, job):
     serve(store, job)
     a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
-    with pytest.raises(hetmesh.InvalidArgumentError, match=r"expected a hetmesh.Stream .*got a "
-                                                           r"object.*ExternalStream"):
+    with pytest.raises(hetmesh.InvalidArgumentError, match=r"expected a hetmesh.Stream .*a "
+                                                           r"framework's CUDA stream .*got a object"):
         a.push_pull(0, stream=object())
+    with pytest.raises(hetmesh.NotSupportedError, match=r"cpu:0's plugin cannot take a "
+                                                        r"framework's stream"):
+        a.push_pull(0, stream=1234)  # a raw handle: only a plugin with stream_borrow takes one
     a.wait(a.push_pull(0, stream=a.create_stream()))  # the engine's own: accepted
     a.finish()

@@ -5,6 +5,7 @@ dtypes follow the job."""
 import gc
 import sys
 import threading
+import weakref
 
 import numpy
 import pytest
@@ -75,7 +76,8 @@ def test_shapes_and_dtypes_follow_the_job(store, job, a2f, f2a, a2f_torch, f2a_t
     thread.start()
     a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
     tokens = a.tokens(0)
-    assert tokens.shape == (5, 24) and tokens.dtype == {"fp8": "fp8"}.get(a2f, tokens.dtype)
+    assert tokens.shape == (5, 24)
+    assert tokens.dtype == {"fp8": "fp8", "bf16": "bfloat16", "fp16": "float16"}[a2f]
     assert torch.from_dlpack(tokens).dtype == a2f_torch
     result = torch.from_dlpack(a.result(0, 0))
     assert result.shape == (5, 24) and result.dtype == f2a_torch
@@ -105,15 +107,35 @@ def test_numpy_sees_the_same_bytes(store, job):
     a.finish()
 
 
-def test_a_tensor_keeps_its_engines_memory_alive(store, job):
+def test_a_tensor_keeps_its_engine_alive_and_lets_it_go(store, job):
     serve(store, job)
     a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    engine = weakref.ref(a)
     tokens = torch.from_dlpack(a.tokens(0))
     tokens.fill_(9)
     a.finish()
     del a
     gc.collect()
-    assert int(tokens.sum()) == 9 * tokens.numel()  # still the engine's memory, still mapped
+    assert engine() is not None  # the tensor holds it, so its memory is still mapped
+    assert int(tokens.sum()) == 9 * tokens.numel()
+    del tokens
+    gc.collect()
+    assert engine() is None  # the last tensor gone, the engine went
+
+
+def test_an_engine_that_keeps_its_own_slots_is_still_collected(store, job):
+    class Keeper(hetmesh.AttentionEngine):
+        pass
+
+    serve(store, job)
+    a = Keeper(rank=0, store=store.address, **job)
+    a.slots = [a.tokens(0), a.result(0, 0)]  # a cycle: the engine holds slots that hold it
+    a.stream = a.create_stream()
+    a.finish()
+    engine = weakref.ref(a)
+    del a
+    gc.collect()
+    assert engine() is None
 
 
 def test_capsules_and_tensors_give_their_reference_back(store, job):

@@ -48,6 +48,9 @@ class Device {
 
   Buffer allocate(uint64_t size, MemoryKind kind = MemoryKind::device) const;
   Stream create_stream(uint32_t flags = HM_STREAM_NON_BLOCKING) const;
+  // Takes charge of a stream of this device that a plugin's extension made (e.g. cuda's
+  // stream_borrow): stream_destroy when the Stream goes.
+  Stream adopt_stream(hm_stream stream) const;
   Event create_event(uint32_t flags = HM_EVENT_DEFAULT) const;
   PointerInfo query(const void* ptr) const;
 

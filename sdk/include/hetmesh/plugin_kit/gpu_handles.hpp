@@ -20,6 +20,7 @@ struct Stream {
   uint32_t magic = kMagic;
   int32_t device = 0;
   Native stream = nullptr;
+  bool borrowed = false;  // the application's stream (stream_borrow): never destroyed here
 };
 
 // A GPU event belongs to one device (a CUDA context, a HIP device), while an hm_event may be

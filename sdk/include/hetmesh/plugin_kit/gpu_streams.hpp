@@ -23,6 +23,19 @@ hm_status stream_create(int32_t device, uint32_t flags, hm_stream* out) {
   });
 }
 
+// For a vendor extension: an hm_stream over a runtime stream the application owns.
+template <typename V>
+hm_status stream_borrow(int32_t device, typename V::NativeStream native, hm_stream* out) {
+  return guarded("stream_borrow", [&] {
+    check_create(V::state(), device, out, 0, 0, "stream");
+    auto stream = std::make_unique<typename V::Stream>();
+    stream->device = device;
+    stream->stream = native;
+    stream->borrowed = true;
+    *out = reinterpret_cast<hm_stream>(stream.release());
+  });
+}
+
 template <typename V>
 hm_status stream_destroy(hm_stream stream) {
   return guarded("stream_destroy", [&] {
@@ -31,7 +44,7 @@ hm_status stream_destroy(hm_stream stream) {
     // Freed however the destroy ends: the runtime releases the stream after its pending work.
     std::unique_ptr<typename V::Stream> owned(&s);
     s.magic = 0;
-    V::destroy_stream(s);
+    if (!s.borrowed) V::destroy_stream(s);
   });
 }
 
