@@ -1,7 +1,8 @@
 // The real `hetmesh` binary refuses, at once and in words, what cannot work: a job too big for
 // this machine's memory (the demo and bench afd), a missing or unusable temporary folder, and any
 // other exception: one "hetmesh: error: ..." line and exit code 1, never an abort (exit 134) or
-// std::bad_alloc after minutes of swapping.
+// std::bad_alloc after minutes of swapping. And it keeps an operator's conventions: --version,
+// exit code 2 for usage errors, --json - and unwritable --json paths, `hetmesh config --print`.
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
@@ -117,6 +118,80 @@ TEST(CliRefusal, AnyExceptionIsPrintedNotAborted) {
   CliRun run = run_cli(
       {"demo", "--role", "ffn", "--rank", "5", "--store", "127.0.0.1:1", "--out", "/nonexistent"});
   expect_refused(run, {});
+}
+
+// ---- the conventions an operator expects of the command (ucx_info, ibv_devinfo, nccl-tests) ----
+
+TEST(CliConventions, VersionIsPrintedAndExitsZero) {
+  CliRun run = run_cli({"--version"});
+  EXPECT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_EQ(run.result.out, "hetmesh " + std::string(HETMESH_VERSION) + "\n");
+}
+
+TEST(CliConventions, UsageErrorsExitTwoAndNameWhatWasWrong) {
+  CliRun unknown = run_cli({"frobnicate"});
+  EXPECT_EQ(unknown.result.exit_code, 2);
+  EXPECT_NE(unknown.result.err.find("unknown command 'frobnicate' (commands: demo, info, bench"),
+            std::string::npos)
+      << unknown.result.err;
+  CliRun nested = run_cli({"bench", "latency"});
+  EXPECT_EQ(nested.result.exit_code, 2);
+  EXPECT_NE(nested.result.err.find("unknown command 'bench latency' (commands: transport, afd"),
+            std::string::npos)
+      << nested.result.err;
+  CliRun option = run_cli({"info", "--no-such-option"});
+  EXPECT_EQ(option.result.exit_code, 2);
+  EXPECT_NE(option.result.err.find("--no-such-option"), std::string::npos) << option.result.err;
+  CliRun value = run_cli({"bench", "afd", "--iterations", "many"});
+  EXPECT_EQ(value.result.exit_code, 2) << value.result.err;
+  EXPECT_EQ(run_cli({}).result.exit_code, 2);  // no command at all
+  EXPECT_EQ(run_cli({"--help"}).result.exit_code, 0);
+}
+
+TEST(CliConventions, InfoSaysItsVersionWhereItSearchedAndWhyAPluginHasNoDevices) {
+  const std::string dir = HETMESH_TEST_PLUGIN_DIR;
+  CliRun run = run_cli({"info"}, {"HETMESH_PLUGIN_PATH=" + dir, "HETMESH_ASIC_STUB_DEVICES=0"});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_EQ(run.result.out.rfind("hetmesh " + std::string(HETMESH_VERSION) + ", host ABI", 0), 0u)
+      << run.result.out;
+  EXPECT_NE(run.result.out.find("searched:\n  HETMESH_PLUGIN_PATH: " + dir), std::string::npos)
+      << run.result.out;
+  EXPECT_NE(run.result.out.find("(no devices: "), std::string::npos) << run.result.out;
+  CliRun json = run_cli({"info", "--json"}, {"HETMESH_ASIC_STUB_DEVICES=0"});
+  EXPECT_NE(json.result.out.find("\"hetmesh_version\": \"" + std::string(HETMESH_VERSION)),
+            std::string::npos);
+  EXPECT_NE(json.result.out.find("\"no_devices_because\""), std::string::npos);
+}
+
+TEST(CliConventions, JsonToAnUnwritablePathIsRefusedBeforeTheBenchmarkRuns) {
+  CliRun run = run_cli({"bench", "transport", "--transport", "tcp", "--sizes", "4K", "--iterations",
+                        "10", "--json", "/proc/no-such-folder/out.json"});
+  expect_refused(run, {"--json /proc/no-such-folder/out.json: cannot write there"});
+  EXPECT_EQ(run.result.out.find("one-way"), std::string::npos) << "it measured first:\n"
+                                                               << run.result.out;
+}
+
+TEST(CliConventions, JsonDashIsTheOnlyThingOnStandardOutput) {
+  CliRun run = run_cli({"bench", "transport", "--transport", "tcp", "--sizes", "4K", "--iterations",
+                        "10", "--json", "-"});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_EQ(run.result.out.front(), '{') << run.result.out;
+  EXPECT_EQ(run.result.out.find("json:"), std::string::npos) << run.result.out;
+  EXPECT_NE(run.result.err.find("4K"), std::string::npos) << "the table goes to stderr:\n"
+                                                          << run.result.err;
+}
+
+TEST(CliConventions, ConfigPrintShowsTheEffectiveConfig) {
+  test::TempDir dir;
+  std::ofstream(dir.file("job.toml")) << "[job]\nffn = 3\n[devices]\nffn = \"asic_stub:0\"\n";
+  CliRun run = run_cli({"config", "--print", "--config", dir.file("job.toml")});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_NE(run.result.out.find("ffn = 3"), std::string::npos) << run.result.out;
+  EXPECT_NE(run.result.out.find("ffn = \"asic_stub:0\""), std::string::npos) << run.result.out;
+  EXPECT_NE(run.result.out.find("[rendezvous]"), std::string::npos) << run.result.out;
+  EXPECT_NE(run.result.out.find("micro_batches = 3"), std::string::npos) << "defaults filled in";
+  std::ofstream(dir.file("bad.toml")) << "[job]\nffm = 3\n";
+  expect_refused(run_cli({"config", "--print", "--config", dir.file("bad.toml")}), {"ffm"});
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -255,7 +256,10 @@ std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::str
     return refuse(fmt::format("device_count() failed with {}: {}", status_name(status),
                               safe_last_error(api)));
   plugin->device_count_ = count;
-  if (count == 0) log(LogLevel::info, "{}: no devices: {}", path, safe_last_error(api));
+  if (count == 0) {
+    plugin->no_devices_reason_ = safe_last_error(api);
+    log(LogLevel::info, "{}: no devices: {}", path, plugin->no_devices_reason_);
+  }
   loaded()[handle] = Loaded{plugin, {}};
   log(LogLevel::debug, "loaded plugin {} {} from {} (ABI {}.{}, {} devices)", plugin->name_,
       plugin->version_, path, HM_DEVICE_PLUGIN_ABI_MAJOR, plugin->negotiated_minor_, count);
@@ -267,12 +271,20 @@ PluginRegistry PluginRegistry::load(const PluginLoadOptions& options) {
   std::vector<std::string> candidates;
   if (const char* forced = secure_getenv_compat("HETMESH_PLUGINS"); forced && *forced) {
     candidates = split(forced, ':');
+    registry.searched_.push_back(
+        fmt::format("HETMESH_PLUGINS: {} (nothing else searched)", forced));
   } else {
     candidates = options.explicit_paths;
+    if (!candidates.empty())
+      registry.searched_.push_back(
+          fmt::format("--plugin or [plugins] paths: {}", fmt::join(candidates, ", ")));
     if (options.search) {
-      for (const auto& dir : split(secure_getenv_compat("HETMESH_PLUGIN_PATH"), ':'))
+      for (const auto& dir : split(secure_getenv_compat("HETMESH_PLUGIN_PATH"), ':')) {
+        registry.searched_.push_back(fmt::format("HETMESH_PLUGIN_PATH: {}", dir));
         for (auto& p : plugins_in(dir))
           candidates.push_back(std::move(p));
+      }
+      registry.searched_.push_back(fmt::format("installed plugins: {}", installed_plugin_dir()));
       for (auto& p : plugins_in(installed_plugin_dir()))
         candidates.push_back(std::move(p));
     }

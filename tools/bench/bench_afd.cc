@@ -269,6 +269,7 @@ void add_bench_afd_command(CLI::App& bench) {
   cmd->add_option("--cpus", o->cpus, "internal")->delimiter(',')->group("");
   cmd->callback([o] {
     JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);
+    if (o->role.empty() && !o->json.empty()) o->json_out = std::make_shared<JsonOutput>(o->json);
     if (int rc = run_role(c, *o); rc != 0) throw CLI::RuntimeError(rc);
   });
 }

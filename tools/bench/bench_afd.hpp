@@ -8,6 +8,8 @@
 //   bench_afd_report.cc     the table and the JSON
 #pragma once
 
+#include "json_output.hpp"
+
 #include "job_options.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -15,6 +17,7 @@
 #include <hetmesh/afd/metrics.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +29,8 @@ struct AfdBenchOptions : JobLaunchOptions {  // role: attention, ffn, bare-atten
   int iterations = 200;
   int warmup = 20;
   std::string json;
-  std::string trace;         // Chrome trace of the engine's round trips
+  std::shared_ptr<JsonOutput> json_out;  // the launcher's, opened before the job starts
+  std::string trace;                     // Chrome trace of the engine's round trips
   std::string pin = "auto";  // auto, on, off: CPUs of its device's NUMA node per instance
   bool bare = true;          // also run the bare-transport baseline
   std::vector<int> cpus;     // internal: this instance's CPUs; empty: unpinned

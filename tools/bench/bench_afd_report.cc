@@ -21,11 +21,12 @@ void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
   const int instances = c.job.attention + c.job.ffn;
 
   fmt::print(
-      "hetmesh bench afd: {}A{}F, {} tokens x hidden {}, A2F {} ({} KiB per A per F), "
+      "hetmesh bench afd ({}): {}A{}F, {} tokens x hidden {}, A2F {} ({} KiB per A per F), "
       "F2A {} ({} KiB per A per F), {} micro-batches, transport {}, A on {}, F on {}\n",
-      c.job.attention, c.job.ffn, c.model.tokens, c.model.hidden, to_string(c.model.a2f_dtype),
-      r.a2f_bytes / 1024, to_string(c.model.f2a_dtype), r.f2a_bytes / 1024, c.job.micro_batches,
-      to_string(afd::single_host_transport(c)), c.devices.attention[0], c.devices.ffn[0]);
+      HETMESH_VERSION, c.job.attention, c.job.ffn, c.model.tokens, c.model.hidden,
+      to_string(c.model.a2f_dtype), r.a2f_bytes / 1024, to_string(c.model.f2a_dtype),
+      r.f2a_bytes / 1024, c.job.micro_batches, to_string(afd::single_host_transport(c)),
+      c.devices.attention[0], c.devices.ffn[0]);
   fmt::print("instances: {}\n",
              r.cpu_block_size > 0
                  ? fmt::format("each pinned to {} CPUs of {}, of its device's NUMA node where "
@@ -119,10 +120,7 @@ nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
 
 void report(const afd::JobConfig& c, const AfdBenchOptions& o, AfdBenchResults& results) {
   print_table(c, results);
-  if (!o.json.empty()) {
-    std::ofstream(o.json) << to_json(c, results).dump(2) << "\n";
-    fmt::print("json: {}\n", o.json);
-  }
+  if (o.json_out) o.json_out->write(to_json(c, results));
   if (!o.trace.empty()) fmt::print("trace: {}\n", o.trace);
 }
 

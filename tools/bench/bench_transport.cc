@@ -3,6 +3,7 @@
 // memcpy_async of the source memory into pinned host memory through its plugin, always; more for
 // some transports) and the ratios. A second copy of this program is the peer.
 #include "commands.hpp"
+#include "json_output.hpp"
 #include "provenance.hpp"
 
 #include <hetmesh/core/hex.hpp>
@@ -41,7 +42,8 @@ struct BenchOptions {
   int iterations = 300;
   int window = 8;
   std::string json;
-  bool busy_poll = false;  // verbs: the completion poller never sleeps
+  std::shared_ptr<JsonOutput> json_out;  // opened before the measuring starts
+  bool busy_poll = false;                // verbs: the completion poller never sleeps
   // ipc: the staging ring's geometry (TransportOptions)
   uint32_t staging_slots = TransportOptions{}.staging_slots;
   uint64_t staging_slot_kib = TransportOptions{}.staging_slot_bytes >> 10;
@@ -473,10 +475,7 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
     }
     if (r.tool_lat_us > 0) out["rows"].back()["ib_write_lat_typical_us"] = r.tool_lat_us;
   }
-  if (!o.json.empty()) {
-    std::ofstream(o.json) << out.dump(2) << "\n";
-    fmt::print("json: {}\n", o.json);
-  }
+  if (o.json_out) o.json_out->write(out);
 }
 
 // The measured end, connected to its peer.
@@ -662,6 +661,7 @@ void add_bench_transport_command(CLI::App& bench) {
     for (const auto& s : o->sizes)
       size = std::max(size, parse_size(s));
     if (o->peer) std::exit(run_peer(*o, size));
+    if (!o->json.empty()) o->json_out = std::make_shared<JsonOutput>(o->json);
     if (!o->listen.empty()) std::exit(run_listening(*o, size));
     run_bench(*o);
   });

@@ -7,6 +7,8 @@ namespace hetmesh::cli {
 
 // Registers `hetmesh info` on `app`.
 void add_info_command(CLI::App& app);
+// Registers `hetmesh config` (--print: the effective job config of a file, or the default).
+void add_config_command(CLI::App& app);
 
 // Registers `hetmesh bench transport` on the `bench` subcommand.
 void add_bench_transport_command(CLI::App& bench);

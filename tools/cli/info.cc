@@ -52,6 +52,8 @@ nlohmann::json place_json(const Topology& topology, const std::string& pci) {
 
 nlohmann::json to_json(const PluginRegistry& registry) {
   nlohmann::json out;
+  out["hetmesh_version"] = HETMESH_VERSION;
+  out["searched"] = registry.searched();
   out["host_abi"] = fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, HM_DEVICE_PLUGIN_ABI_MINOR);
   const Topology topology = Topology::of_this_machine();
   out["topology"] = {{"numa_nodes", topology.numa_nodes()},
@@ -79,7 +81,8 @@ nlohmann::json to_json(const PluginRegistry& registry) {
          {"abi", fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, p->plugin_abi_minor())},
          {"negotiated_abi",
           fmt::format("{}.{}", HM_DEVICE_PLUGIN_ABI_MAJOR, p->negotiated_abi_minor())},
-         {"devices", devices}});
+         {"devices", devices},
+         {"no_devices_because", p->no_devices_reason()}});
   }
   out["refused"] = nlohmann::json::array();
   for (const auto& r : registry.refused())
@@ -117,7 +120,8 @@ nlohmann::json to_json(const PluginRegistry& registry) {
 }
 
 void print_text(const nlohmann::json& info) {
-  fmt::print("hetmesh host ABI {}\n", info["host_abi"].get<std::string>());
+  fmt::print("hetmesh {}, host ABI {}\n", info["hetmesh_version"].get<std::string>(),
+             info["host_abi"].get<std::string>());
   const auto& topology = info["topology"];
   if (topology["unknown_because"].get<std::string>().empty())
     fmt::print("machine: {} NUMA node(s) (hwloc)\n", topology["numa_nodes"].get<int>());
@@ -128,7 +132,10 @@ void print_text(const nlohmann::json& info) {
     fmt::print("  {:<10} version {:<8} ABI {} (negotiated {})  {}\n", p["name"].get<std::string>(),
                p["version"].get<std::string>(), p["abi"].get<std::string>(),
                p["negotiated_abi"].get<std::string>(), p["path"].get<std::string>());
-    if (p["devices"].empty()) fmt::print("    (no devices)\n");
+    if (p["devices"].empty()) {
+      const std::string why = p["no_devices_because"].get<std::string>();
+      fmt::print("    (no devices{})\n", why.empty() ? "" : ": " + why);
+    }
     for (const auto& d : p["devices"]) {
       std::string pci = d["pci_bus_id"].get<std::string>();
       fmt::print("    {:<12} {} [{}]  memory {} MiB  pci {}  numa {}  dlpack {}\n",
@@ -169,6 +176,9 @@ void print_text(const nlohmann::json& info) {
                d["device_memory_path"].get<std::string>(), d["dmabuf_detail"].get<std::string>(),
                d["peermem"].get<bool>() ? "loaded" : "absent");
   }
+  fmt::print("\nsearched:\n");
+  for (const auto& where : info["searched"])
+    fmt::print("  {}\n", where.get<std::string>());
   fmt::print("\nrefused ({}):\n", info["refused"].size());
   for (const auto& r : info["refused"])
     fmt::print("  {}\n    {}\n", r["path"].get<std::string>(), r["reason"].get<std::string>());

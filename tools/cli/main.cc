@@ -1,5 +1,6 @@
 // hetmesh: the command line entry point. Every failure that reaches here is printed as one line,
-// "hetmesh: error: ...", with exit code 1: never an uncaught exception (abort, exit 134).
+// "hetmesh: error: ...", with exit code 1, and a usage error (an unknown command or option, a
+// missing or malformed value) with exit code 2: never an uncaught exception (abort, exit 134).
 #include "commands.hpp"
 
 #include "demo_command.hpp"
@@ -11,9 +12,30 @@
 #include <filesystem>
 #include <new>
 
+namespace {
+
+constexpr int kUsageError = 2;
+
+// The subcommand of `app` named `word`, or nullptr.
+const CLI::App* find_command(const CLI::App& app, const char* word) {
+  for (const CLI::App* sub : app.get_subcommands({}))
+    if (sub->check_name(word)) return sub;
+  return nullptr;
+}
+
+std::string command_names(const CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands({}))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  return names;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   hetmesh::init_logging();  // environment warnings (a typo in HETMESH_*) come first
   CLI::App app{"hetmesh: vendor-neutral attention-FFN disaggregation"};
+  app.set_version_flag("--version", "hetmesh " HETMESH_VERSION);
   app.require_subcommand(1);
   hetmesh::demo::add_demo_command(app);
   hetmesh::cli::add_info_command(app);
@@ -22,10 +44,27 @@ int main(int argc, char** argv) {
   hetmesh::cli::add_bench_transport_command(*bench);
   hetmesh::cli::add_bench_afd_command(*bench);
   hetmesh::cli::add_bench_faults_command(*bench);
+  hetmesh::cli::add_config_command(app);
+  // An unknown command is named as one (CLI11 would say "arguments were not expected"): the
+  // first word, and the word after a command that has commands of its own (bench).
+  const CLI::App* level = &app;
+  for (int at = 1; at < argc && level != nullptr && argv[at][0] != '-'; ++at) {
+    const CLI::App* command = find_command(*level, argv[at]);
+    if (command == nullptr) {
+      std::fprintf(stderr, "hetmesh: error: unknown command '%s%s%s' (commands: %s; see --help)\n",
+                   level == &app ? "" : level->get_name().c_str(), level == &app ? "" : " ",
+                   argv[at], command_names(*level).c_str());
+      return kUsageError;
+    }
+    level = command->get_subcommands({}).empty() ? nullptr : command;
+  }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {  // a command's own exit status, e.g. an instance's
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int status = app.exit(e);  // prints the help, the version or the usage error
+    return status == 0 ? 0 : kUsageError;
   } catch (const hetmesh::Error& e) {
     std::fprintf(stderr, "hetmesh: error: %s\n", e.what());
     return 1;

@@ -395,10 +395,11 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
 
   afd::JobStore store(c, o.store, local.everything(c), dir);
   fmt::print(
-      "hetmesh demo: {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
+      "hetmesh demo ({}): {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
       "hidden {}, A on {}, F on {}, transport {}\n",
-      c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches, c.model.tokens, c.model.hidden,
-      c.devices.attention[0], c.devices.ffn[0], to_string(afd::single_host_transport(c)));
+      HETMESH_VERSION, c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches,
+      c.model.tokens, c.model.hidden, c.devices.attention[0], c.devices.ffn[0],
+      to_string(afd::single_host_transport(c)));
   if (!local.everything(c)) fmt::print("{}\n", afd::describe_share(local, store));
   if (auto advice = afd::shared_device_advice(c)) fmt::print("{}\n", *advice);
   std::fflush(stdout);  // an invocation on another host needs the store's address now

@@ -39,6 +39,9 @@ class Plugin {
   // min(host minor, plugin minor): the operations both sides know.
   uint32_t negotiated_abi_minor() const { return negotiated_minor_; }
   int32_t device_count() const { return device_count_; }
+  // Why a plugin with no devices has none, in its own words (its last_error after initialize),
+  // e.g. "no CUDA driver (libcuda.so.1: cannot open shared object file)"; "" when it has devices.
+  const std::string& no_devices_reason() const { return no_devices_reason_; }
   // The plugin's table, copied into a full-size table whose slots past the plugin's struct_size
   // are NULL.
   const hm_device_plugin_api& api() const { return api_; }
@@ -50,7 +53,7 @@ class Plugin {
  private:
   friend std::shared_ptr<Plugin> load_plugin_file(const std::string&, const std::string&,
                                                   std::string*);
-  std::string path_, name_, version_;
+  std::string path_, name_, version_, no_devices_reason_;
   uint32_t plugin_minor_ = 0, negotiated_minor_ = 0;
   int32_t device_count_ = 0;
   hm_device_plugin_api api_{};
@@ -80,6 +83,9 @@ class PluginRegistry {
 
   const std::vector<std::shared_ptr<Plugin>>& plugins() const { return plugins_; }
   const std::vector<RefusedPlugin>& refused() const { return refused_; }
+  // Where this load looked, in order: "HETMESH_PLUGINS: a.so:b.so (nothing else searched)",
+  // "--plugin or [plugins] paths: x.so", "HETMESH_PLUGIN_PATH: /dir", "installed plugins: /dir".
+  const std::vector<std::string>& searched() const { return searched_; }
   std::shared_ptr<Plugin> find(const std::string& name) const;
 
   // Every device of every plugin, in plugin order.
@@ -90,6 +96,7 @@ class PluginRegistry {
  private:
   std::vector<std::shared_ptr<Plugin>> plugins_;
   std::vector<RefusedPlugin> refused_;
+  std::vector<std::string> searched_;
 };
 
 // The folder installed plugins live in, derived from where libhetmesh.so is.
