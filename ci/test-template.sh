@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the plugin template (sdk/template) out of tree from an installed hetmesh SDK only, as a
 # vendor would, installs it, and checks that hetmesh loads it and it passes the conformance kit.
+# Then checks the rest of the install as its users meet it: the pkg-config files (a plugin source
+# and an application built with them alone), the example configs and docs, the Python package.
 #
 #   ci/test-template.sh [PREFIX [WORKDIR]]
 #
@@ -57,5 +59,39 @@ echo "== hetmesh-cts"
 "$prefix/bin/hetmesh-cts" --plugin "$so" --plugin "$prefix/lib/hetmesh/plugins/libhetmesh-device-cpu.so" \
   --junit "$work/cts-mychip.xml" --gtest_brief=1
 # -------------------------------------------------------------------------------------------------
+
+# ---- the rest of the install ---------------------------------------------------------------------
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+echo "== pkg-config hetmesh-sdk: a plugin source compiles with its flags alone"
+printf '#include <hetmesh/device_plugin.h>\nint abi_major(void) { return HM_DEVICE_PLUGIN_ABI_MAJOR; }\n' >"$work/abi.c"
+# shellcheck disable=SC2046 # pkg-config's words are separate flags
+cc -Werror -c $(pkg-config --cflags hetmesh-sdk) "$work/abi.c" -o "$work/abi.o"
+[[ $(pkg-config --variable=plugindir hetmesh-sdk) == "$prefix/lib/hetmesh/plugins" ]] ||
+  die "hetmesh-sdk.pc names another plugin folder: $(pkg-config --variable=plugindir hetmesh-sdk)"
+
+echo "== pkg-config hetmesh: an application builds and finds the installed plugins"
+cat >"$work/app.cc" <<'APP'
+#include <hetmesh/core/device.hpp>
+#include <cstdio>
+int main() {
+  for (const auto& d : hetmesh::PluginRegistry::load().devices()) std::printf("%s\n", d.selector().c_str());
+}
+APP
+# shellcheck disable=SC2046
+c++ -Werror "$work/app.cc" -o "$work/app" $(pkg-config --cflags --libs hetmesh) -Wl,-rpath,"$prefix/lib"
+"$work/app" | tee "$work/app.txt"
+grep -qx 'cpu:0' "$work/app.txt" || die "the application built with pkg-config found no cpu:0"
+
+echo "== example configs and docs"
+[[ -f $prefix/share/hetmesh/examples/configs/2a2f-cpu-tcp.toml ]] || die "the example configs are not installed"
+[[ -f $prefix/share/hetmesh/examples/python/moe_layer.py ]] || die "the Python example is not installed"
+[[ -f $prefix/share/doc/hetmesh/python.md ]] || die "the docs are not installed"
+
+if [[ -d $prefix/lib/python3/dist-packages/hetmesh ]]; then
+  echo "== the installed Python package"
+  PYTHONPATH="$prefix/lib/python3/dist-packages" /usr/bin/python3 -c \
+    "import hetmesh; print(hetmesh.__version__, [d['selector'] for d in hetmesh.devices()])" | tee "$work/python.txt"
+  grep -q "'cpu:0'" "$work/python.txt" || die "the installed Python package found no cpu:0"
+fi
 
 echo "test-template: ok"
