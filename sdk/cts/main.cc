@@ -101,12 +101,10 @@ int main(int argc, char** argv) {
   (void)gtest_status;  // our verdict applies the expectations
 
   cts::Verdict verdict = cts::judge(recorder->records(), expectations);
-  if (!options.junit.empty()) cts::write_junit(options.junit, recorder->records(), verdict);
-  cts::print_summary(env, recorder->records(), verdict, options.plugins);
-
-  bool refused_requested = false;
   for (const auto& r : env.registry.refused())
     for (const auto& p : options.plugins)
-      refused_requested |= (r.path == p);
-  return verdict.conformant() && !refused_requested ? 0 : 1;
+      if (r.path == p) verdict.refused_requested.push_back(r.path + ": " + r.reason);
+  if (!options.junit.empty()) cts::write_junit(options.junit, recorder->records(), verdict);
+  cts::print_summary(env, recorder->records(), verdict, options.plugins);
+  return verdict.conformant() ? 0 : 1;
 }

@@ -207,8 +207,9 @@ void write_junit(const std::string& path, const std::vector<TestRecord>& records
   }
   out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   out << fmt::format("<testsuites name=\"hetmesh-cts\" tests=\"{}\" failures=\"{}\">\n",
-                     records.size(),
-                     verdict.count(Outcome::fail) + verdict.count(Outcome::unexpected_pass));
+                     records.size() + verdict.refused_requested.size(),
+                     verdict.count(Outcome::fail) + verdict.count(Outcome::unexpected_pass) +
+                         verdict.refused_requested.size());
   for (const auto& [suite, indices] : suites) {
     int failures = 0, skipped = 0;
     for (size_t i : indices) {
@@ -247,6 +248,16 @@ void write_junit(const std::string& path, const std::vector<TestRecord>& records
       }
       out << "    </testcase>\n";
     }
+    out << "  </testsuite>\n";
+  }
+  if (!verdict.refused_requested.empty()) {  // a requested plugin that was refused fails the run
+    out << fmt::format("  <testsuite name=\"RequestedPlugins\" tests=\"{0}\" failures=\"{0}\">\n",
+                       verdict.refused_requested.size());
+    for (const auto& refused : verdict.refused_requested)
+      out << fmt::format(
+          "    <testcase classname=\"RequestedPlugins\" name=\"Loaded\">"
+          "<failure message=\"refused: {}\"/></testcase>\n",
+          xml_escape(refused));
     out << "  </testsuite>\n";
   }
   out << "</testsuites>\n";
@@ -295,6 +306,11 @@ void print_summary(const Environment& env, const std::vector<TestRecord>& record
   }
   for (const auto& name : verdict.unruled)
     fmt::print("NO RULE           {}: the test names no ABI rule (a bug of hetmesh-cts)\n", name);
+  for (const auto& refused : verdict.refused_requested)
+    fmt::print(
+        "REFUSED           {}: a plugin named with --plugin was not loaded, so none of it "
+        "was tested\n",
+        refused);
   fmt::print("\nverdict: {}\n", verdict.conformant() ? "CONFORMANT" : "NOT CONFORMANT");
 }
 

@@ -60,9 +60,13 @@ struct Verdict {
   std::vector<std::string> notes;                          // parallel: reason for expected failures
   std::map<std::string, std::map<Outcome, int>> by_group;  // plugin name, "pairs", "loader"
   std::vector<std::string> unruled;  // tests that named no rule: a bug of the kit itself
+  // Plugins named with --plugin that the loader refused ("path: reason"): nothing of theirs was
+  // tested, so the run cannot vouch for them.
+  std::vector<std::string> refused_requested;
   int count(Outcome o) const;
   bool conformant() const {
-    return count(Outcome::fail) == 0 && count(Outcome::unexpected_pass) == 0 && unruled.empty();
+    return count(Outcome::fail) == 0 && count(Outcome::unexpected_pass) == 0 && unruled.empty() &&
+           refused_requested.empty();
   }
 };
 

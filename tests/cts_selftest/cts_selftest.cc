@@ -127,12 +127,31 @@ TEST(CtsSelfTest, PluginShippedListIsFoundBesideTheLibrary) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
+// A plugin named with --plugin that is refused makes the run NOT CONFORMANT, in the printed
+// verdict, the exit code and the JUnit file alike: nothing of it was tested.
 TEST(CtsSelfTest, RefusedPluginIsAFailure) {
-  CtsRun r = run_cts({"--plugin", "/nonexistent/libhetmesh-device-ghost.so"});
+  const std::string junit = (scratch_dir() / "refused.xml").string();
+  CtsRun r = run_cts({"--plugin", "/nonexistent/libhetmesh-device-ghost.so", "--junit", junit});
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("REFUSED (requested): /nonexistent/libhetmesh-device-ghost.so"),
             std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find("verdict: NOT CONFORMANT"), std::string::npos) << r.out;
+  std::stringstream xml;
+  xml << std::ifstream(junit).rdbuf();
+  EXPECT_NE(xml.str().find("<testsuite name=\"RequestedPlugins\" tests=\"1\" failures=\"1\">"),
+            std::string::npos)
+      << xml.str();
+}
+
+// The deliberately broken ABI plugins are the loader tests' subject: their refusals are checked
+// there, not printed as warnings of every run.
+TEST(CtsSelfTest, TheBrokenAbiPluginsAreNotWarnedAbout) {
+  std::vector<std::string> argv = {HETMESH_CTS_PATH, "--gtest_filter=Abi*:Abi/*"};
+  hetmesh::ProcessResult r = hetmesh::run_process(argv, std::chrono::minutes(5));
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ((r.out + r.err).find("refused plugin"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("verdict: CONFORMANT"), std::string::npos) << r.out;
 }
 
 }  // namespace
