@@ -120,6 +120,20 @@ TEST(CliRefusal, AnyExceptionIsPrintedNotAborted) {
   expect_refused(run, {});
 }
 
+// Across hosts, the --listen end serves one region, sized by its own --sizes: a measuring end
+// whose sizes go further is told so at once, not by a write's bounds check.
+TEST(CliRefusal, AListenEndTooSmallForTheSizesIsNamed) {
+  ChildProcess listener({HETMESH_CLI, "bench", "transport", "--transport", "tcp", "--listen",
+                         "127.0.0.1:0", "--sizes", "4K"});
+  std::string line = listener.read_line(std::chrono::seconds(30));
+  auto at = line.find("serving at ");
+  ASSERT_NE(at, std::string::npos) << line;
+  std::string address = line.substr(at + 11, line.find(';', at) - at - 11);
+  CliRun run = run_cli({"bench", "transport", "--transport", "tcp", "--connect", address, "--sizes",
+                        "1M", "--iterations", "10"});
+  expect_refused(run, {"serves 4096 bytes (the largest of its --sizes)", "reach 1048576"});
+}
+
 // ---- the conventions an operator expects of the command (ucx_info, ibv_devinfo, nccl-tests) ----
 
 TEST(CliConventions, VersionIsPrintedAndExitsZero) {

@@ -544,6 +544,12 @@ Pair pair_across_hosts(const BenchOptions& o, uint64_t max_size) {
   auto peer_endpoint = p.store->get("bench/server/endpoint", kWait);
   p.connection = p.end->transport->connect(peer_endpoint, kWait);
   p.target = p.connection->import_region(p.store->get("bench/server/region", kWait));
+  if (p.target->size() < max_size)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("the --listen end at {} serves {} bytes (the largest of its --sizes), "
+                            "and this end's --sizes go up to {}: start it with --sizes that "
+                            "reach {}",
+                            o.connect, p.target->size(), max_size, max_size));
   return p;
 }
 
