@@ -1,9 +1,12 @@
 // hetmesh-cts: runs the conformance suite over every device the loader finds (or the plugins
 // named with --plugin), applies each plugin's known-failure list, writes JUnit XML and prints a
-// summary. Exit status 0 means conformant: no unexpected failure and no unexpected pass.
+// summary. Exit status 0 means conformant: no unexpected failure and no unexpected pass. The tests
+// run in a child process under a deadline each (supervise.hpp): a plugin that hangs or crashes a
+// test fails that test, and the run goes on.
 #include "cts.hpp"
 #include "ipc_peer.hpp"
 #include "report.hpp"
+#include "supervise.hpp"
 
 #include <hetmesh/core/subprocess.hpp>
 
@@ -19,6 +22,7 @@ const char kUsage[] = R"(usage: hetmesh-cts [options] [gtest options]
   --expectations FILE  known failures (repeatable), in addition to each plugin's own
                        <plugin .so path>.cts-expected file
   --junit FILE         write JUnit XML here
+  --test-timeout S     fail a test that runs longer than S seconds, and go on (default 120)
   --gtest_filter=...   and the other GoogleTest options select and repeat tests
 
 Known-failure files hold one test-name glob per line, '#' starts a comment. A listed test that
@@ -29,6 +33,10 @@ struct Options {
   std::vector<std::string> plugins;
   std::vector<std::string> expectation_files;
   std::string junit;
+  int test_timeout_s = 120;
+  int report_fd = -1;                   // in the supervised child: where its reports go
+  std::vector<std::string> child_args;  // what a child gets: --plugin and GoogleTest's options
+  bool unsupervised = false;            // listing or help: GoogleTest answers, nothing runs
 };
 
 // Takes our options out of argv, leaving GoogleTest's.
@@ -43,17 +51,27 @@ bool parse(int& argc, char** argv, Options* options) {
       else
         *one = argv[++i];
     };
-    if (arg == "--plugin")
+    if (arg == "--plugin") {
       value(&options->plugins, nullptr);
-    else if (arg == "--expectations")
+      options->child_args.insert(options->child_args.end(), {"--plugin", options->plugins.back()});
+    } else if (arg == "--expectations") {
       value(&options->expectation_files, nullptr);
-    else if (arg == "--junit")
+    } else if (arg == "--junit") {
       value(nullptr, &options->junit);
-    else if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
+    } else if (arg == "--test-timeout") {
+      std::string seconds;
+      value(nullptr, &seconds);
+      options->test_timeout_s = std::stoi(seconds);
+      if (options->test_timeout_s <= 0) throw std::runtime_error("--test-timeout must be > 0");
+    } else if (arg.rfind("--cts-report-fd=", 0) == 0) {
+      options->report_fd = std::stoi(arg.substr(16));
+    } else {
+      if (arg == "-h" || arg == "--help") std::fputs(kUsage, stdout);
+      if (arg == "-h" || arg == "--help" || arg.rfind("--gtest_list_tests", 0) == 0)
+        options->unsupervised = true;
+      options->child_args.push_back(arg);
       argv[kept++] = argv[i];
-    } else
-      argv[kept++] = argv[i];
+    }
   }
   argc = kept;
   return true;
@@ -94,17 +112,28 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  testing::InitGoogleTest(&argc, argv);
-  auto* recorder = new cts::Recorder;  // owned by gtest's listener list
-  testing::UnitTest::GetInstance()->listeners().Append(recorder);
-  int gtest_status = RUN_ALL_TESTS();
-  (void)gtest_status;  // our verdict applies the expectations
+  std::vector<cts::TestRecord> records;
+  if (options.report_fd >= 0 || options.unsupervised) {  // the child, or GoogleTest's own answers
+    testing::InitGoogleTest(&argc, argv);
+    auto* recorder = new cts::Recorder;  // owned by gtest's listener list
+    testing::UnitTest::GetInstance()->listeners().Append(recorder);
+    if (options.report_fd >= 0) cts::report_to(options.report_fd);
+    int gtest_status = RUN_ALL_TESTS();
+    if (options.report_fd >= 0 || options.unsupervised) return gtest_status;
+  }
+  try {
+    records = cts::run_supervised(env.self, options.child_args,
+                                  std::chrono::seconds(options.test_timeout_s));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hetmesh-cts: cannot run the tests: %s\n", e.what());
+    return 2;
+  }
 
-  cts::Verdict verdict = cts::judge(recorder->records(), expectations);
+  cts::Verdict verdict = cts::judge(records, expectations);
   for (const auto& r : env.registry.refused())
     for (const auto& p : options.plugins)
       if (r.path == p) verdict.refused_requested.push_back(r.path + ": " + r.reason);
-  if (!options.junit.empty()) cts::write_junit(options.junit, recorder->records(), verdict);
-  cts::print_summary(env, recorder->records(), verdict, options.plugins);
+  if (!options.junit.empty()) cts::write_junit(options.junit, records, verdict);
+  cts::print_summary(env, records, verdict, options.plugins);
   return verdict.conformant() ? 0 : 1;
 }

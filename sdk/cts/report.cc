@@ -1,4 +1,5 @@
 #include "report.hpp"
+#include "supervise.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -36,8 +37,11 @@ void add_unique(std::vector<std::string>* list, const std::string& item) {
 }  // namespace
 
 void check_rule(const char* id) {
-  std::lock_guard lock(rule_log().mutex);
-  rule_log().named.push_back(id);
+  {
+    std::lock_guard lock(rule_log().mutex);
+    rule_log().named.push_back(id);
+  }
+  report_rule(id);  // to the supervising parent, if any: a test that hangs or crashes names it
 }
 
 std::string TestRecord::rule_tag() const {
@@ -49,7 +53,8 @@ std::string TestRecord::rule_tag() const {
   return fmt::format("[{}]", fmt::join(unique, ", "));
 }
 
-void Recorder::OnTestStart(const testing::TestInfo&) {
+void Recorder::OnTestStart(const testing::TestInfo& info) {
+  report_start(fmt::format("{}.{}", info.test_suite_name(), info.name()));
   std::lock_guard lock(rule_log().mutex);
   rule_log().named.clear();
 }
@@ -84,6 +89,7 @@ void Recorder::OnTestEnd(const testing::TestInfo& info) {
       add_unique(&record.rules, rule);
   }
   records_.push_back(std::move(record));
+  report_record(records_.back());
 }
 
 void Expectations::load_if_present(const std::string& path, const std::string& owner) {

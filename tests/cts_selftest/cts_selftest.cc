@@ -127,6 +127,41 @@ TEST(CtsSelfTest, PluginShippedListIsFoundBesideTheLibrary) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 
+// A plugin that hangs one slot and crashes in another (vendor bugs that used to hang the kit or
+// take it down with no summary): each test that meets them fails, naming the test, its device and
+// the rule it was checking; the tests after them still run; the summary and JUnit are written.
+TEST(CtsSelfTest, AHangingOrCrashingPluginFailsThoseTestsAndTheRunGoesOn) {
+  const std::string junit = (scratch_dir() / "supervised.xml").string();
+  hetmesh::ProcessResult r = hetmesh::run_process(
+      {"/usr/bin/env", "HETMESH_LIAR_HANG=1", "HETMESH_LIAR_CRASH=1", HETMESH_CTS_PATH, "--plugin",
+       HETMESH_LIAR_PLUGIN, "--test-timeout", "3", "--junit", junit},
+      std::chrono::minutes(5));
+  for (std::string* text : {&r.out, &r.err})
+    for (size_t at; (at = text->find("[  SKIPPED ]")) != std::string::npos;)
+      text->replace(at, 12, "[  skipped ]");
+  EXPECT_EQ(r.signal, 0) << r.describe();
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("HostCallbacksRunInStreamOrder/liar_0: [HM-R31] hung: not done within 3 s"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("EventTimingMeasuresElapsedTime/liar_0: [HM-R32] crashed the kit's "
+                       "process: signal 11"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("FAILED            Device/DeviceTest.HostCallbacksRunInStreamOrder/liar_0 "
+                       "[HM-R31]"),
+            std::string::npos)
+      << r.out;
+  // The tests after the crash and the hang ran: the IPC lies, which come later, are found.
+  EXPECT_NE(r.out.find("FAILED            Device/DeviceTest.IpcOpenRejectsGarbageHandle/liar_0"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("verdict: NOT CONFORMANT"), std::string::npos) << r.out;
+  std::stringstream xml;
+  xml << std::ifstream(junit).rdbuf();
+  EXPECT_NE(xml.str().find("hung: not done within 3 s"), std::string::npos) << xml.str();
+}
+
 // A plugin named with --plugin that is refused makes the run NOT CONFORMANT, in the printed
 // verdict, the exit code and the JUnit file alike: nothing of it was tested.
 TEST(CtsSelfTest, RefusedPluginIsAFailure) {

@@ -1,13 +1,18 @@
 // A plugin that lies, for testing the conformance kit itself: it claims HM_CAP_IPC but leaves the
 // IPC slots NULL. Everything else is the cpu plugin's behaviour. hetmesh-cts must fail exactly the
-// IPC tests on it, or accept them as expected failures when listed.
+// IPC tests on it, or accept them as expected failures when listed. Two worse vendor bugs on
+// demand, for the kit's supervision: HETMESH_LIAR_HANG=1 makes stream_add_callback never return,
+// HETMESH_LIAR_CRASH=1 makes event_elapsed_ms write through a null pointer (SIGSEGV).
 #include <hetmesh/device_plugin.h>
 #include <hetmesh/plugin_kit/host_memory.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>
 #include <hetmesh/plugin_kit/options.hpp>
 #include <hetmesh/plugin_kit/table.hpp>
 
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <memory>
 
 namespace {
@@ -82,6 +87,16 @@ hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size
   });
 }
 
+hm_status hanging_add_callback(hm_stream, hm_host_fn, void*) {
+  for (;;)
+    std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+hm_status crashing_elapsed_ms(hm_event, hm_event, float*) {
+  std::raise(SIGSEGV);
+  return HM_ERR_INTERNAL;
+}
+
 int32_t hook_device_count() {
   return g_memory ? g_memory->device_count() : 0;
 }
@@ -100,6 +115,8 @@ hm_device_plugin_api make_table() {
   t.memcpy_async = memcpy_async;
   t.memset_async = memset_async;
   hm::kit::install_host_streams(&t, {hook_device_count, hook_host_view});
+  if (std::getenv("HETMESH_LIAR_HANG")) t.stream_add_callback = hanging_add_callback;
+  if (std::getenv("HETMESH_LIAR_CRASH")) t.event_elapsed_ms = crashing_elapsed_ms;
   return t;
 }
 
