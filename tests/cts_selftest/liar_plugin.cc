@@ -12,8 +12,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <memory>
+#include <thread>
 
 namespace {
 
