@@ -13,17 +13,20 @@
 namespace hetmesh::cli {
 
 void add_config_command(CLI::App& app) {
-  auto path = std::make_shared<std::string>();
+  struct Options {
+    std::string path;
+    bool print = false;  // the one thing the command does; the flag says so on the command line
+  };
+  auto o = std::make_shared<Options>();  // owned by the callback: CLI11 writes into it
   CLI::App* config = app.add_subcommand("config", "Show the effective job config");
-  config->add_option("--config", *path, "job config (TOML); default: the default job");
-  auto print = std::make_shared<bool>(false);
-  config->add_flag("--print", *print,
+  config->add_option("--config", o->path, "job config (TOML); default: the default job");
+  config->add_flag("--print", o->print,
                    "print the effective config as TOML (what this command does)");
-  config->callback([path] {
+  config->callback([o] {
     const afd::JobConfig c =
-        path->empty() ? afd::parse_config("", "the default job") : afd::load_config(*path);
+        o->path.empty() ? afd::parse_config("", "the default job") : afd::load_config(o->path);
     fmt::print("# the effective job config of {} (hetmesh {}): every key, defaults filled in\n{}",
-               path->empty() ? "the default job" : *path, HETMESH_VERSION, afd::to_toml(c));
+               o->path.empty() ? "the default job" : o->path, HETMESH_VERSION, afd::to_toml(c));
   });
 }
 
