@@ -369,5 +369,52 @@ TEST_P(DeviceTest, AllocFreeStormFromManyThreads) {
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DeviceTest);
 INSTANTIATE_TEST_SUITE_P(Device, DeviceTest, testing::ValuesIn(device_params()), param_name);
 
+// A copy into device memory touches exactly its range: the bytes on both sides of the destination
+// keep what they held (the kit used to check only the range it asked for).
+TEST_P(DeviceTest, CopyLeavesTheBytesAroundTheDestinationAlone) {
+  HM_RULE("HM-R25");
+  HM_REQUIRE(HM_CAP_DEVICE_MEMORY, "device memory");
+  Stream stream = device().create_stream();
+  for (uint64_t size : {uint64_t{1}, uint64_t{63}, uint64_t{4096 + 5}, uint64_t{(1 << 20) + 3}}) {
+    const uint64_t guard = 64;
+    Buffer buffer = device().allocate(size + 2 * guard);
+    auto* source = static_cast<uint8_t*>(host_buffer(size));
+    auto* result = static_cast<uint8_t*>(host_buffer(size + 2 * guard));
+    fill_pattern(source, size, static_cast<uint32_t>(size));
+    stream.fill(buffer.data(), 0xa5, size + 2 * guard);
+    HM_ASSERT_OK(device(),
+                 api().memcpy_async(stream.native(), static_cast<uint8_t*>(buffer.data()) + guard,
+                                    source, size));
+    stream.copy(result, buffer.data(), size + 2 * guard);
+    stream.synchronize();
+    for (uint64_t i = 0; i < guard; ++i) {
+      ASSERT_EQ(result[i], 0xa5) << "size " << size << ": the copy wrote " << guard - i
+                                 << " byte(s) before its destination";
+      ASSERT_EQ(result[guard + size + i], 0xa5)
+          << "size " << size << ": the copy wrote " << i + 1 << " byte(s) past its destination";
+    }
+    EXPECT_EQ(find_mismatch(result + guard, size, static_cast<uint32_t>(size)), -1) << size;
+  }
+}
+
+// last_error belongs to the calling thread: a failure on one thread does not overwrite what
+// another thread's failure said.
+TEST_P(DeviceTest, LastErrorIsPerThread) {
+  HM_RULE("HM-R11");
+  int local = 0;
+  ASSERT_NE(api().mem_free(&local), HM_OK) << "freeing a stack address was accepted";
+  const std::string mine = api().last_error();
+  std::string theirs;
+  std::thread other([&] {
+    void* out = nullptr;
+    EXPECT_NE(api().mem_alloc(index() + 1000, 64, HM_MEM_DEVICE, &out), HM_OK);
+    theirs = api().last_error();
+  });
+  other.join();
+  EXPECT_NE(theirs, mine) << "both threads' failures read the same last_error";
+  EXPECT_EQ(std::string(api().last_error()), mine)
+      << "another thread's failure replaced this one's";
+}
+
 }  // namespace
 }  // namespace hetmesh::cts

@@ -324,5 +324,40 @@ TEST_P(DeviceTest, StreamAndEventStormFromManyThreads) {
   EXPECT_EQ(failures.load(), 0);
 }
 
+// A write-value keeps all 32 bits: a plugin that truncates to 16 or 8 passes small values only.
+TEST_P(DeviceTest, WriteValueKeepsAll32Bits) {
+  HM_RULE("HM-R34");
+  HM_REQUIRE(kMemops, "stream memory operations");
+  auto* words = static_cast<uint32_t*>(host_buffer(4096));
+  Stream stream = device().create_stream();
+  const uint32_t values[] = {0xdeadbeefu, 0x80000001u, 0x00010000u, 0xffffffffu};
+  for (size_t i = 0; i < 4; ++i) {
+    words[i] = 0;
+    stream.write_value32(&words[i], values[i]);
+  }
+  stream.synchronize();
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(std::atomic_ref<uint32_t>(words[i]).load(), values[i]) << "word " << i;
+}
+
+// An event recorded again captures the new work: a plugin that keeps the first record's
+// completion reports work as done while it is still blocked.
+TEST_P(DeviceTest, EventRecordedAgainCapturesTheNewWork) {
+  HM_RULE("HM-R29");
+  HM_REQUIRE(kMemops, "stream memory operations (to hold a stream)");
+  Stream stream = device().create_stream();
+  Event event = device().create_event();
+  HM_ASSERT_OK(device(), api().event_record(event.native(), stream.native()));
+  HM_ASSERT_OK(device(), api().event_synchronize(event.native(), HM_TIMEOUT_INFINITE));
+  HostFlag flag(device());
+  flag.set(0);
+  stream.wait_value32(flag.address(), 1, HM_WAIT_EQ);  // held until the flag says 1
+  HM_ASSERT_OK(device(), api().event_record(event.native(), stream.native()));
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_READY, api().event_query(event.native()));
+  HM_EXPECT_STATUS(device(), HM_ERR_TIMEOUT, api().event_synchronize(event.native(), 2'000'000));
+  flag.set(1);
+  HM_EXPECT_STATUS(device(), HM_OK, api().event_synchronize(event.native(), HM_TIMEOUT_INFINITE));
+}
+
 }  // namespace
 }  // namespace hetmesh::cts
