@@ -13,6 +13,7 @@
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/membership.hpp>
 #include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 namespace hetmesh::afd {
@@ -115,7 +117,11 @@ void fill_tokens(AttentionEngine& engine, int mb, int round, uint64_t bytes) {
 // An A that recovers from a lost F as docs/failures.md says an application should: a push refused
 // or a round trip failed for a lost F is pushed again once wait_for_peers() says the replacement
 // is in. Prints "epoch N", "round N" per round (every answer checked), then "retried K refused J".
-int recovering_attention(const EngineSpec& spec, KeyValueStore& store, int rounds) {
+// `replaced`: the instance the test replaces; every A that is not its replacement waits for the
+// replacement to join (epoch 2) before it finishes, as the demo's --replace does: an A that
+// finished first could end an F that had no A left, before the replacement came to connect to it.
+int recovering_attention(const EngineSpec& spec, KeyValueStore& store, int rounds,
+                         const std::optional<std::pair<std::string, int>>& replaced) {
   Device device = PluginRegistry::load().device("cpu:0");
   AttentionEngine engine(spec, device, store);
   std::cout << "epoch " << engine.epoch() << std::endl;
@@ -159,6 +165,18 @@ int recovering_attention(const EngineSpec& spec, KeyValueStore& store, int round
                       fmt::format("round {} mb {}: ffn {} answered wrong bytes", round, mb, f));
     }
     std::cout << "round " << round << std::endl;
+  }
+  const bool is_replacement = replaced && replaced->first == "attention" &&
+                              replaced->second == spec.rank && engine.epoch() >= 2;
+  if (replaced && !is_replacement) {
+    Membership membership(store, spec.job, "attention", spec.rank);
+    const auto give_up = std::chrono::steady_clock::now() + kWait;
+    while (membership.current_epoch(replaced->first, replaced->second, kWait) < 2) {
+      if (std::chrono::steady_clock::now() > give_up)
+        throw Error(HM_ERR_TIMEOUT,
+                    fmt::format("{} {} was never replaced", replaced->first, replaced->second));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   engine.finish();
   std::cout << "retried " << retried << " refused " << refused << std::endl;
@@ -204,7 +222,7 @@ int idle_attention(const EngineSpec& spec, KeyValueStore& store) {
 
 int child_main(int argc, char** argv) {
   // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN TRANSPORT FFN_DEVICE
-  //   [idle | ROUNDS | recover ROUNDS]
+  //   [idle | ROUNDS | recover ROUNDS [REPLACED_ROLE REPLACED_RANK]]
   if (argc < 13) return 2;
   std::string role = argv[2];
   EngineSpec spec =
@@ -221,7 +239,11 @@ int child_main(int argc, char** argv) {
     }
     spec.role = Role::attention;
     if (mode == "idle") return idle_attention(spec, *store);
-    if (mode == "recover") return recovering_attention(spec, *store, std::stoi(argv[14]));
+    if (mode == "recover") {
+      std::optional<std::pair<std::string, int>> replaced;
+      if (argc > 16) replaced.emplace(argv[15], std::stoi(argv[16]));
+      return recovering_attention(spec, *store, std::stoi(argv[14]), replaced);
+    }
     return run_attention(spec, *store, argc > 13 ? std::stoi(argv[13]) : 1000000);
   } catch (const std::exception& e) {
     std::cout << "error " << e.what() << std::endl;
@@ -373,9 +395,16 @@ TEST_P(AfdReplacementTest, TheReplacementRejoinsAndTheJobFinishes) {
   else
     store.emplace("127.0.0.1:0");
   LocalJob job({}, r.etcd ? etcd->endpoint() : store->address(), testing::TempDir());
-  const std::vector<std::string> args = {
-      std::to_string(r.attention), std::to_string(r.ffn), to_string(r.kind), "cpu:0", "recover",
-      std::to_string(kRounds)};
+  const bool ffn_hit = std::string(r.victim) == "ffn";
+  const int victim_rank = (ffn_hit ? r.ffn : r.attention) - 1;
+  const std::vector<std::string> args = {std::to_string(r.attention),
+                                         std::to_string(r.ffn),
+                                         to_string(r.kind),
+                                         "cpu:0",
+                                         "recover",
+                                         std::to_string(kRounds),
+                                         r.victim,
+                                         std::to_string(victim_rank)};
   struct Child {
     std::string name;
     ChildProcess* process;
@@ -388,8 +417,6 @@ TEST_P(AfdReplacementTest, TheReplacementRejoinsAndTheJobFinishes) {
   for (auto& c : children)
     ASSERT_EQ(c.process->read_line(kWait), "epoch 1") << c.name;
 
-  const bool ffn_hit = std::string(r.victim) == "ffn";
-  const int victim_rank = (ffn_hit ? r.ffn : r.attention) - 1;
   const std::string victim = fmt::format("{} {}", r.victim, victim_rank);
   // Mid-run: attention 0 (a survivor unless it is the victim) has done a few rounds.
   ChildProcess& first = *children[static_cast<size_t>(r.ffn)].process;

@@ -133,7 +133,7 @@ TEST(CtsSelfTest, PluginShippedListIsFoundBesideTheLibrary) {
 TEST(CtsSelfTest, AHangingOrCrashingPluginFailsThoseTestsAndTheRunGoesOn) {
   const std::string junit = (scratch_dir() / "supervised.xml").string();
   hetmesh::ProcessResult r = hetmesh::run_process(
-      {"/usr/bin/env", "HETMESH_LIAR_HANG=1", "HETMESH_LIAR_CRASH=1", HETMESH_CTS_PATH, "--plugin",
+      {"/usr/bin/env", "HM_TEST_LIAR_HANG=1", "HM_TEST_LIAR_CRASH=1", HETMESH_CTS_PATH, "--plugin",
        HETMESH_LIAR_PLUGIN, "--test-timeout", "3", "--junit", junit},
       std::chrono::minutes(5));
   for (std::string* text : {&r.out, &r.err})
@@ -144,8 +144,9 @@ TEST(CtsSelfTest, AHangingOrCrashingPluginFailsThoseTestsAndTheRunGoesOn) {
   EXPECT_NE(r.err.find("HostCallbacksRunInStreamOrder/liar_0: [HM-R31] hung: not done within 3 s"),
             std::string::npos)
       << r.err;
+  // A signal, or under AddressSanitizer (whose handler takes the signal) its exit status.
   EXPECT_NE(r.err.find("EventTimingMeasuresElapsedTime/liar_0: [HM-R32] crashed the kit's "
-                       "process: signal 11"),
+                       "process: "),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.out.find("FAILED            Device/DeviceTest.HostCallbacksRunInStreamOrder/liar_0 "

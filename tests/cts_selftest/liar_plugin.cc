@@ -1,8 +1,8 @@
 // A plugin that lies, for testing the conformance kit itself: it claims HM_CAP_IPC but leaves the
 // IPC slots NULL. Everything else is the cpu plugin's behaviour. hetmesh-cts must fail exactly the
 // IPC tests on it, or accept them as expected failures when listed. Two worse vendor bugs on
-// demand, for the kit's supervision: HETMESH_LIAR_HANG=1 makes stream_add_callback never return,
-// HETMESH_LIAR_CRASH=1 makes event_elapsed_ms write through a null pointer (SIGSEGV).
+// demand, for the kit's supervision: HM_TEST_LIAR_HANG=1 makes stream_add_callback never return,
+// HM_TEST_LIAR_CRASH=1 makes event_elapsed_ms die of SIGSEGV, as a wild write would.
 #include <hetmesh/device_plugin.h>
 #include <hetmesh/plugin_kit/host_memory.hpp>
 #include <hetmesh/plugin_kit/host_streams.hpp>
@@ -115,8 +115,8 @@ hm_device_plugin_api make_table() {
   t.memcpy_async = memcpy_async;
   t.memset_async = memset_async;
   hm::kit::install_host_streams(&t, {hook_device_count, hook_host_view});
-  if (std::getenv("HETMESH_LIAR_HANG")) t.stream_add_callback = hanging_add_callback;
-  if (std::getenv("HETMESH_LIAR_CRASH")) t.event_elapsed_ms = crashing_elapsed_ms;
+  if (std::getenv("HM_TEST_LIAR_HANG")) t.stream_add_callback = hanging_add_callback;
+  if (std::getenv("HM_TEST_LIAR_CRASH")) t.event_elapsed_ms = crashing_elapsed_ms;
   return t;
 }
 
