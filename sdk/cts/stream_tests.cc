@@ -2,6 +2,7 @@
 #include "cts.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -357,6 +358,51 @@ TEST_P(DeviceTest, EventRecordedAgainCapturesTheNewWork) {
   HM_EXPECT_STATUS(device(), HM_ERR_TIMEOUT, api().event_synchronize(event.native(), 2'000'000));
   flag.set(1);
   HM_EXPECT_STATUS(device(), HM_OK, api().event_synchronize(event.native(), HM_TIMEOUT_INFINITE));
+}
+
+// Every event slot checks its arguments, not only some: a device index out of range, a NULL
+// output, a NULL event or stream (a plugin that answered OK here would write or wait on garbage).
+TEST_P(DeviceTest, EventSlotsRejectBadArguments) {
+  HM_RULE("HM-R12");
+  int32_t count = 0;
+  HM_ASSERT_OK(device(), api().device_count(&count));
+  hm_event event = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(count + 3, 0, &event));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(-1, 0, &event));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(index(), 0, nullptr));
+  HM_RULE("HM-R13");
+  Stream stream = device().create_stream();
+  Event real = device().create_event();
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().event_record(nullptr, stream.native()));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().event_record(real.native(), nullptr));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE, api().event_synchronize(nullptr, 0));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE,
+                   api().stream_wait_event(stream.native(), nullptr));
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_HANDLE,
+                   api().stream_wait_event(nullptr, real.native()));
+}
+
+// event_elapsed_ms is in milliseconds: a stream held for about 200 ms between two events reads
+// between 50 ms and 20 s, three orders of magnitude around it (a plugin answering in
+// microseconds or seconds is off by a thousand). Not a performance check: any machine holds this.
+TEST_P(DeviceTest, EventTimingIsInMilliseconds) {
+  HM_RULE("HM-R32");
+  HM_REQUIRE(HM_CAP_EVENT_TIMING | kMemops, "event timing and stream memory operations");
+  Stream stream = device().create_stream();
+  Event start = device().create_event(), end = device().create_event();
+  HostFlag flag(device());
+  flag.set(0);
+  HM_ASSERT_OK(device(), api().event_record(start.native(), stream.native()));
+  stream.wait_value32(flag.address(), 1, HM_WAIT_EQ);
+  HM_ASSERT_OK(device(), api().event_record(end.native(), stream.native()));
+  HM_ASSERT_OK(device(), api().event_synchronize(start.native(), HM_TIMEOUT_INFINITE));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  flag.set(1);
+  HM_ASSERT_OK(device(), api().event_synchronize(end.native(), HM_TIMEOUT_INFINITE));
+  float ms = 0;
+  HM_ASSERT_OK(device(), api().event_elapsed_ms(start.native(), end.native(), &ms));
+  EXPECT_GE(ms, 50.0f) << "a stream held for 200 ms read " << ms << " ms";
+  EXPECT_LE(ms, 20000.0f) << "a stream held for 200 ms read " << ms << " ms";
 }
 
 }  // namespace
