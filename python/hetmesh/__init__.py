@@ -131,37 +131,9 @@ def _shut_down_live_engines() -> None:
         engine._shutdown()
 
 
-class AttentionEngine(_native.AttentionEngine):
-    """An attention instance (A): pushes each micro-batch's tokens and routing to every FFN
-    instance and waits for their partial results, which land in result(mb, f).
-
-    config: a Config, a TOML file's path, or None with the job as keyword arguments.
-    store: "host:port" of the job's store (hetmesh.StoreServer().address), or an etcd URL; default
-    the config's [rendezvous] address. secret_file: the job's secret (default: the config's, or
-    HETMESH_JOB_SECRET_FILE). device: this instance's device selector ("cuda:0"), overriding the
-    config's. Blocks (without the GIL) until every FFN instance is in the job.
-    """
-
-    def __init__(self, config=None, *, rank: int = 0, store: str = "", secret_file: str = "",
-                 device: str = "", **job):
-        super().__init__(_engine_config(config, job), rank, store, os.fspath(secret_file),
-                         device)
-        _live_engines.add(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, traceback):
-        if kind is None:
-            self.finish()  # the Fs hear "leave"; after an exception they hear "quit" when it goes
-
-
-class FfnEngine(_native.FfnEngine):
-    """An FFN instance (F): get_batch() gives each micro-batch's parts (one per attention
-    instance), respond(batch) sends each part's output back into its A's result slot.
-
-    Arguments as AttentionEngine's. Blocks (without the GIL) until every A is in the job.
-    """
+class _Engine:
+    """What both engines take and do in Python: the job as a Config, a file or keywords; a
+    `with` block; shut down at the interpreter's exit if still alive."""
 
     def __init__(self, config=None, *, rank: int = 0, store: str = "", secret_file: str = "",
                  device: str = "", **job):
@@ -174,6 +146,30 @@ class FfnEngine(_native.FfnEngine):
 
     def __exit__(self, kind, value, traceback):
         return None
+
+
+class AttentionEngine(_Engine, _native.AttentionEngine):
+    """An attention instance (A): pushes each micro-batch's tokens and routing to every FFN
+    instance and waits for their partial results, which land in result(mb, f).
+
+    config: a Config, a TOML file's path, or None with the job as keyword arguments.
+    store: "host:port" of the job's store (hetmesh.StoreServer().address), or an etcd URL; default
+    the config's [rendezvous] address. secret_file: the job's secret (default: the config's, or
+    HETMESH_JOB_SECRET_FILE). device: this instance's device selector ("cuda:0"), overriding the
+    config's. Blocks (without the GIL) until every FFN instance is in the job.
+    """
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.finish()  # the Fs hear "leave"; after an exception they hear "quit" when it goes
+
+
+class FfnEngine(_Engine, _native.FfnEngine):
+    """An FFN instance (F): get_batch() gives each micro-batch's parts (one per attention
+    instance), respond(batch) sends each part's output back into its A's result slot.
+
+    Arguments as AttentionEngine's. Blocks (without the GIL) until every A is in the job.
+    """
 
     def batches(self, timeout_ms: float | None = None):
         """Every micro-batch until every attention instance has left: `for b in f.batches():`."""

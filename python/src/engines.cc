@@ -215,21 +215,23 @@ py::object native_handle(const PyStream& s) {
   return py::int_(reinterpret_cast<uintptr_t>(handle));
 }
 
-class PyAttention {
+// An engine of role `kRole` and what it runs on, for Python. The context is made (plugins, device,
+// store) before the engine and goes after it; every wait and the destruction run without the GIL.
+template <typename Engine, afd::Role kRole>
+class PyEngine {
  public:
-  PyAttention(const afd::JobConfig& config, int rank, const std::string& store,
-              const std::string& secret_file, const std::string& device)
-      : context_(make_context(config, afd::Role::attention, rank, store, secret_file, device)) {
-    py::gil_scoped_release unlocked;  // waits for every F
-    engine_ =
-        std::make_unique<afd::AttentionEngine>(context_->spec, *context_->device, *context_->store);
+  PyEngine(const afd::JobConfig& config, int rank, const std::string& store,
+           const std::string& secret_file, const std::string& device)
+      : context_(make_context(config, kRole, rank, store, secret_file, device)) {
+    py::gil_scoped_release unlocked;  // waits for every peer
+    engine_ = std::make_unique<Engine>(context_->spec, *context_->device, *context_->store);
   }
-  ~PyAttention() {
-    py::gil_scoped_release unlocked;  // tells the Fs, joins the engine's threads
+  ~PyEngine() {
+    py::gil_scoped_release unlocked;  // tells the peers, joins the engine's threads
     engine_.reset();
     context_.reset();
   }
-  afd::AttentionEngine& engine() {
+  Engine& engine() {
     if (!engine_)
       throw Error(HM_ERR_INVALID_ARGUMENT, "the engine was shut down (the interpreter is exiting)");
     return *engine_;
@@ -244,39 +246,11 @@ class PyAttention {
 
  private:
   std::unique_ptr<Context> context_;
-  std::unique_ptr<afd::AttentionEngine> engine_;
+  std::unique_ptr<Engine> engine_;
 };
 
-class PyFfn {
- public:
-  PyFfn(const afd::JobConfig& config, int rank, const std::string& store,
-        const std::string& secret_file, const std::string& device)
-      : context_(make_context(config, afd::Role::ffn, rank, store, secret_file, device)) {
-    py::gil_scoped_release unlocked;
-    engine_ = std::make_unique<afd::FfnEngine>(context_->spec, *context_->device, *context_->store);
-  }
-  ~PyFfn() {
-    py::gil_scoped_release unlocked;
-    engine_.reset();
-    context_.reset();
-  }
-  afd::FfnEngine& engine() {
-    if (!engine_)
-      throw Error(HM_ERR_INVALID_ARGUMENT, "the engine was shut down (the interpreter is exiting)");
-    return *engine_;
-  }
-  Context& context() { return *context_; }
-  // At the interpreter's exit (the package's atexit hook): the engine tells its peers and stops
-  // its threads while everything it uses still exists. Its memory goes with it.
-  void shutdown() {
-    py::gil_scoped_release unlocked;
-    engine_.reset();
-  }
-
- private:
-  std::unique_ptr<Context> context_;
-  std::unique_ptr<afd::FfnEngine> engine_;
-};
+using PyAttention = PyEngine<afd::AttentionEngine, afd::Role::attention>;
+using PyFfn = PyEngine<afd::FfnEngine, afd::Role::ffn>;
 
 // One A's part of a micro-batch, as an F sees it.
 struct PyPart {

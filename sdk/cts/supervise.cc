@@ -14,8 +14,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <memory>
-#include <set>
 
 namespace hetmesh::cts {
 namespace {
