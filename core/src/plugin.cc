@@ -31,12 +31,12 @@ void plugin_log(void*, int32_t level, const char* message) noexcept {
   }
 }
 
-const hm_host_api* host_api(const std::string& options) {
+const hm_host_api* host_api(const std::string& options, uint32_t abi_minor) {
   // initialize() may read `options` only during the call; the rest must live forever.
   static hm_host_api api{};
   api.struct_size = sizeof api;
   api.abi_major = HM_DEVICE_PLUGIN_ABI_MAJOR;
-  api.abi_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
+  api.abi_minor = abi_minor;
   api.log = plugin_log;
   api.log_context = nullptr;
   api.options = options.c_str();
@@ -189,7 +189,8 @@ std::string plugin_probe_path() {
 }
 
 std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::string& options,
-                                         std::string* refusal) {
+                                         std::string* refusal, uint32_t host_abi_minor) {
+  host_abi_minor = std::min<uint32_t>(host_abi_minor, HM_DEVICE_PLUGIN_ABI_MINOR);
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
@@ -244,9 +245,9 @@ std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::str
   plugin->name_ = api.name;
   plugin->version_ = api.version ? api.version : "";
   plugin->plugin_minor_ = table->abi_minor;
-  plugin->negotiated_minor_ = std::min<uint32_t>(table->abi_minor, HM_DEVICE_PLUGIN_ABI_MINOR);
+  plugin->negotiated_minor_ = std::min<uint32_t>(table->abi_minor, host_abi_minor);
 
-  hm_status status = api.initialize(host_api(options));
+  hm_status status = api.initialize(host_api(options, host_abi_minor));
   if (status != HM_OK)
     return refuse(
         fmt::format("initialize() failed with {}: {}", status_name(status), safe_last_error(api)));

@@ -96,12 +96,6 @@ hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size
   });
 }
 
-hm_status get_extension(const char* name, uint32_t, const void**) {
-  return guarded("get_extension", [&] {
-    fail(HM_ERR_NOT_SUPPORTED, "no extension named '%s'", name ? name : "(null)");
-  });
-}
-
 int32_t hook_device_count() {
   return g_memory ? g_memory->device_count() : 0;
 }
@@ -117,7 +111,6 @@ hm_device_plugin_api make_table() {
   t.memcpy_async = memcpy_async;
   t.memset_async = memset_async;
   t.shutdown = shutdown;
-  t.get_extension = get_extension;
   hm::kit::install_host_memory(&t, memory, /*host_register=*/true);
   hm::kit::install_host_streams(&t, {hook_device_count, hook_host_view});
   return t;

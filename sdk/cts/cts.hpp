@@ -25,6 +25,9 @@ struct Environment {
   PluginRegistry registry;
   std::vector<Device> devices;
   std::string self;  // path of this executable, for cross-process tests
+  // Extension names whose tables are checked where a plugin answers them (HM-R41): hetmesh's own
+  // plugins' and those named with --extension.
+  std::vector<std::string> extensions = {"hm.asic_stub.launch", "hm.cuda.native", "hm.rocm.native"};
 };
 Environment& env();
 

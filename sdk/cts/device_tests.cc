@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <thread>
+#include <utility>
 
 namespace hetmesh::cts {
 namespace {
@@ -315,6 +317,43 @@ TEST_P(DeviceTest, UnknownExtensionIsNotSupported) {
                    api().get_extension("hm.cts.no_such_extension", 1, &table));
 }
 
+// The tables of named extensions a plugin answers: each begins with a header of its version, is
+// the same table every time, and is refused for a version above its own.
+TEST_P(DeviceTest, NamedExtensionsHonourTheirVersion) {
+  HM_RULE("HM-R41");
+  if (api().get_extension == nullptr) GTEST_SKIP() << "plugin has no extensions";
+  const void* table = nullptr;
+  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().get_extension(nullptr, 1, &table));
+  int answered = 0;
+  for (const std::string& name : env().extensions) {
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
+                     api().get_extension(name.c_str(), 1, nullptr));
+    if (api().get_extension(name.c_str(), 1, &table) != HM_OK) continue;
+    ++answered;
+    ASSERT_NE(table, nullptr) << name << ": HM_OK with no table";
+    const auto* header = static_cast<const hm_extension_header*>(table);
+    EXPECT_GE(header->struct_size, sizeof(hm_extension_header)) << name;
+    EXPECT_GE(header->version, 1u) << name;
+    const void* again = nullptr;
+    HM_EXPECT_STATUS(device(), HM_OK, api().get_extension(name.c_str(), header->version, &again));
+    EXPECT_EQ(again, table) << name << ": another table the second time";
+    EXPECT_EQ(api().get_extension(name.c_str(), header->version + 1, &again), HM_ERR_NOT_SUPPORTED)
+        << name << " v" << header->version << " answered a request for v" << header->version + 1;
+  }
+  if (answered == 0) SUCCEED() << "the plugin answers none of the names the kit knows";
+}
+
+// The entry point starts no thread and answers the same table each time, checked in a fresh
+// process so nothing the kit did counts (a driver started there would be a thread here).
+TEST_P(DeviceTest, EntryPointStartsNoThreadAndIsIdempotent) {
+  HM_RULE("HM-R2");
+  if (index() != 0) GTEST_SKIP() << "checked once per plugin, on its device 0";
+  ProcessResult r = run_process({env().self, "--cts-entry-probe", device().plugin().path()},
+                                std::chrono::seconds(60));
+  ASSERT_FALSE(r.timed_out) << "the entry point hung";
+  EXPECT_EQ(r.exit_code, 0) << "hm_device_plugin_v1 (" << r.describe() << "): " << r.out << r.err;
+}
+
 // initialize() runs once per process, so a fresh one, the loader's probe, offers the option.
 TEST_P(DeviceTest, UnknownOptionFailsInitialize) {
   HM_RULE("HM-R8");
@@ -394,6 +433,29 @@ TEST_P(DeviceTest, CopyLeavesTheBytesAroundTheDestinationAlone) {
           << "size " << size << ": the copy wrote " << i + 1 << " byte(s) past its destination";
     }
     EXPECT_EQ(find_mismatch(result + guard, size, static_cast<uint32_t>(size)), -1) << size;
+  }
+}
+
+// Each failure's message names the call that failed, so it is this failure's and not an earlier
+// one's (a plugin that keeps the first message of a thread says nothing about the later ones).
+TEST_P(DeviceTest, LastErrorNamesTheFailingCall) {
+  HM_RULE("HM-R11");
+  int local = 0;
+  hm_device_properties props{};
+  props.struct_size = sizeof props;
+  hm_stream stream = nullptr;
+  const int32_t count = device().plugin().device_count();
+  const std::pair<const char*, std::function<hm_status()>> failures[] = {
+      {"mem_free", [&] { return api().mem_free(&local); }},
+      {"device_properties", [&] { return api().device_properties(-1, &props); }},
+      {"stream_create", [&] { return api().stream_create(count, 0, &stream); }},
+      {"event_create", [&] { return api().event_create(index(), 0, nullptr); }},
+  };
+  for (const auto& [slot, call] : failures) {
+    ASSERT_NE(call(), HM_OK) << slot << " accepted a bad argument";
+    const std::string message = api().last_error();
+    EXPECT_NE(message.find(slot), std::string::npos)
+        << "after " << slot << " failed, last_error says '" << message << "'";
   }
 }
 

@@ -17,8 +17,9 @@ constexpr uint8_t kPeerFill = 0xc7;
 
 }  // namespace
 
-void expect_ipc_round_trip(const Device& exporter, const Device& importer, MemoryKind kind) {
-  Buffer buffer = exporter.allocate(kSize, kind);
+void expect_ipc_round_trip(const Device& exporter, const Device& importer,
+                           const IpcRoundTrip& how) {
+  Buffer buffer = exporter.allocate(kSize, how.kind);
   Buffer staging =
       exporter.allocate(kSize, exporter.has(HM_CAP_PINNED_HOST_MEMORY) ? MemoryKind::pinned_host
                                                                        : MemoryKind::device);
@@ -29,11 +30,13 @@ void expect_ipc_round_trip(const Device& exporter, const Device& importer, Memor
   stream.copy(buffer.data(), host_side, kSize);
   stream.synchronize();
 
-  hm_ipc_handle handle = ipc_export(exporter, buffer.data());
-  ProcessResult child = run_process(
-      {env().self, "--cts-ipc-peer", importer.plugin().path(), std::to_string(importer.index()),
-       to_hex(handle.bytes), std::to_string(kSize), std::to_string(kExporterSeed)},
-      std::chrono::seconds(120));
+  hm_ipc_handle handle =
+      ipc_export(exporter, static_cast<char*>(buffer.data()) + how.export_offset);
+  ProcessResult child =
+      run_process({env().self, "--cts-ipc-peer", importer.plugin().path(),
+                   std::to_string(importer.index()), to_hex(handle.bytes), std::to_string(kSize),
+                   std::to_string(kExporterSeed), std::to_string(how.peer_host_minor)},
+                  std::chrono::seconds(120));
   ASSERT_EQ(child.exit_code, 0) << "IPC peer process failed (" << child.describe()
                                 << "): " << child.out << child.err;
 
@@ -46,21 +49,19 @@ void expect_ipc_round_trip(const Device& exporter, const Device& importer, Memor
 }
 
 int run_ipc_peer(int argc, char** argv) {
-  if (argc != 7) {
-    std::printf("usage: --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED\n");
+  if (argc != 8) {
+    std::printf("usage: --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED HOST_MINOR\n");
     return 2;
   }
   try {
-    PluginLoadOptions options;
-    options.explicit_paths = {argv[2]};
-    options.search = false;
-    PluginRegistry registry = PluginRegistry::load(options);
-    if (registry.plugins().empty()) {
-      std::printf("plugin %s was refused: %s\n", argv[2],
-                  registry.refused().empty() ? "?" : registry.refused()[0].reason.c_str());
+    const uint32_t host_minor = static_cast<uint32_t>(std::stoul(argv[7]));
+    std::string refusal;
+    std::shared_ptr<Plugin> plugin = load_plugin_file(argv[2], "", &refusal, host_minor);
+    if (!plugin) {
+      std::printf("plugin %s was refused: %s\n", argv[2], refusal.c_str());
       return 3;
     }
-    Device device(registry.plugins()[0], std::stoi(argv[3]));
+    Device device(plugin, std::stoi(argv[3]));
     hm_ipc_handle handle{};
     try {
       from_hex(argv[4], handle.bytes, "HANDLE_HEX");
@@ -79,6 +80,20 @@ int run_ipc_peer(int argc, char** argv) {
           "pointer_query on the mapping gave kind %d base %p (expected IPC_MAPPED or "
           "IPC_MAPPED_HOST, %p)\n",
           info.kind, info.base, mapping.data());
+      return 4;
+    }
+    if (host_pointer && host_minor < 1) {
+      std::printf(
+          "HM-R38: pointer_query reported HM_MEM_IPC_MAPPED_HOST (minor 1) to a host that "
+          "announced ABI minor %u\n",
+          host_minor);
+      return 4;
+    }
+    if (info.size != size) {
+      std::printf(
+          "HM-R24: pointer_query on the mapping gave size %llu, the exported allocation's is "
+          "%llu\n",
+          static_cast<unsigned long long>(info.size), static_cast<unsigned long long>(size));
       return 4;
     }
     // A mapping that claims to be a host pointer is read and written as one.

@@ -5,14 +5,24 @@
 
 namespace hetmesh::cts {
 
-// Exports memory of `kind` of `exporter`, has a child process open it on `importer` (same plugin),
-// check the bytes and overwrite them (through the host pointer where the mapping claims to be one,
-// HM_MEM_IPC_MAPPED_HOST); then checks the overwrite here. Reports gtest failures.
-void expect_ipc_round_trip(const Device& exporter, const Device& importer,
-                           MemoryKind kind = MemoryKind::device);
+struct IpcRoundTrip {
+  MemoryKind kind = MemoryKind::device;
+  // Where in the allocation the exported pointer lies: the handle describes the whole allocation
+  // wherever it points (HM-R36), and the peer maps all of it from its base (HM-R37).
+  uint64_t export_offset = 0;
+  // The ABI minor the peer's host announces; an older one must never see a kind added after it
+  // (HM-R38).
+  uint32_t peer_host_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
+};
 
-// The child side: `hetmesh-cts --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED`. Returns the
-// process exit code; prints the reason for a failure.
+// Exports memory of `exporter`, has a child process open it on `importer` (same plugin), check the
+// kind, base, size and bytes and overwrite them (through the host pointer where the mapping claims
+// to be one, HM_MEM_IPC_MAPPED_HOST); then checks the overwrite here. Reports gtest failures.
+void expect_ipc_round_trip(const Device& exporter, const Device& importer,
+                           const IpcRoundTrip& how = {});
+
+// The child side: `hetmesh-cts --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED HOST_MINOR`.
+// Returns the process exit code; prints the reason for a failure.
 int run_ipc_peer(int argc, char** argv);
 
 }  // namespace hetmesh::cts

@@ -4,6 +4,7 @@
 // run in a child process under a deadline each (supervise.hpp): a plugin that hangs or crashes a
 // test fails that test, and the run goes on.
 #include "cts.hpp"
+#include "entry_probe.hpp"
 #include "ipc_peer.hpp"
 #include "report.hpp"
 #include "supervise.hpp"
@@ -23,6 +24,8 @@ const char kUsage[] = R"(usage: hetmesh-cts [options] [gtest options]
                        <plugin .so path>.cts-expected file
   --junit FILE         write JUnit XML here
   --test-timeout S     fail a test that runs longer than S seconds, and go on (default 120)
+  --extension NAME     also check the named extension's table where a plugin answers it
+                       (repeatable; hetmesh's own plugins' extensions are always checked)
   --gtest_filter=...   and the other GoogleTest options select and repeat tests
 
 Known-failure files hold one test-name glob per line, '#' starts a comment. A listed test that
@@ -32,6 +35,7 @@ fails is an expected failure; a listed test that passes is an error; an unlisted
 struct Options {
   std::vector<std::string> plugins;
   std::vector<std::string> expectation_files;
+  std::vector<std::string> extensions;
   std::string junit;
   int test_timeout_s = 120;
   int report_fd = -1;                   // in the supervised child: where its reports go
@@ -56,6 +60,10 @@ bool parse(int& argc, char** argv, Options* options) {
       options->child_args.insert(options->child_args.end(), {"--plugin", options->plugins.back()});
     } else if (arg == "--expectations") {
       value(&options->expectation_files, nullptr);
+    } else if (arg == "--extension") {
+      value(&options->extensions, nullptr);
+      options->child_args.insert(options->child_args.end(),
+                                 {"--extension", options->extensions.back()});
     } else if (arg == "--junit") {
       value(nullptr, &options->junit);
     } else if (arg == "--test-timeout") {
@@ -83,6 +91,8 @@ int main(int argc, char** argv) {
   using namespace hetmesh;
   if (argc >= 2 && std::strcmp(argv[1], "--cts-ipc-peer") == 0)
     return cts::run_ipc_peer(argc, argv);
+  if (argc >= 2 && std::strcmp(argv[1], "--cts-entry-probe") == 0)
+    return cts::run_entry_probe(argc, argv);
 
   Options options;
   try {
@@ -100,6 +110,7 @@ int main(int argc, char** argv) {
   env.registry = PluginRegistry::load(load);
   env.devices = env.registry.devices();
   env.self = self_executable();
+  env.extensions.insert(env.extensions.end(), options.extensions.begin(), options.extensions.end());
 
   cts::Expectations expectations;
   try {

@@ -3,7 +3,9 @@
 #include "cts.hpp"
 #include "ipc_peer.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -49,6 +51,37 @@ TEST_P(PairTest, CopyThroughHostStaging) {
   EXPECT_EQ(find_mismatch(host_b, size, 99), -1);
 }
 
+// HM_CAP_PEER_COPY: one memcpy_async moves device memory of a straight into device memory of b,
+// every byte, and none around it.
+TEST_P(PairTest, PeerCopyMovesEveryByteBetweenDevices) {
+  HM_RULE("HM-R16");
+  if (!same_plugin()) GTEST_SKIP() << "peer copy is between devices of one plugin";
+  hm_capabilities need = HM_CAP_PEER_COPY | HM_CAP_DEVICE_MEMORY;
+  if (!a().has(need) || !b().has(need)) GTEST_SKIP() << "a device lacks peer copy";
+  HM_RULE("HM-R25");
+  const uint64_t size = (1 << 20) + 77, guard = 64;
+  std::vector<uint8_t> fallback_a, fallback_b;
+  Buffer stage_a = staging_for(a(), size, &fallback_a);
+  Buffer stage_b = staging_for(b(), size + 2 * guard, &fallback_b);
+  auto* host_a = static_cast<uint8_t*>(data_of(stage_a, fallback_a));
+  auto* host_b = static_cast<uint8_t*>(data_of(stage_b, fallback_b));
+  Buffer on_a = a().allocate(size), on_b = b().allocate(size + 2 * guard);
+  Stream stream_a = a().create_stream(), stream_b = b().create_stream();
+  fill_pattern(host_a, size, 31);
+  stream_a.copy(on_a.data(), host_a, size);
+  stream_b.fill(on_b.data(), 0x5e, size + 2 * guard);
+  stream_b.synchronize();
+  stream_a.copy(static_cast<uint8_t*>(on_b.data()) + guard, on_a.data(), size);  // the peer copy
+  stream_a.synchronize();
+  stream_b.copy(host_b, on_b.data(), size + 2 * guard);
+  stream_b.synchronize();
+  EXPECT_EQ(find_mismatch(host_b + guard, size, 31), -1) << "the peer copy's bytes differ";
+  for (uint64_t i = 0; i < guard; ++i) {
+    ASSERT_EQ(host_b[i], 0x5e) << "the peer copy wrote before its destination";
+    ASSERT_EQ(host_b[guard + size + i], 0x5e) << "the peer copy wrote past its destination";
+  }
+}
+
 TEST_P(PairTest, IpcBetweenDevicesOfOnePlugin) {
   HM_RULE("HM-R37");
   if (!same_plugin()) GTEST_SKIP() << "IPC handles are plugin-specific";
@@ -84,7 +117,11 @@ TEST_P(PairTest, EventOnOneDeviceOrdersWorkOnAnother) {
     stream_b.wait(done_on_a);
     stream_b.copy(on_b.data(), source.data(), size);
     stream_b.copy(result, on_b.data(), size);
+    // Long enough for b's copies to finish, had they not waited.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_FALSE(stream_b.ready()) << "b's work did not wait for a's event";
+    EXPECT_EQ(std::count(result, result + size, 0), static_cast<std::ptrdiff_t>(size))
+        << "b's copy wrote its result before a's event completed";
     std::atomic_ref<uint32_t>(*gate_word).store(1);
     stream_b.synchronize(std::chrono::seconds(60));
   } else {

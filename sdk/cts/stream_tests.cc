@@ -115,6 +115,25 @@ TEST_P(DeviceTest, EventTimingMeasuresElapsedTime) {
   EXPECT_GE(ms, 0.0f);
 }
 
+// Elapsed time between events of which one is still pending is HM_ERR_NOT_READY, not a number.
+TEST_P(DeviceTest, EventTimingOfAPendingEventIsNotReady) {
+  HM_RULE("HM-R32");
+  HM_REQUIRE(HM_CAP_EVENT_TIMING | kMemops, "event timing and stream memory operations");
+  if (api().event_elapsed_ms == nullptr) GTEST_SKIP() << "slot is NULL (a failure of its own)";
+  Stream stream = device().create_stream();
+  Event start = device().create_event(), end = device().create_event();
+  HostFlag flag(device());
+  start.record(stream);
+  stream.wait_value32(flag.address(), 1, HM_WAIT_EQ);
+  end.record(stream);
+  float ms = -1;
+  HM_EXPECT_STATUS(device(), HM_ERR_NOT_READY,
+                   api().event_elapsed_ms(start.native(), end.native(), &ms));
+  flag.set(1);
+  stream.synchronize();
+  HM_EXPECT_STATUS(device(), HM_OK, api().event_elapsed_ms(start.native(), end.native(), &ms));
+}
+
 TEST_P(DeviceTest, EventTimingNotSupportedWithoutCapability) {
   HM_RULE("HM-R17");
   if (has(HM_CAP_EVENT_TIMING)) GTEST_SKIP() << "device has event timing";
@@ -289,6 +308,43 @@ TEST_P(DeviceTest, HostCallbacksRunInStreamOrder) {
   HM_RULE("HM-R12");
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
                    api().stream_add_callback(stream.native(), nullptr, nullptr));
+}
+
+// A callback waits for the work before it, and the work after it waits for the callback to return
+// (a plugin that calls fn at enqueue, or on a thread of its own, breaks both).
+TEST_P(DeviceTest, HostCallbackRunsAfterPriorWorkAndHoldsLaterWork) {
+  HM_RULE("HM-R31");
+  HM_REQUIRE(HM_CAP_HOST_CALLBACK | kMemops, "host callbacks and stream memory operations");
+  if (api().stream_add_callback == nullptr) GTEST_SKIP() << "slot is NULL (a failure of its own)";
+  struct Gate {
+    std::atomic<bool> ran{false}, release{false};
+  } gate;
+  auto callback = [](void* user) {
+    auto* g = static_cast<Gate*>(user);
+    g->ran = true;
+    while (!g->release)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  HostFlag flag(device());
+  auto* marker = static_cast<uint32_t*>(host_buffer(4096));
+  marker[0] = 0;
+  Stream stream = device().create_stream();
+  stream.wait_value32(flag.address(), 1, HM_WAIT_EQ);
+  HM_ASSERT_OK(device(), api().stream_add_callback(stream.native(), callback, &gate));
+  stream.write_value32(marker, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(gate.ran) << "the callback ran before the work enqueued ahead of it";
+  flag.set(1);
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);  // hang guard only
+  while (!gate.ran && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(gate.ran) << "the callback never ran";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(std::atomic_ref<uint32_t>(marker[0]).load(), 0u)
+      << "work after the callback ran before the callback returned";
+  gate.release = true;
+  stream.synchronize();
+  EXPECT_EQ(std::atomic_ref<uint32_t>(marker[0]).load(), 1u);
 }
 
 TEST_P(DeviceTest, HostCallbacksNotSupportedWithoutCapability) {

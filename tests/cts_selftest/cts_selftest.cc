@@ -1,6 +1,6 @@
-// Tests of the conformance kit itself: it must catch a plugin whose capability bits lie, name the
-// ABI rule (HM-R<n>) each failure breaks, and apply known-failure lists as documented (listed
-// failure = expected, listed pass = error).
+// Tests of the conformance kit itself: it must catch a plugin whose capability bits lie and each
+// vendor bug planted in a correct plugin, name the ABI rule (HM-R<n>) each failure breaks, and
+// apply known-failure lists as documented (listed failure = expected, listed pass = error).
 #include <hetmesh/core/subprocess.hpp>
 
 #include <gtest/gtest.h>
@@ -189,5 +189,108 @@ TEST(CtsSelfTest, TheBrokenAbiPluginsAreNotWarnedAbout) {
   EXPECT_EQ((r.out + r.err).find("refused plugin"), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find("verdict: CONFORMANT"), std::string::npos) << r.out;
 }
+
+// ---- planted bugs (planted_plugin.cc): asic_stub with one vendor mistake each ----
+
+struct Planted {
+  const char* bug;
+  const char* caught_by;  // a FAILED line of the summary: test, device and rule
+};
+
+// Where the kit catches each bug. One line per bug; the run may fail other tests too.
+const Planted kPlanted[] = {
+    {"event_rerecord_ignored",
+     "Device/DeviceTest.EventRecordedAgainCapturesTheNewWork/planted_0 [HM-R29]"},
+    {"elapsed_in_microseconds", "Device/DeviceTest.EventTimingIsInMilliseconds/planted_0 [HM-R32]"},
+    {"elapsed_of_pending_ok",
+     "Device/DeviceTest.EventTimingOfAPendingEventIsNotReady/planted_0 [HM-R32]"},
+    {"event_query_always_ok",
+     "Device/DeviceTest.BlockedStreamReportsNotReadyAndTimesOut/planted_0 [HM-R28]"},
+    {"copy_past_end",
+     "Device/DeviceTest.CopyLeavesTheBytesAroundTheDestinationAlone/planted_0 [HM-R25]"},
+    {"fill_past_end", "Device/DeviceTest.FillSetsExactlyTheRange/planted_0 [HM-R25]"},
+    {"peer_copy_dropped",
+     "Pair/PairTest.PeerCopyMovesEveryByteBetweenDevices/planted_0__planted_1 [HM-R25]"},
+    {"write_value_low_16_bits", "Device/DeviceTest.WriteValueKeepsAll32Bits/planted_0 [HM-R34]"},
+    {"write_value_at_enqueue",
+     "Device/DeviceTest.WriteValueIsOrderedAfterPriorWork/planted_0 [HM-R34]"},
+    {"geq_not_cyclic", "Device/DeviceTest.WaitValueConditions/planted_0 [HM-R35]"},
+    {"ipc_interior_refused",
+     "Device/DeviceTest.IpcHandleOfAnInteriorPointerOpensTheWholeAllocation/planted_0 [HM-R36]"},
+    {"ipc_device_memory_as_host",
+     "Device/DeviceTest.IpcHandleOpensInAnotherProcess/planted_0 [HM-R37]"},
+    {"ipc_host_kind_to_old_host",
+     "Device/DeviceTest.IpcMappingIsReportedInTheHostsMinor/planted_0 [HM-R38]"},
+    {"free_of_foreign_ok",
+     "Device/DeviceTest.ForeignPointersAreInvalidArguments/planted_0 [HM-R12]"},
+    {"alloc_null_out_ok", "Device/DeviceTest.AllocRejectsBadArguments/planted_0 [HM-R12]"},
+    {"null_stream_ok", "Device/DeviceTest.StreamRejectsBadArguments/planted_0 [HM-R13]"},
+    {"event_bad_device_ok", "Device/DeviceTest.EventSlotsRejectBadArguments/planted_0 [HM-R12]"},
+    {"callback_at_enqueue",
+     "Device/DeviceTest.HostCallbackRunsAfterPriorWorkAndHoldsLaterWork/planted_0 [HM-R31]"},
+    {"last_error_shared", "Device/DeviceTest.LastErrorIsPerThread/planted_0 [HM-R11]"},
+    {"last_error_stale", "Device/DeviceTest.LastErrorNamesTheFailingCall/planted_0 [HM-R11]"},
+    {"dmabuf_whole_allocation",
+     "Device/DeviceTest.DmabufExportOfASubRangeCoversThatRange/planted_0 [HM-R39]"},
+    {"unknown_option_accepted", "Device/DeviceTest.UnknownOptionFailsInitialize/planted_0 [HM-R8]"},
+    {"entry_starts_thread",
+     "Device/DeviceTest.EntryPointStartsNoThreadAndIsIdempotent/planted_0 [HM-R2]"},
+    {"cross_device_wait_dropped",
+     "Pair/PairTest.EventOnOneDeviceOrdersWorkOnAnother/planted_0__planted_1 [HM-R30]"},
+    {"finite_sync_waits_forever",
+     "Device/DeviceTest.BlockedStreamReportsNotReadyAndTimesOut/planted_0 [HM-R28]"},
+    {"false_host_addressable",
+     "Device/DeviceTest.HostAddressableDeviceMemoryIsReadableByTheHost/planted_0 [HM-R18]"},
+    {"racy_allocation_table", "Device/DeviceTest.AllocFreeStormFromManyThreads/planted_0 [HM-R19]"},
+    {"pointer_query_of_foreign_crashes",
+     "Device/DeviceTest.PointerQueryOfForeignMemoryIsUnknown/planted_0 [HM-R24]"},
+    {"extension_ignores_min_version",
+     "Device/DeviceTest.NamedExtensionsHonourTheirVersion/planted_0 [HM-R41]"},
+};
+
+// The whole kit over the planted plugin with `bug` (none: ""). A hung test costs --test-timeout.
+hetmesh::ProcessResult run_planted(const std::string& bug) {
+  hetmesh::ProcessResult r =
+      hetmesh::run_process({"/usr/bin/env", "HM_TEST_PLANT=" + bug, HETMESH_CTS_PATH, "--plugin",
+                            HETMESH_PLANTED_PLUGIN, "--test-timeout", "10"},
+                           std::chrono::minutes(10));
+  for (std::string* text : {&r.out, &r.err})
+    for (size_t at; (at = text->find("[  SKIPPED ]")) != std::string::npos;)
+      text->replace(at, 12, "[  skipped ]");
+  EXPECT_EQ(r.signal, 0) << "hetmesh-cts died: " << r.describe();
+  return r;
+}
+
+// Without a bug the wrapper is asic_stub: conformant, so every failure below is its bug's.
+TEST(CtsSelfTest, PlantedPluginWithoutABugIsConformant) {
+  hetmesh::ProcessResult r = run_planted("");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("verdict: CONFORMANT"), std::string::npos) << r.out;
+}
+
+void PrintTo(const Planted& planted, std::ostream* out) {
+  *out << planted.bug;
+}
+
+class PlantedBug : public testing::TestWithParam<Planted> {};
+
+TEST_P(PlantedBug, IsCaughtNamingItsRule) {
+  const Planted& p = GetParam();
+  hetmesh::ProcessResult r = run_planted(p.bug);
+  const std::regex exports_dmabuf(R"(\n +capabilities: [a-z_|]*dmabuf_export)");
+  if (std::string(p.bug).rfind("dmabuf", 0) == 0 && !std::regex_search(r.out, exports_dmabuf))
+    GTEST_SKIP() << "asic_stub exports no dma-buf here (no /dev/udmabuf): nothing to plant in";
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("verdict: NOT CONFORMANT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(std::string("FAILED            ") + p.caught_by), std::string::npos)
+      << p.bug << " was not caught by " << p.caught_by << ":\n"
+      << r.out << r.err;
+  expect_every_line_names_a_rule(r.out, "FAILED ");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kit, PlantedBug, testing::ValuesIn(kPlanted),
+                         [](const testing::TestParamInfo<Planted>& param) {
+                           return std::string(param.param.bug);
+                         });
 
 }  // namespace

@@ -26,9 +26,12 @@ class Plugin;
 
 // Loads one plugin file in this process: the checks of PluginRegistry::load for one path.
 // Returns the plugin, or nullptr with *refusal set. Used by the registry and by
-// hetmesh-plugin-probe.
+// hetmesh-plugin-probe. `host_abi_minor` is the minor this host announces to the plugin's
+// initialize (hm_host_api.abi_minor): the conformance kit acts as an older host with it, to check
+// the minor-version promises (HM-R38); nothing else lowers it.
 std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::string& options,
-                                         std::string* refusal);
+                                         std::string* refusal,
+                                         uint32_t host_abi_minor = HM_DEVICE_PLUGIN_ABI_MINOR);
 
 class Plugin {
  public:
@@ -52,7 +55,7 @@ class Plugin {
 
  private:
   friend std::shared_ptr<Plugin> load_plugin_file(const std::string&, const std::string&,
-                                                  std::string*);
+                                                  std::string*, uint32_t);
   std::string path_, name_, version_, no_devices_reason_;
   uint32_t plugin_minor_ = 0, negotiated_minor_ = 0;
   int32_t device_count_ = 0;
