@@ -60,6 +60,22 @@ echo "== hetmesh-cts"
   --junit "$work/cts-mychip.xml" --gtest_brief=1
 # -------------------------------------------------------------------------------------------------
 
+# ---- the demo with F on the new plugin, as docs/writing-a-plugin.md "Running the demo on your
+# device" says ------------------------------------------------------------------------------------
+echo "== hetmesh demo: A on cpu:0, F on mychip:0"
+cat >"$work/mychip-job.toml" <<TOML
+[job]
+attention = 1
+ffn = 1
+[devices]
+attention = "cpu:0"
+ffn = "mychip:0"
+[plugins]
+paths = ["$so"]
+TOML
+(cd "$work" && "$prefix/bin/hetmesh" demo --config "$work/mychip-job.toml") | tee "$work/demo.txt"
+grep -q '^verified: ' "$work/demo.txt" || die "the demo with F on mychip:0 was not verified"
+
 # ---- the rest of the install ---------------------------------------------------------------------
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 echo "== pkg-config hetmesh-sdk: a plugin source compiles with its flags alone"

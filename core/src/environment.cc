@@ -15,7 +15,7 @@ extern char** environ;
 namespace hetmesh {
 namespace {
 
-constexpr std::array<std::string_view, 26> kKnownVariables = {
+constexpr std::array<std::string_view, 27> kKnownVariables = {
     // The log (log.hpp).
     "HETMESH_LOG", "HETMESH_LOG_FILE",
     // The job's secret (job_secret.hpp) and etcd's TLS files (rendezvous.hpp).
@@ -26,6 +26,8 @@ constexpr std::array<std::string_view, 26> kKnownVariables = {
     // The verbs transport (backends/src/verbs_device.cc).
     "HETMESH_VERBS_MAX_MSG", "HETMESH_VERBS_DISABLE_DMABUF", "HETMESH_VERBS_DISABLE_PEERMEM",
     "HETMESH_VERBS_ASSUME_PEERMEM",
+    // Where `hetmesh demo` looks for a plugin's expert kernels (hetmesh/demo_experts.h).
+    "HETMESH_DEMO_KERNELS",
     // The asic_stub plugin's options (plugins/asic_stub).
     "HETMESH_ASIC_STUB_DEVICES", "HETMESH_ASIC_STUB_MEMORY_MIB",
     "HETMESH_ASIC_STUB_COPY_LATENCY_US", "HETMESH_ASIC_STUB_COPY_BANDWIDTH_GBPS",

@@ -1,6 +1,6 @@
-// Runs one F part's experts on the F instance's device: directly on host-addressable memory
-// (cpu), or as a "kernel" through the asic_stub launch extension on memory the host cannot touch.
-// GPU kernels for the same model belong here too.
+// Runs one F part's experts on the F instance's device, by the routes hetmesh/demo_experts.h
+// describes: on the host where the device's memory is host-addressable, else with the plugin's
+// kernel library (libhetmesh-demo-<plugin>.so), else on the host through staging.
 #pragma once
 
 #include "model.hpp"
@@ -8,17 +8,22 @@
 #include <hetmesh/afd/engine.hpp>
 
 #include <memory>
+#include <string>
 
 namespace hetmesh::demo {
 
 class ExpertRunner {
  public:
-  // Throws Error naming the device if the demo has no kernels for it.
+  // Logs which route it took, and why (a kernel library not found names where it looked).
   static std::unique_ptr<ExpertRunner> create(const Device& device, const TinyMoe& model,
                                               int ffn_rank, int ffn_count);
   virtual ~ExpertRunner() = default;
   // Enqueues (or runs) layer `layer`'s experts on `part`, in order on `stream`.
   virtual void run(int layer, const afd::Batch::FromAttention& part, const Stream& stream) = 0;
 };
+
+// Where `hetmesh demo` looks for `plugin`'s kernel library: $HETMESH_DEMO_KERNELS, else ../demo
+// beside the plugin file.
+std::string demo_kernel_library_path(const Plugin& plugin);
 
 }  // namespace hetmesh::demo

@@ -1,7 +1,10 @@
-// The demo's expert kernel: one block per token, the same arithmetic in the same order as the host
-// run_experts (model.cc), with __fmul_rn/__fadd_rn so nvcc cannot fuse a multiply-add: the GPU
-// result matches the single-process reference bit for bit.
-#include "expert_kernels.h"
+// libhetmesh-demo-cuda.so, the demo's expert kernels for the cuda plugin (hetmesh/demo_experts.h):
+// one block per token, the same arithmetic in the same order as the host run_experts (model.cc),
+// with __fmul_rn/__fadd_rn so nvcc cannot fuse a multiply-add: the GPU result matches the
+// single-process reference bit for bit. It runs on the plugin's own CUDA stream, which the cuda
+// plugin's "hm.cuda.native" extension names; the hetmesh binary itself never needs CUDA.
+#include <hetmesh/demo_experts.h>
+#include <hetmesh/plugins/cuda.h>
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -11,11 +14,6 @@
 #include <cstring>
 
 namespace {
-
-struct Route {  // as model.hpp's Route
-  int32_t expert;
-  float weight;
-};
 
 __device__ float load(int32_t type, const void* base, size_t i) {
   switch (type) {
@@ -58,8 +56,8 @@ __device__ void store(int32_t type, void* base, size_t i, float value) {
 }
 
 // Shared memory: x [hidden], the expert's activations [ffn_dim], y [hidden].
-__global__ void experts_kernel(hm_demo_expert_args a, const void* tokens, const Route* routing,
-                               const float* weights, void* out) {
+__global__ void experts_kernel(hm_demo_expert_args a, const void* tokens,
+                               const hm_demo_route* routing, const float* weights, void* out) {
   extern __shared__ float shared[];
   float* x = shared;
   float* act = x + a.hidden;
@@ -72,7 +70,7 @@ __global__ void experts_kernel(hm_demo_expert_args a, const void* tokens, const 
   }
   __syncthreads();
   for (uint32_t k = 0; k < a.top_k; ++k) {
-    const Route r = routing[t * a.top_k + k];
+    const hm_demo_route r = routing[t * a.top_k + k];
     if (r.expert < a.first_expert || r.expert >= a.last_expert) continue;  // same for the block
     const float* w1 = weights + static_cast<size_t>(r.expert - a.first_expert) * per_expert;
     const float* w2 = w1 + size_t{a.ffn_dim} * a.hidden;
@@ -95,31 +93,49 @@ __global__ void experts_kernel(hm_demo_expert_args a, const void* tokens, const 
     store(a.f2a, out, t * a.hidden + i, y[i]);
 }
 
-int failed(cudaError_t e, const char* what, char* error, size_t error_size) {
-  if (error != nullptr && error_size > 0)
-    std::snprintf(error, error_size, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-  return static_cast<int>(e);
+hm_status failed(const hm_demo_experts_call* call, hm_status status, const char* what,
+                 const char* why) {
+  if (call->error != nullptr && call->error_size > 0)
+    std::snprintf(call->error, call->error_size, "%s: %s", what, why);
+  return status;
+}
+
+hm_status failed(const hm_demo_experts_call* call, cudaError_t e, const char* what) {
+  char why[160];
+  std::snprintf(why, sizeof why, "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+  return failed(call, HM_ERR_BACKEND, what, why);
 }
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) int hm_demo_cuda_run_experts(
-    const hm_demo_expert_args* args, const void* tokens, const void* routing,
-    const float* weights, void* out, void* cu_stream, int32_t ordinal, char* error,
-    size_t error_size) {
-  if (args == nullptr) return failed(cudaErrorInvalidValue, "args is NULL", error, error_size);
-  if (args->tokens == 0) return 0;
+extern "C" __attribute__((visibility("default"))) hm_status hm_demo_experts_v1(
+    const hm_demo_experts_call* call) {
+  if (call == nullptr || call->struct_size < sizeof(hm_demo_experts_call))
+    return HM_ERR_INVALID_ARGUMENT;
+  const hm_demo_expert_args& args = call->args;
+  if (args.tokens == 0) return HM_OK;
+  const void* table = nullptr;
+  if (call->plugin->get_extension == nullptr ||
+      call->plugin->get_extension(HM_CUDA_NATIVE_EXTENSION, 1, &table) != HM_OK)
+    return failed(call, HM_ERR_NOT_SUPPORTED, HM_CUDA_NATIVE_EXTENSION,
+                  "the device's plugin does not offer it (not the cuda plugin?)");
+  void* cu_stream = nullptr;
+  int32_t ordinal = 0;
+  if (hm_status s = static_cast<const hm_cuda_native_ext*>(table)->stream_native(
+          call->stream, &cu_stream, &ordinal);
+      s != HM_OK)
+    return failed(call, s, "hm.cuda.native.stream_native", call->plugin->last_error());
   if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess)
-    return failed(e, "cudaSetDevice", error, error_size);
-  const size_t shared = (2 * size_t{args->hidden} + args->ffn_dim) * sizeof(float);
+    return failed(call, e, "cudaSetDevice");
+  const size_t shared = (2 * size_t{args.hidden} + args.ffn_dim) * sizeof(float);
   if (shared > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(experts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shared));
-    if (e != cudaSuccess) return failed(e, "cudaFuncSetAttribute(shared memory)", error, error_size);
+    cudaError_t e = cudaFuncSetAttribute(
+        experts_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (e != cudaSuccess) return failed(call, e, "cudaFuncSetAttribute(shared memory)");
   }
-  experts_kernel<<<args->tokens, 256, shared, static_cast<cudaStream_t>(cu_stream)>>>(
-      *args, tokens, static_cast<const Route*>(routing), weights, out);
+  experts_kernel<<<args.tokens, 256, shared, static_cast<cudaStream_t>(cu_stream)>>>(
+      args, call->tokens, call->routing, call->weights, call->out);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-    return failed(e, "experts_kernel launch", error, error_size);
-  return 0;
+    return failed(call, e, "experts_kernel launch");
+  return HM_OK;
 }
