@@ -14,9 +14,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <iostream>
+#include <thread>
 
 namespace hetmesh::afd {
 namespace {
@@ -41,11 +43,14 @@ EngineSpec small_spec(int attention, int ffn, Gather gather, TransportKind kind)
 
 // ---- child roles ----
 
-// Every F answers with out[i] = in[i] + its rank + 1 (bytes), so A can check each partial.
-int run_ffn(const EngineSpec& spec, KeyValueStore& store) {
+// Every F answers with out[i] = in[i] + its rank + 1 (bytes), so A can check each partial; after
+// `delay` per batch when given.
+int run_ffn(const EngineSpec& spec, KeyValueStore& store,
+            std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
   Device device = PluginRegistry::load().device("cpu:0");
   FfnEngine engine(spec, device, store);
   while (auto batch = engine.get_batch(kTimeout)) {
+    std::this_thread::sleep_for(delay);
     for (const auto& part : batch->parts) {
       auto* in = static_cast<const uint8_t*>(part.tokens_data);
       auto* out = static_cast<uint8_t*>(part.output);
@@ -93,6 +98,52 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds,
   }
   if (finish) engine.finish();
   store.set(fmt::format("{}.done", spec.rank), {1});
+  return 0;
+}
+
+// A device stream ordered after a round trip by stream_wait: its marker, written after the wait,
+// stays unwritten while the F (delayed 300 ms) has not answered, and once it is written the
+// results are there. Then a round trip still outstanding when the engine ends lets its waiting
+// stream go: at finish() (`end` "finish"), or when the engine is destroyed with the stream still
+// waiting (`end` "destroy": the engine waits for the stream to pass before freeing the flag).
+// Prints "stream_wait ok" or what went wrong.
+int run_stream_waiter(const EngineSpec& spec, KeyValueStore& store, const std::string& end) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  auto engine = std::make_unique<AttentionEngine>(spec, device, store);
+  Stream stream = device.create_stream();
+  HostBuffer markers(device, 4096);
+  auto* words = reinterpret_cast<uint32_t*>(markers.data());
+  std::memset(engine->tokens(0), 5, uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes);
+  AttentionEngine::Handle h = engine->push_pull(0, spec.tokens);
+  engine->stream_wait(h, stream);
+  stream.write_value32(&words[0], 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (std::atomic_ref<uint32_t>(words[0]).load() != 0) {
+    std::cout << "the stream went past stream_wait before the F answered" << std::endl;
+    return 3;
+  }
+  stream.synchronize(kTimeout);
+  if (static_cast<const uint8_t*>(engine->result(0, 0))[0] != 6) {
+    std::cout << "the stream went past stream_wait before the results arrived" << std::endl;
+    return 3;
+  }
+  engine->wait(h, kTimeout);
+  h = engine->push_pull(1, spec.tokens);
+  engine->stream_wait(h, stream);
+  stream.write_value32(&words[1], 1);
+  if (end == "finish") {
+    try {
+      engine->finish();  // with micro-batch 1 outstanding
+    } catch (const Error&) {
+    }
+  }
+  engine.reset();
+  stream.synchronize(kTimeout);  // a stream left waiting would time out here
+  if (std::atomic_ref<uint32_t>(words[1]).load() != 1) {
+    std::cout << "the waiting stream was not let go" << std::endl;
+    return 3;
+  }
+  std::cout << "stream_wait ok" << std::endl;
   return 0;
 }
 
@@ -151,11 +202,12 @@ int child_main(int argc, char** argv) {
     store = connect_tcp_store(argv[6], kTimeout);
     if (role == "ffn") {
       spec.role = Role::ffn;
-      return run_ffn(spec, *store);
+      return run_ffn(spec, *store, std::chrono::milliseconds(argc > 13 ? std::stoi(argv[13]) : 0));
     }
     spec.role = Role::attention;
     if (argc < 14) return 2;
     if (role == "rogue") return run_rogue(spec, *store, argv[13]);
+    if (role == "waiter") return run_stream_waiter(spec, *store, argv[13]);
     return run_attention(spec, *store, std::stoi(argv[13]), argc > 14 ? argv[14] : "",
                          argc <= 15 || std::string(argv[15]) != "no-finish");
   } catch (const Error& e) {
@@ -281,6 +333,25 @@ TEST(AfdFailureTest, KilledFfnIsAClearErrorForAttention) {
   EXPECT_NE(error.find("PEER_LOST"), std::string::npos) << error;
   EXPECT_NE(error.find("ffn 0 lost"), std::string::npos) << error;
   EXPECT_EQ(attention.wait(kTimeout).exit_code, 1);
+}
+
+// A device stream waits for a round trip without the host (stream_wait on the arrival flag), and
+// is let go when the engine ends with the round trip outstanding, never left waiting forever.
+TEST(AfdStreamWaitTest, AStreamWaitsForTheResultsAndIsLetGoAtTheEnd) {
+  for (const char* mode : {"finish", "destroy"}) {
+    Job job;
+    ChildProcess& ffn = job.spawn("ffn", 0, 1, 1, "all", TransportKind::ipc, {"300"});
+    ChildProcess& waiter = job.spawn("waiter", 0, 1, 1, "all", TransportKind::ipc, {mode});
+    auto lines = lines_until_exit(waiter);
+    ProcessResult r = waiter.wait(kTimeout);
+    std::string output;
+    for (const auto& l : lines)
+      output += l + "\n";
+    EXPECT_EQ(r.exit_code, 0) << mode << ": " << r.describe() << "\n" << output;
+    EXPECT_NE(output.find("stream_wait ok"), std::string::npos) << mode << ": " << output;
+    ffn.kill(SIGKILL);
+    ffn.wait(kTimeout);
+  }
 }
 
 class AfdHeaderTest : public testing::TestWithParam<std::pair<std::string, std::string>> {};

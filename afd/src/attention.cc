@@ -3,6 +3,7 @@
 
 #include <hetmesh/core/log.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
@@ -43,8 +44,11 @@ struct AttentionEngine::State final : PeerHandler {
   Buffer f2a_receive;                       // [mb][f]
   HostBuffer f2a_headers;                   // [mb][f]
   std::optional<HostBuffer> arrival_flags;  // [mb] words, when the device has stream memops
-  std::optional<HostBuffer> ready_flags;    // [mb] words a compute stream writes, likewise
-  std::vector<Event> ready_events;          // [mb], recorded on the caller's stream by push_pull
+  // One engine-owned event recorded on a caller's stream after each stream_wait (reused once
+  // complete): the engine's end waits for them, so no stream still reads a flag it frees.
+  std::vector<Event> stream_waits;
+  std::optional<HostBuffer> ready_flags;  // [mb] words a compute stream writes, likewise
+  std::vector<Event> ready_events;        // [mb], recorded on the caller's stream by push_pull
   PublishedRegions mine;
   std::shared_ptr<Region> a2f_send_region, a2f_header_region;
 
@@ -83,9 +87,20 @@ struct AttentionEngine::State final : PeerHandler {
       std::lock_guard lock(mutex);
       if (!failure.set(status, reason)) return;
       failed.store(true, std::memory_order_release);
+      release_arrival_flags_locked();
     }
     log(LogLevel::error, "attention {}: {}", spec.rank, reason);
     changed.notify_all();
+  }
+
+  // The engine failed or is closing: no round trip still pending will settle, so a device stream
+  // waiting on one's arrival flag is let go (the host's wait() reports why). Caller holds mutex.
+  void release_arrival_flags_locked() {
+    if (!arrival_flags) return;
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      if (const Pending& p = pending[static_cast<size_t>(mb)]; p.busy)
+        std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
+            .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
   }
 
   // Micro-batch mb's round trip is settled by every F (answered or lost). Caller holds mutex.
@@ -282,6 +297,7 @@ void AttentionEngine::State::close(std::string_view word) {
     std::lock_guard lock(mutex);
     if (closed) return;
     closed = true;
+    release_arrival_flags_locked();
   }
   for (auto& sender : senders)
     sender->stop();
@@ -300,6 +316,20 @@ void AttentionEngine::State::close(std::string_view word) {
 AttentionEngine::~AttentionEngine() {
   // Without finish() this A did not say it was done: it ends as one that failed.
   state_->close("quit");
+  // close() let every waiting stream go; each must pass its wait before the flags' memory goes. A
+  // stream held by other work past the job's timeout keeps the flags: a leak, not a wild read.
+  for (const Event& e : state_->stream_waits) {
+    try {
+      e.synchronize(state_->spec.timeout);
+    } catch (const Error& error) {
+      log(LogLevel::error,
+          "attention {}: a stream that waits on an arrival flag did not get past it ({}); the "
+          "flags' memory is left allocated",
+          state_->spec.rank, error.what());
+      new HostBuffer(std::move(*state_->arrival_flags));  // deliberately never freed
+      break;
+    }
+  }
 }
 
 void AttentionEngine::finish() {
@@ -330,6 +360,27 @@ void* AttentionEngine::result(int mb, int f) const {
 void* AttentionEngine::ready_flag(int mb) const {
   if (!state_->ready_flags || mb < 0 || mb >= state_->spec.micro_batches) return nullptr;
   return state_->ready_flags->data() + 4 * mb;
+}
+
+void AttentionEngine::stream_wait(Handle handle, const Stream& stream) const {
+  const State& s = *state_;
+  const int mb = static_cast<int>(handle & 0xff);
+  if (mb >= s.spec.micro_batches) throw Error(HM_ERR_INVALID_ARGUMENT, "not a push_pull handle");
+  if (!s.arrival_flags)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("stream_wait: {} has no stream memory operations (wait() on the host)",
+                            s.device.selector()));
+  if (!(stream.device() == s.device))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("stream_wait: a stream of {}, and this engine runs on {}",
+                            stream.device().selector(), s.device.selector()));
+  stream.wait_value32(arrival_flag(mb), static_cast<uint32_t>(handle >> 8), HM_WAIT_GEQ);
+  std::lock_guard lock(state_->mutex);
+  auto& waits = state_->stream_waits;
+  auto done = std::find_if(waits.begin(), waits.end(), [](const Event& e) { return e.ready(); });
+  if (done == waits.end())
+    done = waits.emplace(waits.end(), s.device.create_event(HM_EVENT_DISABLE_TIMING));
+  done->record(stream);
 }
 
 const void* AttentionEngine::arrival_flag(int mb) const {

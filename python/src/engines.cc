@@ -34,7 +34,7 @@ struct Context {
   PluginRegistry plugins;
   std::optional<Device> device;
   std::unique_ptr<KeyValueStore> store;
-  // Framework streams handed to push_pull/respond/wait_on_stream, by native handle, each borrowed
+  // Framework streams handed to push_pull/respond/stream_wait, by native handle, each borrowed
   // once (hm.cuda.native's stream_borrow) and kept for the engine's life (a few per framework).
   std::map<uintptr_t, Stream> borrowed;
 };
@@ -380,6 +380,20 @@ void bind_engines(py::module_& m) {
             return a.engine().wait(handle, timeout);
           },
           py::arg("handle"), py::arg("timeout_ms") = py::none())
+      .def(
+          "stream_wait",
+          [](PyAttention& a, afd::AttentionEngine::Handle handle, const py::object& stream) {
+            const Stream* on = stream_of(stream, a.context());
+            if (on == nullptr)
+              throw Error(HM_ERR_INVALID_ARGUMENT,
+                          "stream_wait: name the stream that is to wait (engine.create_stream() "
+                          "or a framework's stream)");
+            a.engine().stream_wait(handle, *on);
+          },
+          py::arg("handle"), py::arg("stream"),
+          "Later work on `stream` waits, without the host, until the round trip of `handle` has "
+          "settled (its results arrived, or it failed, or the engine ended); wait(handle) still "
+          "says which.")
       .def(
           "wait_for_peers",
           [](PyAttention& a, std::optional<double> timeout_ms) {

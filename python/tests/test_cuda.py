@@ -72,3 +72,38 @@ def test_a_torch_stream_is_borrowed_and_orders_the_push(store, job):
     a.finish()
     thread.join(30)
     assert [int(t[0, 0]) for t in got["tokens"]] == [5, 7, 7]
+
+
+def test_a_torch_stream_waits_for_the_results_without_the_host(store, job):
+    job.update(attention_devices="cuda:0", ffn_devices="cpu:0", a2f_dtype="bf16")
+    answer = threading.Event()
+
+    def ffn():
+        f = hetmesh.FfnEngine(rank=0, store=store.address, **job)
+        for batch in f.batches():
+            tokens = torch.from_dlpack(batch.parts[0].tokens)
+            torch.from_dlpack(batch.parts[0].output).copy_(tokens * 3)
+            answer.wait(30)  # held until the GPU's work has been queued behind the wait
+            f.respond(batch)
+
+    thread = threading.Thread(target=ffn)
+    thread.start()
+    a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
+    torch.from_dlpack(a.tokens(0)).fill_(2)
+    result = torch.from_dlpack(a.result(0, 0))
+    result.zero_()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    h = a.push_pull(0)
+    a.stream_wait(h, s)
+    with torch.cuda.stream(s):
+        seen = result.clone()  # queued behind the wait: runs once the results are in
+    done = torch.cuda.Event()
+    done.record(s)
+    assert not done.query()  # the stream is held: the F has not answered
+    answer.set()
+    done.synchronize()
+    assert torch.equal(seen.cpu(), torch.full(seen.shape, 6, dtype=torch.bfloat16))
+    a.wait(h)
+    a.finish()
+    thread.join(30)

@@ -229,8 +229,14 @@ class AttentionEngine {
   void* ready_flag(int micro_batch) const;
   // For a device stream to wait on instead: a pinned word that the comm thread sets to the
   // handle's sequence number when all results of `micro_batch` have arrived (stream_wait_value32
-  // with HM_WAIT_GEQ). nullptr if the device has no stream memory operations.
+  // with HM_WAIT_GEQ), and also when the round trip failed or the engine failed or ended, so no
+  // device stream waits forever. nullptr if the device has no stream memory operations.
   const void* arrival_flag(int micro_batch) const;
+  // Later work on `stream` (of this engine's device) waits, without the host, until `handle`'s
+  // round trip has settled (arrival_flag). Settled is not succeeded: the results are valid once
+  // wait(handle) returns. A stream that waits must be drained before the engine is destroyed (the
+  // flag's memory goes with it). Throws Error(NOT_SUPPORTED) without stream memory operations.
+  void stream_wait(Handle handle, const Stream& stream) const;
 
   const EngineSpec& spec() const;
   // This instance's incarnation: 1 for the first of its role and rank, higher for a replacement.
