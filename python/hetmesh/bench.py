@@ -9,6 +9,11 @@ flight (push_pull, then wait): from Python (timed with time.perf_counter_ns arou
 and from C++ (the same two calls in a native loop, timed around them the same way). The phases
 alternate `--phases` times, so both see the same machine state. Python's overhead per round trip
 is the difference of the two medians.
+
+A third phase splits that overhead: one C++ round trip per call from a Python loop, timed inside
+C++. Its median over the native loop's is what the interpreter's running between round trips
+costs the round trip itself (caches, the peer's timing); Python's over it is the binding's two
+calls.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def measure(args, job: dict) -> dict:
                                         device=args.attention_device, **job)
             cpp_ns: list[int] = []
             python_ns: list[int] = []
+            between_ns: list[int] = []  # one C++ round trip per call from Python
             clock = time.perf_counter_ns
             a._round_trips_from_cpp(0, args.warmup)
             for _ in range(args.phases):
@@ -63,6 +69,8 @@ def measure(args, job: dict) -> dict:
                     start = clock()
                     a.wait(a.push_pull(0))
                     python_ns.append(clock() - start)
+                for _ in range(args.iterations):
+                    between_ns += a._round_trips_from_cpp(0, 1)
             a.finish()
         finally:
             if ffn.wait(timeout=60) != 0:
@@ -70,7 +78,9 @@ def measure(args, job: dict) -> dict:
             store.close()
     cpp_us = [n / 1000 for n in cpp_ns]
     python_us = [n / 1000 for n in python_ns]
+    between_us = [n / 1000 for n in between_ns]
     cpp_p50, python_p50 = statistics.median(cpp_us), statistics.median(python_us)
+    between_p50 = statistics.median(between_us)
     return {
         "run": {"host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "hetmesh_version": hetmesh.__version__, "python": platform.python_version()},
@@ -78,7 +88,10 @@ def measure(args, job: dict) -> dict:
         "round_trips_per_side": len(cpp_us),
         "cpp_round_trip_us": {"p50": cpp_p50, "p99": percentile(cpp_us, 0.99)},
         "python_round_trip_us": {"p50": python_p50, "p99": percentile(python_us, 0.99)},
+        "cpp_one_per_python_call_us": {"p50": between_p50, "p99": percentile(between_us, 0.99)},
         "python_overhead_us_p50": python_p50 - cpp_p50,
+        "interpreter_between_round_trips_us_p50": between_p50 - cpp_p50,
+        "binding_calls_us_p50": python_p50 - between_p50,
         "python_over_cpp": python_p50 / cpp_p50,
     }
 
@@ -111,8 +124,14 @@ def main() -> int:
     print(f"{'C++':<14}{r['cpp_round_trip_us']['p50']:>10.1f}{r['cpp_round_trip_us']['p99']:>10.1f}")
     print(f"{'Python':<14}{r['python_round_trip_us']['p50']:>10.1f}"
           f"{r['python_round_trip_us']['p99']:>10.1f}")
+    print(f"{'C++, 1/call':<14}{r['cpp_one_per_python_call_us']['p50']:>10.1f}"
+          f"{r['cpp_one_per_python_call_us']['p99']:>10.1f}   (one C++ round trip per call from "
+          f"a Python loop)")
     print(f"Python overhead per push_pull + wait: {r['python_overhead_us_p50']:.2f} us (p50), "
-          f"{r['python_over_cpp']:.3f}x the C++ round trip")
+          f"{r['python_over_cpp']:.3f}x the C++ round trip: "
+          f"{r['binding_calls_us_p50']:.2f} us the binding's two calls, "
+          f"{r['interpreter_between_round_trips_us_p50']:.2f} us the interpreter between round "
+          f"trips")
     if args.json == "-":
         json.dump(r, sys.stdout, indent=1)
         print()
