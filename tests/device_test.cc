@@ -541,10 +541,10 @@ TEST_F(AsicStubTest, UnknownOrNewerExtensionsAreNotSupported) {
             HM_ERR_NOT_SUPPORTED);
   EXPECT_EQ(table, nullptr);
 
+  // The cpu plugin has no extensions: its slot is NULL, which the ABI reads as NOT_SUPPORTED.
   auto cpu = load("cpu");
   ASSERT_NE(cpu, nullptr);
-  EXPECT_EQ(cpu->api().get_extension(HM_ASIC_STUB_LAUNCH_EXTENSION, 1, &table),
-            HM_ERR_NOT_SUPPORTED);
+  EXPECT_EQ(cpu->api().get_extension, nullptr);
 }
 
 // Plugin options are read by initialize(), which runs once per process, so option errors are

@@ -36,7 +36,10 @@ hm_status initialize(const hm_host_api* host) {
 }
 
 hm_status device_count(int32_t* count) {
-  return guarded("device_count", [&] { *count = memory().device_count(); });
+  return guarded("device_count", [&] {
+    if (count == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "count is NULL");
+    *count = memory().device_count();
+  });
 }
 
 hm_status device_properties(int32_t device, hm_device_properties* props) {
@@ -71,10 +74,18 @@ hm_status pointer_query(const void* ptr, hm_pointer_info* info) {
   return guarded("pointer_query", [&] { memory().query(ptr, info); });
 }
 
+// A range that starts in our memory stays inside its allocation (as the cpu plugin checks).
+void check_range(const void* ptr, uint64_t size, const char* what) {
+  if (ptr == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "%s is NULL", what);
+  memory().view_if_ours(ptr, size);
+}
+
 hm_status memcpy_async(hm_stream stream, void* dst, const void* src, uint64_t size) {
   return guarded("memcpy_async", [&] {
     auto* s = hm::kit::host_stream(stream);
     if (size == 0) return;
+    check_range(dst, size, "dst");
+    check_range(src, size, "src");
     s->worker.submit([=] { std::memmove(dst, src, size); });
   });
 }
@@ -83,6 +94,7 @@ hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size
   return guarded("memset_async", [&] {
     auto* s = hm::kit::host_stream(stream);
     if (size == 0) return;
+    check_range(dst, size, "dst");
     s->worker.submit([=] { std::memset(dst, value, size); });
   });
 }
