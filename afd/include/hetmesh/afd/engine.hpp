@@ -35,6 +35,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 class KeyValueStore;
 }
@@ -304,3 +307,5 @@ class FfnEngine {
 int64_t now_ns();
 
 }  // namespace hetmesh::afd
+
+#pragma GCC visibility pop

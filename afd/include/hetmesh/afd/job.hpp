@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh::afd {
 
 // The transport a single-host job uses, chosen by choose_transport (transport_selection.hpp),
@@ -73,3 +76,5 @@ std::optional<std::string> shared_device_advice(const JobConfig& config);
 std::filesystem::path make_job_folder(const std::string& prefix);
 
 }  // namespace hetmesh::afd
+
+#pragma GCC visibility pop

@@ -24,6 +24,9 @@
 #include <string_view>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh::afd {
 
 // Element types on the wire. Sizes: fp8 1, bf16 2, fp16 2, fp32 4 bytes.
@@ -161,3 +164,5 @@ JobConfig parse_config(std::string_view text, const std::string& source_name);
 std::string to_toml(const JobConfig& config);
 
 }  // namespace hetmesh::afd
+
+#pragma GCC visibility pop

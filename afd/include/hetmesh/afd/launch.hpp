@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh::afd {
 
 struct LocalInstances {
@@ -201,3 +204,5 @@ class LocalJob {
 };
 
 }  // namespace hetmesh::afd
+
+#pragma GCC visibility pop

@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh::afd {
 
 struct Percentiles {
@@ -77,3 +80,5 @@ void write_chrome_trace(const std::string& path, const std::vector<AttentionTrac
                         const std::vector<InstanceHistory>& histories = {});
 
 }  // namespace hetmesh::afd
+
+#pragma GCC visibility pop

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 // One port of one RDMA device.
@@ -34,3 +37,5 @@ struct RdmaDeviceInfo {
 std::vector<RdmaDeviceInfo> list_rdma_devices();
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 // This node as the ipc transport sees it: "<hostname>/<boot id>". Two processes may use ipc
@@ -41,3 +44,5 @@ TransportSelection choose_transport(std::optional<TransportKind> forced, bool sa
                                     const std::string& rdma_device = {});
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -31,6 +31,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 enum class TransportKind { ipc, tcp, verbs };
@@ -196,3 +199,5 @@ class Transport {
 };
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

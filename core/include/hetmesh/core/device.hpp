@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 class Buffer;
@@ -203,3 +206,5 @@ class DmaBuf {
 };
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -7,6 +7,9 @@
 #include <stdexcept>
 #include <string>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 // Statuses the core adds to the plugin ABI's, numbered from 1000 so they never collide.
@@ -29,3 +32,5 @@ class Error : public std::runtime_error {
 };
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -10,6 +10,9 @@
 #include <string_view>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 // Lowercase hex, two digits a byte.
@@ -25,3 +28,5 @@ void from_hex(std::string_view text, std::span<uint8_t> out, std::string_view wh
               hm_status status = HM_ERR_INVALID_ARGUMENT);
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -12,6 +12,9 @@
 #include <string>
 #include <string_view>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 // Fills `out` with random bytes (OpenSSL's RAND_bytes): nonces.
@@ -50,3 +53,5 @@ class JobSecret {
 };
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -20,6 +20,9 @@
 #include <string>
 #include <string_view>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 enum class LogLevel { error = 0, warn = 1, info = 2, debug = 3 };
@@ -47,3 +50,5 @@ void log(LogLevel level, fmt::format_string<Args...> format, Args&&... args) {
 }
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

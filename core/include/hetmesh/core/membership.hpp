@@ -23,6 +23,9 @@
 #include <utility>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 struct Incarnation {
@@ -84,3 +87,5 @@ class MemberWatch {
 std::optional<Incarnation> parse_member_entry(const std::string& text);
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 class Device;
@@ -108,3 +111,5 @@ std::string installed_plugin_dir();
 std::string plugin_probe_path();
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -26,6 +26,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 class KeyValueStore {
@@ -205,3 +208,5 @@ void wait_for_departure(KeyValueStore& store, const std::string& job_id, int att
                         std::chrono::milliseconds timeout);
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -20,6 +20,9 @@
 #include <utility>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh::net {
 
 using Clock = std::chrono::steady_clock;
@@ -109,3 +112,5 @@ bool hung_up(int fd);
 std::optional<ucred> peer_credentials(int fd);
 
 }  // namespace hetmesh::net
+
+#pragma GCC visibility pop

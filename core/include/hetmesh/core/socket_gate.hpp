@@ -20,6 +20,9 @@
 #include <thread>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh::net {
 
 // One connection's opening, driven by the gate's thread.
@@ -87,3 +90,5 @@ class Gate {
 };
 
 }  // namespace hetmesh::net
+
+#pragma GCC visibility pop

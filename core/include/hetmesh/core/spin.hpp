@@ -19,6 +19,9 @@
 #include <immintrin.h>
 #endif
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 // A pause for spin loops: lets the sibling hyperthread run and saves power.
@@ -111,3 +114,5 @@ class TimedWait {
 };
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

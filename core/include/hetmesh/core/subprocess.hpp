@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 struct ProcessResult {
@@ -58,3 +61,5 @@ class ChildProcess {
 std::string self_executable();
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

@@ -18,6 +18,9 @@
 #include <string_view>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 // `text` as a TOML basic string, with the escapes the grammar requires.
@@ -105,3 +108,5 @@ class TomlSection {
 };
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop

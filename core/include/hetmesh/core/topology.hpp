@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+// Exported from the library, which hides every other symbol (core/README.md, "Exports").
+#pragma GCC visibility push(default)
+
 namespace hetmesh {
 
 class Topology {
@@ -60,3 +63,5 @@ class Topology {
 };
 
 }  // namespace hetmesh
+
+#pragma GCC visibility pop
