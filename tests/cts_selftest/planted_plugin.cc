@@ -84,8 +84,10 @@ void table_update(void* base, uint64_t size, bool add) {
     next->emplace_back(base, size);
   else
     std::erase_if(*next, [&](const auto& e) { return e.first == base; });
-  std::this_thread::yield();  // another thread's update lands here and is overwritten
-  g_table = next;             // the old table leaks: a lost entry, never a crash
+  // Another thread's update lands here and is overwritten: a window wide enough that the storm's
+  // threads meet in it even on a loaded 2-core machine, where a yield alone sometimes missed.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  g_table = next;  // the old table leaks: a lost entry, never a crash
 }
 
 // last_error_shared's one message, written by whichever thread failed last.
