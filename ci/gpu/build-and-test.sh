@@ -24,8 +24,7 @@ exec > >(tee "$OUT/build-and-test.log") 2>&1
 # NVLink multicast can take a shared host's GPUs out of service: keep it off everywhere.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-deps=$PWD/.deps/gpu/usr
-build=$PWD/build/gpu
+source ci/gpu/configure.sh  # deps, build, LD_LIBRARY_PATH, configure_gpu_build
 jobs=$(nproc)
 section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
 
@@ -43,19 +42,7 @@ section environment
 } | tee "$OUT/environment.txt"
 
 section configure
-if [[ ! -d $deps ]]; then
-  echo ".deps/gpu is missing: run ci/gpu/fetch-deps.sh here first and carry .deps/gpu"
-  exit 2
-fi
-CUDA_ROOT=$( [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local/cuda)
-export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-cmake -S . -B "$build" -G Ninja \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_PREFIX_PATH="$deps" \
-  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
-  -DHETMESH_WITH_CUDA=ON \
-  ${CUDA_ROOT:+-DCUDAToolkit_ROOT=$CUDA_ROOT} \
-  -DHETMESH_BUILD_TESTS=ON || exit 2
+configure_gpu_build
 
 section build
 # What the CTS needs first (it must build); then the CLI, which `hetmesh info` needs.

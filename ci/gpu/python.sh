@@ -14,8 +14,7 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/python.log") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-deps=$PWD/.deps/gpu/usr
-build=$PWD/build/gpu
+source ci/gpu/configure.sh  # deps, build, LD_LIBRARY_PATH, configure_gpu_build
 python=$(command -v python3)
 section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
 
@@ -28,12 +27,8 @@ mkdir -p "$pybind11_include" && ln -sfn "$torch_include/pybind11" "$pybind11_inc
 "$python" -c "import pytest; print('pytest', pytest.__version__)" || echo "no pytest here"
 
 section configure
-CUDA_ROOT=$( [[ -x /usr/local/cuda/bin/nvcc ]] && echo /usr/local/cuda)
-export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps" \
-  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DHETMESH_WITH_CUDA=ON ${CUDA_ROOT:+-DCUDAToolkit_ROOT=$CUDA_ROOT} \
-  -DHETMESH_BUILD_TESTS=ON -DHETMESH_PYTHON="$python" -Dpybind11_DIR=/nonexistent \
-  -DHETMESH_PYBIND11_INCLUDE_DIR="$pybind11_include" || exit 2
+configure_gpu_build -DHETMESH_PYTHON="$python" -Dpybind11_DIR=/nonexistent \
+  -DHETMESH_PYBIND11_INCLUDE_DIR="$pybind11_include"
 
 section build
 cmake --build "$build" -j "$(nproc)" --target hetmesh-python hetmesh-cli hetmesh-plugin-probe \
