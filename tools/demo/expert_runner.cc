@@ -22,15 +22,6 @@ static_assert(sizeof(Route) == sizeof(hm_demo_route) &&
                   offsetof(Route, weight) == offsetof(hm_demo_route, weight),
               "the demo's routing entry is hm_demo_route");
 
-// Bytes of a part's tokens, routing and output.
-struct PartBytes {
-  uint64_t tokens, routing, output;
-  PartBytes(const ExpertArgs& args, uint32_t tokens_in_part)
-      : tokens(uint64_t{tokens_in_part} * args.hidden * dtype_bytes(args.a2f)),
-        routing(uint64_t{tokens_in_part} * args.top_k * sizeof(Route)),
-        output(uint64_t{tokens_in_part} * args.hidden * dtype_bytes(args.f2a)) {}
-};
-
 // The device can be read and written by the host: run the experts right here.
 class HostRunner : public ExpertRunner {
  public:
@@ -59,7 +50,7 @@ class StagedHostRunner : public HostRunner {
   void run(int layer, const afd::Batch::FromAttention& part, const Stream& stream) override {
     ExpertArgs args = args_;
     args.tokens = part.tokens;
-    PartBytes bytes(args, part.tokens);
+    const ExpertBytes bytes = expert_bytes(args);
     tokens_.resize(bytes.tokens);
     routing_.resize(part.tokens * size_t{args.top_k});
     output_.resize(bytes.output);
@@ -137,15 +128,17 @@ class KernelLibraryRunner : public ExpertRunner {
   std::vector<Buffer> weights_;
 };
 
-}  // namespace
-
+// Where `hetmesh demo` looks for `plugin`'s kernel library: $HETMESH_DEMO_KERNELS (ignored in a
+// setuid process, as the plugin loader's variables are), else ../demo beside the plugin file.
 std::string demo_kernel_library_path(const Plugin& plugin) {
   const std::string file = HM_DEMO_EXPERTS_PREFIX + plugin.name() + ".so";
-  if (const char* dir = std::getenv("HETMESH_DEMO_KERNELS"); dir != nullptr && *dir != '\0')
+  if (const char* dir = secure_getenv("HETMESH_DEMO_KERNELS"); dir != nullptr && *dir != '\0')
     return (std::filesystem::path(dir) / file).string();
   return (std::filesystem::path(plugin.path()).parent_path().parent_path() / "demo" / file)
       .string();
 }
+
+}  // namespace
 
 std::unique_ptr<ExpertRunner> ExpertRunner::create(const Device& device, const TinyMoe& model,
                                                    int rank, int count) {

@@ -8,7 +8,6 @@
 #include <hetmesh/afd/engine.hpp>
 
 #include <memory>
-#include <string>
 
 namespace hetmesh::demo {
 
@@ -21,9 +20,5 @@ class ExpertRunner {
   // Enqueues (or runs) layer `layer`'s experts on `part`, in order on `stream`.
   virtual void run(int layer, const afd::Batch::FromAttention& part, const Stream& stream) = 0;
 };
-
-// Where `hetmesh demo` looks for `plugin`'s kernel library: $HETMESH_DEMO_KERNELS, else ../demo
-// beside the plugin file.
-std::string demo_kernel_library_path(const Plugin& plugin);
 
 }  // namespace hetmesh::demo

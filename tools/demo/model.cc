@@ -51,6 +51,14 @@ void run_experts(const ExpertArgs& a, const void* tokens, const Route* routing,
   }
 }
 
+ExpertBytes expert_bytes(const ExpertArgs& a) {
+  return {uint64_t{a.tokens} * a.hidden * dtype_bytes(a.a2f),
+          uint64_t{a.tokens} * a.top_k * sizeof(Route),
+          uint64_t{a.tokens} * a.hidden * dtype_bytes(a.f2a),
+          static_cast<uint64_t>(a.last_expert - a.first_expert) * 2 * a.ffn_dim * a.hidden *
+              sizeof(float)};
+}
+
 double model_bytes(const ModelShape& s) {
   const double h = s.hidden, f = s.ffn_dim, experts = s.experts;
   return s.layers * (h * h + experts * h + experts * 2 * f * h) * sizeof(float);

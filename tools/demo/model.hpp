@@ -36,6 +36,13 @@ struct ExpertArgs {
   Dtype a2f, f2a;
 };
 
+// Bytes of a part of `args.tokens` tokens (its tokens, routing and output) and of the weights of
+// experts [first, last): what a kernel reads and writes.
+struct ExpertBytes {
+  uint64_t tokens, routing, output, weights;
+};
+ExpertBytes expert_bytes(const ExpertArgs& args);
+
 // out[t] = sum over token t's routes to experts in [first, last) of weight * W2 relu(W1 x_t),
 // with x read in the A2F dtype and out written in the F2A dtype. `weights` holds, per expert
 // from `first_expert` on, W1 [ffn_dim][hidden] then W2 [hidden][ffn_dim].

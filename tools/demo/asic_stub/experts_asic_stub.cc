@@ -50,11 +50,8 @@ extern "C" __attribute__((visibility("default"))) hm_status hm_demo_experts_v1(
                         static_cast<Dtype>(a.f2a)};
   void* buffers[4] = {const_cast<void*>(call->tokens), const_cast<hm_demo_route*>(call->routing),
                       call->out, const_cast<float*>(call->weights)};
-  const uint64_t sizes[4] = {
-      uint64_t{a.tokens} * a.hidden * hetmesh::afd::dtype_bytes(args.a2f),
-      uint64_t{a.tokens} * a.top_k * sizeof(hm_demo_route),
-      uint64_t{a.tokens} * a.hidden * hetmesh::afd::dtype_bytes(args.f2a),
-      uint64_t(a.last_expert - a.first_expert) * 2 * a.ffn_dim * a.hidden * sizeof(float)};
+  const ExpertBytes bytes = expert_bytes(args);
+  const uint64_t sizes[4] = {bytes.tokens, bytes.routing, bytes.output, bytes.weights};
   const auto* launch = static_cast<const hm_asic_stub_launch_ext*>(table);
   if (hm_status s =
           launch->launch(call->stream, expert_kernel, buffers, sizes, 4, &args, sizeof args);
