@@ -2,9 +2,12 @@
 // itself as the peer (--peer), which echoes every write it is notified of back into our region.
 // Memory kinds: cpu memory (host-addressable) and asic_stub device memory (not host-addressable,
 // which forces the staging paths), in every combination across the two processes; with a GPU,
-// cuda memory against each of them too. The verbs
-// registration fallback order has its own cases (VerbsRegistrationFallbackTest).
+// cuda memory against each of them too. Over ipc, a peer that loads only its own memory's plugin
+// cannot map ours, so its writes to us go through the staging ring (the `ring` cases: the ring's
+// writer and reader, on a machine without GPUs). The verbs registration fallback order has its
+// own cases (VerbsRegistrationFallbackTest).
 #include <hetmesh/core/hex.hpp>
+#include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/subprocess.hpp>
 #include <hetmesh/transport/rdma_info.hpp>
 #include <hetmesh/transport/transport.hpp>
@@ -15,9 +18,12 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
+#include <thread>
 
 namespace hetmesh {
 namespace {
@@ -27,6 +33,10 @@ constexpr uint64_t kRegionSize = 2 * kHalf;  // sources in the first half, echoe
 constexpr std::chrono::seconds kWait{120};
 constexpr uint32_t kBurstBase = 1000;
 constexpr int kBurst = 64;
+
+// The peer echoes this value when told to (control "echo 4000") and says so on its standard
+// output once its write is done ("ECHOED 4000"), so a test can wait for it without polling.
+constexpr uint32_t kReportedEcho = 4000;
 
 // Where the bytes of a write with notification `value` come from and go, in both processes.
 struct Shape {
@@ -39,6 +49,7 @@ constexpr uint32_t kSizeCases = sizeof kSizes / sizeof kSizes[0];
 Shape shape_for(uint32_t value) {
   if (value < kSizeCases)  // odd offsets on both sides
     return {kSizes[value], 7 + value, 13 + 2 * value, kHalf + 11 + value};
+  if (value == kReportedEcho) return {(16 << 20) + 3, 5, 9, kHalf + 1};  // 8 ring slots and more
   uint64_t k = value - kBurstBase;
   return {4099, k * 8192 + 3, k * 8192 + 5, kHalf + k * 8192 + 9};
 }
@@ -86,6 +97,11 @@ int run_peer(const std::string& kind, const std::string& memory) {
     auto connection =
         side.transport->connect(from_hex(after(endpoint, "ENDPOINT"), "the endpoint line"), kWait);
     auto target = connection->import_region(from_hex(after(region, "REGION"), "the region line"));
+    auto echo = [&](uint32_t value) {
+      Shape s = shape_for(value);
+      connection->write(*side.region, s.peer_offset, *target, s.echo_offset, s.length, value,
+                        value);
+    };
     std::vector<TransportEvent> events;
     for (;;) {
       events.clear();
@@ -93,17 +109,22 @@ int run_peer(const std::string& kind, const std::string& memory) {
       for (const auto& e : events) {
         if (e.type == TransportEvent::Type::peer_lost) return 0;
         if (e.type == TransportEvent::Type::notification) {
-          Shape s = shape_for(e.value);
-          connection->write(*side.region, s.peer_offset, *target, s.echo_offset, s.length, e.value,
-                            e.value);
+          echo(e.value);
         } else if (e.type == TransportEvent::Type::control) {
           std::string text(e.payload.begin(), e.payload.end());
           if (text == "exit") return 0;
+          if (text == fmt::format("echo {}", kReportedEcho)) {
+            echo(kReportedEcho);
+            continue;
+          }
           std::string reply = "pong " + text;
           connection->send_control({reinterpret_cast<const uint8_t*>(reply.data()), reply.size()});
+          if (text == "reported") std::cout << "PONGED" << std::endl;
         } else if (e.type == TransportEvent::Type::write_done && e.status != HM_OK) {
           std::cerr << "peer: echo failed: " << e.message << std::endl;
           return 3;
+        } else if (e.type == TransportEvent::Type::write_done && e.cookie == kReportedEcho) {
+          std::cout << "ECHOED " << e.cookie << std::endl;
         }
       }
     }
@@ -120,13 +141,25 @@ struct Param {
   // processes.
   std::string step;
   std::vector<std::string> knobs;
+  // The `ring` cases: the only plugin the peer loads (HETMESH_PLUGINS), so that it cannot map our
+  // memory and writes to us through its staging ring.
+  std::string peer_plugin;
 };
 
+std::string describe(const Param& p) {
+  if (!p.peer_plugin.empty())
+    return fmt::format("{}_{}_to_{}_ring", to_string(p.kind), p.local, p.remote);
+  if (!p.step.empty()) return fmt::format("{}_{}_{}", to_string(p.kind), p.local, p.step);
+  return fmt::format("{}_{}_to_{}", to_string(p.kind), p.local, p.remote);
+}
+
 std::string param_name(const testing::TestParamInfo<Param>& info) {
-  if (!info.param.step.empty())
-    return fmt::format("{}_{}_{}", to_string(info.param.kind), info.param.local, info.param.step);
-  return fmt::format("{}_{}_to_{}", to_string(info.param.kind), info.param.local,
-                     info.param.remote);
+  return describe(info.param);
+}
+
+// How GoogleTest shows a case's parameter in a failure (rather than its bytes).
+void PrintTo(const Param& p, std::ostream* out) {
+  *out << describe(p);
 }
 
 bool required(TransportKind kind) {
@@ -146,8 +179,22 @@ class TransportTest : public testing::TestWithParam<Param> {
         GTEST_SKIP() << e.what() << " (set HETMESH_REQUIRE_TRANSPORTS to make this a failure)";
       throw;
     }
+    // This process has loaded its plugins already: the variable reaches only the peer.
+    std::optional<std::string> plugins;
+    if (!GetParam().peer_plugin.empty()) {
+      if (const char* was = std::getenv("HETMESH_PLUGINS")) plugins = was;
+      std::string only =
+          fmt::format("{}/libhetmesh-device-{}.so", installed_plugin_dir(), GetParam().peer_plugin);
+      setenv("HETMESH_PLUGINS", only.c_str(), 1);
+    }
     peer_ = std::make_unique<ChildProcess>(std::vector<std::string>{
         self_executable(), "--peer", to_string(GetParam().kind), GetParam().remote});
+    if (!GetParam().peer_plugin.empty()) {
+      if (plugins)
+        setenv("HETMESH_PLUGINS", plugins->c_str(), 1);
+      else
+        unsetenv("HETMESH_PLUGINS");
+    }
     auto endpoint =
         from_hex(after(peer_->read_line(kWait), "ENDPOINT"), "the peer's endpoint line");
     peer_region_ = from_hex(after(peer_->read_line(kWait), "REGION"), "the peer's region line");
@@ -217,6 +264,10 @@ class TransportTest : public testing::TestWithParam<Param> {
         << "echo of " << s.length << " bytes differs";
   }
 
+  void send_text(const std::string& text) {
+    connection_->send_control({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  }
+
   void write(uint32_t value) {
     Shape s = shape_for(value);
     connection_->write(*local_->region, s.src_offset, *remote_, s.peer_offset, s.length, value,
@@ -256,6 +307,48 @@ TEST_P(TransportTest, ManyWritesInFlightKeepTheirOrder) {
   EXPECT_GE(writes_done_, 1);
   for (int k = 0; k < kBurst; ++k)
     expect_echo(kBurstBase + k);
+}
+
+// A poller that returns with events leaves the frames that come after them for its next poll
+// (it asks for no wake-up), and then may not poll again for a while. A ring writer that runs out
+// of slots meanwhile must still get them back: it wakes the reader's progress thread, which lands
+// the chunks. Here the peer echoes 16 MiB through its 4 x 2 MiB ring after our last poll, which
+// returned an event; its write can only finish if our side lands most of it without a poll. (The
+// progress thread also looks at its ring once a second whatever happens, so without the writer's
+// wake-up this passes too, a second later: the figure printed shows which.)
+TEST_P(TransportTest, RingWritesLandWhileTheReaderDoesNotPoll) {
+  if (GetParam().peer_plugin.empty()) GTEST_SKIP() << "for the ring cases";
+  Shape s = shape_for(kReportedEcho);  // the bytes to echo, without a notification (no echo yet)
+  connection_->write(*local_->region, s.src_offset, *remote_, s.peer_offset, s.length, std::nullopt,
+                     kReportedEcho);
+  bool written = false;
+  while (!written && !HasFatalFailure()) {
+    events_.clear();
+    local_->transport->poll(events_, std::chrono::milliseconds(100));
+    for (const auto& e : events_) {
+      ASSERT_NE(e.type, TransportEvent::Type::peer_lost) << e.message;
+      written |= e.type == TransportEvent::Type::write_done && e.cookie == kReportedEcho;
+    }
+  }
+  send_text("reported");
+  ASSERT_EQ(peer_->read_line(kWait), "PONGED");
+  // Our progress thread, if the pong woke it, is done with it by now: the poll below reads it
+  // from the queue or the ring and returns with it, leaving no wake-up asked for.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  events_.clear();
+  local_->transport->poll(events_, std::chrono::nanoseconds(0));
+  ASSERT_EQ(events_.size(), 1u);
+  ASSERT_EQ(events_[0].type, TransportEvent::Type::control);
+  ASSERT_EQ(std::string(events_[0].payload.begin(), events_[0].payload.end()), "pong reported");
+  events_.clear();
+  auto start = std::chrono::steady_clock::now();
+  send_text(fmt::format("echo {}", kReportedEcho));
+  EXPECT_EQ(peer_->read_line(kWait), fmt::format("ECHOED {}", kReportedEcho));
+  std::printf(
+      "[ figure ] 16 MiB through the peer's ring while we did not poll: %.1f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  await_notification(kReportedEcho);
+  expect_echo(kReportedEcho);
 }
 
 TEST_P(TransportTest, ControlMessagesArriveInOrder) {
@@ -508,6 +601,10 @@ std::vector<Param> all_params() {
     for (auto [local, remote] : {std::pair{"cpu", "cpu"}, std::pair{"asic_stub", "asic_stub"},
                                  std::pair{"cpu", "asic_stub"}, std::pair{"asic_stub", "cpu"}})
       params.push_back({kind, local, remote});
+  // A peer that loads only the plugin of its own memory writes to us through its ring: from host
+  // memory into our device memory, and from its device memory into our host memory.
+  params.push_back({TransportKind::ipc, "asic_stub", "cpu", "", {}, "cpu"});
+  params.push_back({TransportKind::ipc, "cpu", "asic_stub", "", {}, "asic_stub"});
   // GPU memory, where a GPU is: one DMA to and from a peer's host memory over ipc, the ring to
   // another plugin's device memory, and the staged paths of tcp.
   for (TransportKind kind : {TransportKind::ipc, TransportKind::tcp})

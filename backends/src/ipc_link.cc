@@ -102,15 +102,23 @@ void IpcLink::send(const Frame& frame, const void* payload, size_t size) {
 // full ring is a peer that is stopped or flooded: wait for it, politely and not forever.
 void IpcLink::await_room(uint64_t bytes) {
   MessageRing& ring = rings_.messages_out;
-  auto deadline = std::chrono::steady_clock::now() + kProgressTimeout;
+  auto now = std::chrono::steady_clock::now();
+  auto deadline = now + kProgressTimeout;
+  auto nudge_at = now;
   auto nap = std::chrono::microseconds(5);
   while (!ring.has_room(bytes)) {
     if (closing_) throw Error(kStatusPeerLost, "the connection was closed");
     if (!alive_) throw Error(kStatusPeerLost, fmt::format("the peer {} was lost", peer_id_));
-    if (std::chrono::steady_clock::now() > deadline)
+    now = std::chrono::steady_clock::now();
+    if (now > deadline)
       throw Error(HM_ERR_TIMEOUT, fmt::format("peer {} read nothing of its message ring for {} s",
                                               peer_id_, kProgressTimeout.count()));
-    if (ring.take_wakeup_request()) wake_peer();
+    // Whether or not the peer asked: its poller may have left without asking (unclaim).
+    if (now >= nudge_at) {
+      ring.take_wakeup_request();
+      wake_peer();
+      nudge_at = now + std::chrono::milliseconds(1);
+    }
     std::this_thread::sleep_for(nap);
     nap = std::min<std::chrono::microseconds>(2 * nap, std::chrono::milliseconds(1));
   }
@@ -127,6 +135,11 @@ void IpcLink::wake_peer() {
     throw Error(kStatusPeerLost, fmt::format("waking peer {} failed: {}", peer_id_,
                                              n < 0 ? std::strerror(errno) : "nothing sent"));
   }
+}
+
+void IpcLink::nudge() {
+  if (closing_) throw Error(kStatusPeerLost, "the connection was closed");
+  wake_peer();
 }
 
 void IpcLink::wake_progress() {
@@ -147,7 +160,11 @@ bool IpcLink::claim() {
   return true;
 }
 
-void IpcLink::unclaim(std::vector<TransportEvent>* out) {
+void IpcLink::unclaim(std::vector<TransportEvent>* out, bool will_block) {
+  if (!will_block) {
+    role_.unlock();
+    return;
+  }
   MessageRing& ring = rings_.messages_in;
   ring.request_wakeup(true);
   // Frames published before the request took effect come with no wake-up: read them now, and

@@ -48,7 +48,7 @@ struct IpcShared {
   void remove_link(const IpcLink* link);
 };
 
-class IpcRegion : public Region, public std::enable_shared_from_this<IpcRegion> {
+class IpcRegion final : public Region, public std::enable_shared_from_this<IpcRegion> {
  public:
   IpcRegion(std::shared_ptr<IpcShared> shared, uint32_t id, const Device& device, void* base,
             uint64_t size, std::optional<IpcExport> exported);

@@ -23,6 +23,7 @@
 
 #include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/spin.hpp>
 #include <hetmesh/transport/selection.hpp>
 
 #include <unistd.h>
@@ -210,11 +211,11 @@ class IpcTransport : public Transport {
           if (!c.held) c.held = c.link->claim();
       cpu_relax();
     }
-    claims.release(out);
+    claims.release(out, /*will_block=*/out.size() == before);
     if (out.size() == before) {
       waited = true;
       auto left = timeout - (Clock::now() - start);
-      if (left.count() > 0) shared_->events.poll(out, left, std::chrono::nanoseconds(0));
+      if (left.count() > 0) shared_->events.poll(out, left);
     }
     if (waited && timeout.count() > 0)
       record_wait(Clock::now() - start, out.size() > before, spin.count() > 0);
@@ -249,16 +250,16 @@ class IpcTransport : public Transport {
     }
     ~Claims() {
       for (Claim& c : links)
-        if (c.held) c.link->unclaim(nullptr);  // only on an exception: events go to the queue
+        if (c.held) c.link->unclaim(nullptr, true);  // only on an exception: to the queue
       links.clear();
     }
     Claims(const Claims&) = delete;
     Claims& operator=(const Claims&) = delete;
-    void release(std::vector<TransportEvent>& out) {
+    void release(std::vector<TransportEvent>& out, bool will_block) {
       for (Claim& c : links)
         if (c.held) {
           c.held = false;
-          c.link->unclaim(&out);
+          c.link->unclaim(&out, will_block);
         }
       links.clear();
     }

@@ -11,7 +11,8 @@ namespace hetmesh::detail {
 constexpr uint32_t kHelloMagic = 0x48504948;  // "HIPH"
 constexpr uint32_t kFrameMagic = 0x46504948;  // "HIPF"
 // 2: frames travel in a shared-memory message ring; the socket carries wake-ups only.
-constexpr uint16_t kProtocolVersion = 2;
+// 3: the message ring's wake-up request has a cache line of its own.
+constexpr uint16_t kProtocolVersion = 3;
 
 // The staging ring's geometry comes from TransportOptions (staging_slots, staging_slot_bytes).
 constexpr uint32_t kMinRingSlots = 2;

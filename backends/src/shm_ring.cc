@@ -225,9 +225,13 @@ void MessageRing::hand_back() {
 }
 
 void MessageRing::request_wakeup(bool requested) {
-  std::atomic_ref<uint32_t>(header()->wakeup_requested)
-      .store(requested ? 1 : 0, std::memory_order_relaxed);
-  if (requested) std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::atomic_ref<uint32_t> request(header()->wakeup_requested);
+  if (!requested) {
+    if (request.load(std::memory_order_relaxed) != 0) request.store(0, std::memory_order_relaxed);
+    return;
+  }
+  request.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 void send_with_fds(int socket, const void* data, size_t size, std::span<const int> fds,

@@ -50,9 +50,11 @@ class SharedRing {
 
 // A ring of `capacity` bytes (a power of two) behind one page of positions: the producer's
 // position (bytes published so far), the consumer's (bytes consumed so far) and the consumer's
-// wake-up request, each on its own cache line. Records are written at the producer's position and
-// become visible together when it publishes; the consumer copies them out before handing the bytes
-// back. Neither side blocks here: waiting, and the wake-up it needs, is the caller's.
+// wake-up request, each on its own cache line, so that the producer's look at the request after
+// every publish stays in its cache while the consumer moves its position. Records are written at
+// the producer's position and become visible together when it publishes; the consumer copies them
+// out before handing the bytes back. Neither side blocks here: waiting, and the wake-up it needs,
+// is the caller's.
 //
 // The wake-up handshake ("sleeping flag"): a consumer about to sleep requests a wake-up, then
 // checks for data once more; a producer publishes, then checks for a request, and if there is one
@@ -110,14 +112,15 @@ class MessageRing {
   void hand_back();
   // Requests (true) or withdraws (false) a wake-up on the next publish. A request is followed by a
   // full fence, so a has_data() after it sees every record published before the producer could
-  // have missed the request.
+  // have missed the request. Withdrawing one that is not there writes nothing (the producer reads
+  // the request's cache line after every publish).
   void request_wakeup(bool requested);
 
  private:
   struct Header {
     alignas(64) uint64_t produced;
     alignas(64) uint64_t consumed;
-    uint32_t wakeup_requested;
+    alignas(64) uint32_t wakeup_requested;
   };
   static_assert(sizeof(Header) <= kHeaderBytes);
   static_assert(std::atomic_ref<uint64_t>::is_always_lock_free &&

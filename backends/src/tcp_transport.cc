@@ -6,6 +6,7 @@
 
 #include "descriptor.hpp"
 #include "event_queue.hpp"
+#include "region_cast.hpp"
 #include "socket_link.hpp"
 #include "staging.hpp"
 
@@ -46,7 +47,7 @@ struct TcpShared {
   uint32_t next_region = 1;
 };
 
-class TcpRegion : public Region {
+class TcpRegion final : public Region {
  public:
   TcpRegion(std::shared_ptr<TcpShared> shared, uint32_t id, const Device& device, void* base,
             uint64_t size)
@@ -70,7 +71,7 @@ class TcpRegion : public Region {
   HostAccess access_;
 };
 
-class TcpRemoteRegion : public RemoteRegion {
+class TcpRemoteRegion final : public RemoteRegion {
  public:
   TcpRemoteRegion(uint32_t region_id, uint64_t size) : RemoteRegion(size), id(region_id) {}
   uint32_t id;
@@ -101,8 +102,8 @@ class TcpConnection : public Connection {
 
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
              uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) override {
-    auto* source = dynamic_cast<TcpRegion*>(const_cast<Region*>(&src));
-    auto* target = dynamic_cast<const TcpRemoteRegion*>(&dst);
+    auto* source = region_cast<TcpRegion>(const_cast<Region&>(src));
+    auto* target = region_cast<const TcpRemoteRegion>(dst);
     if (source == nullptr || target == nullptr)
       throw Error(HM_ERR_INVALID_ARGUMENT, "write: regions were not made by this tcp transport");
     check_range("source", src_offset, length, src.size());

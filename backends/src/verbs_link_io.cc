@@ -2,6 +2,8 @@
 // notification events, and control messages travel as frames on the out-of-band socket.
 #include "verbs_link.hpp"
 
+#include "region_cast.hpp"
+
 #include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
@@ -38,8 +40,8 @@ std::shared_ptr<RemoteRegion> VerbsLink::import_region(const RegionDescriptor& d
 void VerbsLink::write(const Region& src, uint64_t src_offset, const RemoteRegion& dst,
                       uint64_t dst_offset, uint64_t length, std::optional<uint32_t> notify,
                       uint64_t cookie) {
-  const auto* source = dynamic_cast<const VerbsRegion*>(&src);
-  const auto* target = dynamic_cast<const VerbsRemoteRegion*>(&dst);
+  const auto* source = region_cast<const VerbsRegion>(src);
+  const auto* target = region_cast<const VerbsRemoteRegion>(dst);
   if (source == nullptr || target == nullptr)
     throw Error(HM_ERR_INVALID_ARGUMENT, "write: regions were not made by the verbs transport");
   if (source->owner() != shared_.get())

@@ -110,7 +110,7 @@ struct VerbsShared {
   bool delivery_stopping = false;
 };
 
-class VerbsRegion : public Region {
+class VerbsRegion final : public Region {
  public:
   VerbsRegion(std::shared_ptr<VerbsShared> shared, uint32_t id, const Device& device, void* base,
               uint64_t size, std::shared_ptr<Registration> registration)
@@ -141,7 +141,7 @@ class VerbsRegion : public Region {
 };
 
 // A peer's region, as its descriptor said: where to write and with which key.
-class VerbsRemoteRegion : public RemoteRegion {
+class VerbsRemoteRegion final : public RemoteRegion {
  public:
   VerbsRemoteRegion(std::string owner, uint32_t region_id, uint64_t size, uint64_t address,
                     uint32_t remote_key, bool is_staged)

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -110,21 +111,26 @@ void send_text(Connection& c, const std::string& text) {
   c.send_control({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
 }
 
-// Waits for events until `done` says so; throws on peer loss, failed writes or timeout.
+// Waits for events until `done` says so, handing it every event of each poll (a write_done left
+// unseen would shrink the bandwidth window); throws on peer loss, failed writes or timeout.
 template <typename Done>
 void pump(Transport& transport, std::vector<TransportEvent>& events, Done done) {
-  auto deadline = Clock::now() + kWait;
+  std::optional<Clock::time_point> deadline;  // read the clock only once a poll comes back empty
   for (;;) {
     events.clear();
     transport.poll(events, std::chrono::milliseconds(50));
+    bool finished = false;
     for (const auto& e : events) {
       if (e.type == TransportEvent::Type::peer_lost)
         throw Error(kStatusPeerLost, "benchmark peer lost: " + e.message);
       if (e.type == TransportEvent::Type::write_done && e.status != HM_OK)
         throw Error(e.status, "benchmark write failed: " + e.message);
-      if (done(e)) return;
+      finished = done(e) || finished;
     }
-    if (Clock::now() > deadline) throw Error(HM_ERR_TIMEOUT, "benchmark peer stopped answering");
+    if (finished) return;
+    if (!events.empty()) continue;
+    if (!deadline) deadline = Clock::now() + kWait;
+    if (Clock::now() > *deadline) throw Error(HM_ERR_TIMEOUT, "benchmark peer stopped answering");
   }
 }
 
@@ -191,9 +197,11 @@ struct Row {
   double latency_p50_us, latency_p99_us, bandwidth_gbps;
   double memcpy_p50_us, memcpy_gbps;
   double dma_p50_us = 0, dma_gbps = 0;  // one memcpy_async by the source's plugin, and its sync
-  double tool_gbps = 0;  // the transport's own baseline tool (ucx_perftest, ib_write_bw); 0 = none
-  double tool_lat_us = 0;  // ib_write_lat typical one-way latency; 0 = none
-  int count = 0;           // writes in the bandwidth stream
+  // The transport's own baseline tools, 0 where none ran: bandwidth (ucx_perftest ucp_put_bw,
+  // ib_write_bw) and typical one-way latency (ucx_perftest ucp_am_lat, ib_write_lat).
+  double tool_gbps = 0;
+  double tool_lat_us = 0;
+  int count = 0;  // writes in the bandwidth stream
 };
 
 std::string find_on_path(const char* program) {
@@ -301,20 +309,17 @@ void measure_perftest(Row& row, int iterations, int window, const std::string& d
   if (!lat.empty()) row.tool_lat_us = lat[4];
 }
 
-// UCX's shared-memory put bandwidth for `size` (ucx_perftest, UCX_TLS=sm,self), the baseline a
-// same-node transport should match. Returns 0 when ucx_perftest is missing or fails.
-double measure_ucx_put(const std::string& ucx_perftest, uint64_t size, int iterations) {
+// One ucx_perftest run over shared memory (UCX_TLS=sm,self), the baseline a same-node transport
+// should match: its "Final:" line (iterations, typical latency, average latency, overall latency,
+// average MB/s, overall MB/s, ...), empty when ucx_perftest is missing or fails. UCX reports a
+// latency test's one-way latency (half its ping-pong).
+std::vector<double> run_ucx_perftest(const std::string& ucx_perftest, const char* test,
+                                     uint64_t size, int iterations) {
   setenv("UCX_TLS", "sm,self", 1);
   std::string port = std::to_string(20000 + (getpid() % 20000));
-  std::vector<std::string> args = {ucx_perftest,
-                                   "-t",
-                                   "ucp_put_bw",
-                                   "-s",
-                                   std::to_string(size),
-                                   "-n",
-                                   std::to_string(iterations),
-                                   "-p",
-                                   port};
+  std::vector<std::string> args = {
+      ucx_perftest, "-t", test, "-s", std::to_string(size), "-n", std::to_string(iterations),
+      "-p",         port};
   try {
     ChildProcess server(args);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it listen
@@ -322,14 +327,27 @@ double measure_ucx_put(const std::string& ucx_perftest, uint64_t size, int itera
     ProcessResult client = run_process(args, std::chrono::seconds(60));
     server.wait(std::chrono::seconds(10));
     size_t final_line = client.out.find("Final:");
-    if (client.exit_code != 0 || final_line == std::string::npos) return 0;
+    if (client.exit_code != 0 || final_line == std::string::npos) return {};
     std::istringstream fields(client.out.substr(final_line + 6));
-    double iters, p50, average, overall, bw_average, bw_overall;
-    if (!(fields >> iters >> p50 >> average >> overall >> bw_average >> bw_overall)) return 0;
-    return bw_overall * 1.048576e-3;  // MB/s (2^20 bytes) to GB/s
+    std::vector<double> numbers(6);
+    for (double& n : numbers)
+      if (!(fields >> n)) return {};
+    return numbers;
   } catch (const Error&) {
-    return 0;
+    return {};
   }
+}
+
+// UCX's put bandwidth (ucp_put_bw: puts without notification) and active-message latency
+// (ucp_am_lat: a message the peer's progress hands to a callback, as a notification reaches
+// poll()) for the row's size.
+void measure_ucx(Row& row, const std::string& ucx_perftest, int iterations) {
+  if (row.size >= 4096) {
+    auto bw = run_ucx_perftest(ucx_perftest, "ucp_put_bw", row.size, iterations);
+    if (!bw.empty()) row.tool_gbps = bw[5] * 1.048576e-3;  // MB/s (2^20 bytes) to GB/s
+  }
+  auto lat = run_ucx_perftest(ucx_perftest, "ucp_am_lat", row.size, std::max(iterations, 10000));
+  if (!lat.empty()) row.tool_lat_us = lat[1];
 }
 
 // Hot memcpy between two host buffers: the ceiling for a same-node transport.
@@ -427,12 +445,15 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
              : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
                                     : " (ib_write_bw -t too), adaptive poller");
   const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
+  // The tools: ucx_perftest's ucp_put_bw and ucp_am_lat, or ib_write_bw and ib_write_lat.
+  const std::string tool_bw = o.transport == "verbs" ? "ib_bw" : "ucx_bw";
+  const std::string tool_lat = o.transport == "verbs" ? "ib_lat" : "ucx_lat";
   fmt::print(
-      "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>9} {:>9} "
-      "{:>12}\n",
+      "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>11} {:>8} "
+      "{:>11} {:>9}\n",
       "size", "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
-      "1-DMA p50 us", "lat ratio", "bw ratio", fmt::format("{} GB/s", tool),
-      fmt::format("{} ratio", tool), o.transport == "verbs" ? "ib_lat us" : "");
+      "1-DMA p50 us", "lat ratio", "bw ratio", tool_bw + " GB/s", "bw ratio", tool_lat + " us",
+      "lat ratio");
   nlohmann::json out = {
       {"run", provenance()},
       {"across_hosts", o.connect.empty() ? nlohmann::json() : nlohmann::json(o.connect)},
@@ -447,10 +468,13 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
       {"rows", nlohmann::json::array()}};
   for (const Row& r : rows) {
     double ratio = r.bandwidth_gbps / r.memcpy_gbps;
-    std::string baseline = r.tool_gbps > 0 ? fmt::format("{:>9.3f} {:>9.2f}", r.tool_gbps,
-                                                         r.bandwidth_gbps / r.tool_gbps)
-                                           : fmt::format("{:>9} {:>9}", "-", "-");
-    if (r.tool_lat_us > 0) baseline += fmt::format(" {:>12.2f}", r.tool_lat_us);
+    std::string baseline =
+        (r.tool_gbps > 0
+             ? fmt::format("{:>11.3f} {:>8.2f}", r.tool_gbps, r.bandwidth_gbps / r.tool_gbps)
+             : fmt::format("{:>11} {:>8}", "-", "-")) +
+        (r.tool_lat_us > 0
+             ? fmt::format(" {:>11.2f} {:>9.2f}", r.tool_lat_us, r.latency_p50_us / r.tool_lat_us)
+             : fmt::format(" {:>11} {:>9}", "-", "-"));
     fmt::print(
         "{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {:>11.2f} {:>9.2f} "
         "{:>8.2f} | {}\n",
@@ -473,7 +497,11 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
       out["rows"].back()[fmt::format("bandwidth_ratio_to_{}", tool)] =
           r.bandwidth_gbps / r.tool_gbps;
     }
-    if (r.tool_lat_us > 0) out["rows"].back()["ib_write_lat_typical_us"] = r.tool_lat_us;
+    if (r.tool_lat_us > 0) {
+      out["rows"].back()[fmt::format("{}_lat_us", tool)] = r.tool_lat_us;
+      out["rows"].back()[fmt::format("latency_ratio_to_{}", tool)] =
+          r.latency_p50_us / r.tool_lat_us;
+    }
   }
   if (o.json_out) o.json_out->write(out);
 }
@@ -601,8 +629,7 @@ void run_bench(const BenchOptions& o) {
     measure_bandwidth(row, *p.end, *p.connection, *p.target, o, events);
     measure_memcpy(row, o.iterations);
     measure_one_dma(row, p.end->device, p.end->memory, o.iterations);
-    if (!ucx_perftest.empty() && size >= 4096)
-      row.tool_gbps = measure_ucx_put(ucx_perftest, size, std::max(row.count, 200));
+    if (!ucx_perftest.empty()) measure_ucx(row, ucx_perftest, std::max(row.count, 200));
     // perftest right after our stream of the same size, so that load on a shared host drifts as
     // little as possible between the two; our completion pollers sleep meanwhile.
     if (perftest && !o.busy_poll)
