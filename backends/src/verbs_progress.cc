@@ -3,6 +3,7 @@
 #include "verbs_link.hpp"
 
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/spin.hpp>
 
 #include <fmt/format.h>
 
@@ -19,8 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Adaptive polling: spin this long after the last completion, then block this long per wait.
-constexpr auto kSpin = std::chrono::microseconds(50);
+// A blocked poller wakes this often, so that stop() never waits long.
 constexpr int kBlockMs = 100;
 // While spinning, look at the device's asynchronous events this often.
 constexpr auto kAsyncCheck = std::chrono::milliseconds(10);
@@ -48,6 +48,7 @@ void CompletionPoller::stop() {
   if (!thread_.joinable()) return;
   stopping_ = true;
   shared_->wake_poller();
+  shared_->unpark_poller();
   thread_.join();
 }
 
@@ -74,50 +75,54 @@ int VerbsShared::progress_locked(ibv_wc* wcs) {
   int n = 0;
   for (auto& link : progress_links)
     n += link->poll(wcs);
+  if (n > 0) spin.completed(Clock::now());
   return n;
 }
 
-// Busy, or adaptive: spin for kSpin after the last completion, then arm the CQs and block on the
-// completion channel, kBlockMs at a time so that stop() never waits long. While a caller of
-// poll() spins on the queues itself, a busy poller steps aside (on a small machine the two would
-// take each other's core).
+// Polls the completion queues while no caller of poll() does; spins for the SpinWindow after the
+// last completion (for ever when busy), then arms the CQs and blocks on the completion channel,
+// kBlockMs at a time so that stop() never waits long. While callers spin on the queues it stays
+// parked (two spinning threads on a small machine take each other's core, and the rxe kernel
+// work's).
 void CompletionPoller::run() {
   pin();
-  const bool busy = shared_->options.busy_poll;
   ibv_wc wcs[2 * kPollBatch];
-  auto idle_since = Clock::now();
-  auto async_checked = idle_since;
+  SpinYield yield;
+  auto async_checked = Clock::now();
   for (uint64_t round = 0; !stopping_; ++round) {
+    const bool parked = shared_->callers_polling.load(std::memory_order_relaxed) > 0;
+    if (parked) {
+      std::unique_lock lock(shared_->park_mutex);
+      shared_->parked.wait_for(lock, SpinWindow::kMaxSpin, [&] {
+        return stopping_ || shared_->callers_polling.load(std::memory_order_relaxed) == 0;
+      });
+    }
+    if ((parked || round % 256 == 0) && Clock::now() - async_checked > kAsyncCheck) {
+      std::lock_guard lock(shared_->progress_mutex);
+      handle_async_events(shared_->progress_links);
+      async_checked = Clock::now();
+    }
+    if (parked) continue;
     int n = 0;
     bool no_links = false;
     {
       std::lock_guard lock(shared_->progress_mutex);
-      if (round % 256 == 0 && Clock::now() - async_checked > kAsyncCheck) {
-        handle_async_events(shared_->progress_links);
-        async_checked = Clock::now();
-      }
       n = shared_->progress_locked(wcs);
       no_links = shared_->progress_links.empty();
     }
-    if (n > 0) {
-      idle_since = Clock::now();
+    auto now = Clock::now();
+    if (n > 0 || (!no_links && now < shared_->spin.spin_until())) {
+      yield(now);
+      cpu_relax();
       continue;
     }
-    if (busy && shared_->callers_polling.load(std::memory_order_relaxed) > 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-      continue;
-    }
-    if (!no_links && (busy || Clock::now() - idle_since < kSpin)) continue;
     {
       std::lock_guard lock(shared_->progress_mutex);
       for (auto& link : shared_->progress_links)
         link->arm();
       n = shared_->progress_locked(wcs);  // what arrived before the CQs were armed
     }
-    if (n > 0) {
-      idle_since = Clock::now();
-      continue;
-    }
+    if (n > 0) continue;
     pollfd fds[3] = {{shared_->channel->fd, POLLIN, 0},
                      {shared_->wake.get(), POLLIN, 0},
                      {shared_->context->context()->async_fd, POLLIN, 0}};
@@ -133,7 +138,6 @@ void CompletionPoller::run() {
     uint64_t count;
     while (read(shared_->wake.get(), &count, sizeof count) > 0) {
     }
-    idle_since = Clock::now();
   }
 }
 

@@ -8,6 +8,7 @@
 #include "socket_link.hpp"
 #include "verbs_device.hpp"
 #include "verbs_memory.hpp"
+#include "verbs_spin.hpp"
 
 #include <hetmesh/core/log.hpp>
 
@@ -42,7 +43,11 @@ struct VerbsDelivery {
 
 struct VerbsShared {
   VerbsShared(std::shared_ptr<VerbsContext> verbs, const TransportOptions& transport_options)
-      : id(new_endpoint_id()), context(verbs), options(transport_options), cache(verbs) {}
+      : id(new_endpoint_id()),
+        context(verbs),
+        options(transport_options),
+        cache(verbs),
+        spin(transport_options.busy_poll) {}
   ~VerbsShared() {
     if (channel != nullptr && ibv_destroy_comp_channel(channel) != 0)
       log(LogLevel::warn, "verbs: ibv_destroy_comp_channel failed: {}", std::strerror(errno));
@@ -95,13 +100,23 @@ struct VerbsShared {
   std::vector<std::shared_ptr<VerbsLink>> links;  // what the poller serves
   std::atomic<uint64_t> links_version{0};
 
-  // The completion queues are polled by the poller thread, or by a caller of poll() that spins
-  // for its event (so that a completion reaches it without a thread's wake-up): one at a time,
-  // so each link's completions are handled in order.
+  // The completion queues are polled by a caller of poll() that spins for its event (so that a
+  // completion reaches it without a thread's wake-up), or by the poller thread while no caller
+  // does: one at a time, so each link's completions are handled in order.
   std::mutex progress_mutex;
   std::vector<std::shared_ptr<VerbsLink>> progress_links;  // links, as of progress_version
   uint64_t progress_version = ~uint64_t{0};
-  std::atomic<int> callers_polling{0};  // a busy poller leaves the queues to them meanwhile
+  SpinWindow spin;  // how long whoever polls them spins after the last completion
+  // Callers spinning on the queues: the poller stays parked meanwhile (so one thread spins, not
+  // two), looking again every SpinWindow::kMaxSpin in case the callers left for good. A caller
+  // that stops spinning to block wakes it at once (unpark_poller).
+  std::atomic<int> callers_polling{0};
+  std::mutex park_mutex;
+  std::condition_variable parked;
+  void unpark_poller() {
+    std::lock_guard lock(park_mutex);
+    parked.notify_one();
+  }
 
   std::mutex delivery_mutex;
   std::condition_variable delivery_ready;

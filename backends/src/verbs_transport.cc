@@ -129,38 +129,41 @@ class VerbsTransport : public Transport {
     return std::make_shared<VerbsConnection>(std::move(link));
   }
 
-  // Waits for events. A caller that spins (SpinPolicy says spinning pays here, or the transport
-  // busy-polls) polls the completion queues itself meanwhile, whenever the poller thread is not
-  // at them: its completion then reaches it without a wake-up of the poller and one of its own.
+  // Waits for events. While the SpinWindow says completions are near (always when busy-polling),
+  // the caller spins polling the completion queues itself, whenever the poller thread is not at
+  // them, so that a completion reaches it without the poller's wake-up and its own; the poller
+  // stays parked meanwhile. A caller that gives up spinning wakes the poller before it blocks.
   size_t poll(std::vector<TransportEvent>& out, std::chrono::nanoseconds timeout) override {
-    const bool busy = shared_->options.busy_poll;
     const auto start = Clock::now();
-    bool spun = false;
-    if (timeout.count() > 0 && shared_->events.empty() && (busy || spin_.should_spin())) {
-      spun = true;
-      const auto until = start + (busy ? timeout : std::chrono::nanoseconds(SpinPolicy::kSpin));
-      ibv_wc wcs[2 * kPollBatch];
-      shared_->callers_polling.fetch_add(1, std::memory_order_relaxed);
-      for (int i = 0; shared_->events.empty(); ++i) {
-        if (std::unique_lock lock(shared_->progress_mutex, std::try_to_lock); lock)
-          shared_->progress_locked(wcs);
-        if ((i & 15) == 15 && Clock::now() >= until) break;
-        cpu_relax();
+    if (timeout.count() > 0 && shared_->events.empty()) {
+      const auto spin_until = shared_->spin.spin_until(start);  // time_point::max() when busy
+      const auto until = timeout >= spin_until - start ? spin_until : start + timeout;
+      if (until > start) {
+        ibv_wc wcs[2 * kPollBatch];
+        SpinYield yield;
+        shared_->callers_polling.fetch_add(1, std::memory_order_relaxed);
+        for (int i = 0; shared_->events.empty(); ++i) {
+          if (std::unique_lock lock(shared_->progress_mutex, std::try_to_lock); lock)
+            shared_->progress_locked(wcs);
+          if ((i & 15) == 15) {
+            auto now = Clock::now();
+            if (now >= until) break;
+            yield(now);
+          }
+          cpu_relax();
+        }
+        bool last = shared_->callers_polling.fetch_sub(1, std::memory_order_relaxed) == 1;
+        if (last && shared_->events.empty()) shared_->unpark_poller();
       }
-      shared_->callers_polling.fetch_sub(1, std::memory_order_relaxed);
     }
     const auto left = std::max(std::chrono::nanoseconds(0), timeout - (Clock::now() - start));
-    size_t n = shared_->events.poll(
-        out, spun && !shared_->events.empty() ? std::chrono::nanoseconds(0) : left);
-    if (timeout.count() > 0) spin_.record(Clock::now() - start, spun);
-    return n;
+    return shared_->events.poll(out, shared_->events.empty() ? left : std::chrono::nanoseconds(0));
   }
 
  private:
   std::shared_ptr<VerbsShared> shared_;
   Listener listener_;
   std::atomic<ConnectionId> next_connection_{1};
-  SpinPolicy spin_;  // the polling caller's
   // Started last (they need the completion channel and the eventfd), stopped first.
   std::optional<CompletionPoller> poller_;
   std::optional<DeliveryThread> delivery_;
