@@ -6,7 +6,11 @@
 #   2. `hetmesh bench transport` over ipc for cuda:0 -> cpu, cpu -> cuda:0, cuda:0 -> cuda:0 (two
 #      processes on one GPU) and rocm (hip-on-cuda) -> cuda:0, each beside its same-run one-DMA
 #      baseline (one memcpy_async by the source's plugin into pinned host memory, and its sync);
-#   3. `hetmesh bench afd` with StepMesh's per-A traffic, A on cuda:0 and F on cpu:0.
+#   3. `hetmesh bench afd` with StepMesh's per-A traffic, A on cuda:0 and F on cpu:0;
+#   4. small messages: `hetmesh bench transport` over ipc cpu -> cpu, twice, beside ucx_perftest
+#      (ucp_put_bw and ucp_am_lat, UCX_TLS=sm,self; carried in .deps/gpu);
+#   5. staged tcp: cuda:0 -> cpu, cpu -> cuda:0 and cuda:0 -> cuda:0 over tcp beside cpu -> cpu over
+#      tcp in the same run (the tcp path's own ceiling).
 # Results go to $OUT: data-path.log, transport-*.json, bench-afd.json.
 #
 #   run(kind="nvidia-h200", carry=[".deps/gpu"], timeout_s=600,
@@ -71,6 +75,25 @@ if [[ -f $hip_on_cuda/libamdhip64.so.5 ]]; then
       --staging-slots "$slots" --staging-slot-kib "$kib" -- LD_LIBRARY_PATH="$hip_on_cuda:$LD_LIBRARY_PATH"
   done
 fi
+
+# ucx_perftest from .deps/gpu: its modules load from beside libucs (lib/x86_64-linux-gnu/ucx).
+export PATH=$PWD/.deps/gpu/usr/bin:$PATH
+command -v ucx_perftest >/dev/null || echo "no ucx_perftest carried: the ipc rows have no UCX baseline"
+small=(--sizes 8 4K 64K 896K 1792K)
+bench_transport cpu-to-cpu-1 cpu cpu "${small[@]}"
+bench_transport cpu-to-cpu-2 cpu cpu "${small[@]}"
+# The same stream with a notification on every 8th write only: what the notifications cost.
+bench_transport cpu-to-cpu-notify8 cpu cpu --sizes 4K 64K --notify-every 8
+
+bench_tcp() {  # NAME MEMORY PEER_MEMORY
+  section "hetmesh bench transport --transport tcp --memory $2 --peer-memory $3"
+  (cd "$work" && timeout -k 5 120 "$hetmesh" bench transport --transport tcp --memory "$2" \
+    --peer-memory "$3" --sizes 64K 896K 1792K --iterations 300 --json "$OUT/tcp-$1.json") || status=1
+}
+bench_tcp cpu-to-cpu cpu cpu
+bench_tcp cuda-to-cpu cuda:0 cpu
+bench_tcp cpu-to-cuda cpu cuda:0
+bench_tcp cuda-to-cuda cuda:0 cuda:0
 
 section "hetmesh bench afd: StepMesh per-A traffic, A on cuda:0, F on cpu:0"
 sed 's/^ffn = "cuda:1"/ffn = "cpu:0"/' "$root/examples/configs/stepmesh-1a1f-cuda.toml" \

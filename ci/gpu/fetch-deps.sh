@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev
   libamdhip64-dev libhsa-runtime-dev  # headers only: the rocm plugin and hip-on-cuda build there
   libdlpack-dev  # the Python package (ci/gpu/python.sh); pybind11 comes with the torch wheel there
+  ucx-utils libucx0 libnuma1  # ucx_perftest, the same-run baseline of bench transport over ipc
 )
 
 download=$(mktemp -d)

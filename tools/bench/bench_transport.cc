@@ -42,6 +42,7 @@ struct BenchOptions {
   std::vector<std::string> sizes = {"8", "4K", "64K", "1M", "2M"};
   int iterations = 300;
   int window = 8;
+  int notify_every = 1;  // bandwidth: every n-th write carries a notification (and the last)
   std::string json;
   std::shared_ptr<JsonOutput> json_out;  // opened before the measuring starts
   bool busy_poll = false;                // verbs: the completion poller never sleeps
@@ -402,12 +403,14 @@ void measure_latency(Row& row, End& end, Connection& connection, const RemoteReg
   row.latency_p99_us = percentile(one_way_us, 0.99);
 }
 
-// Bandwidth: a stream of writes, at most `window` unfinished, then the peer's count of them.
+// Bandwidth: a stream of writes, at most `window` unfinished, every `notify_every`-th (and the
+// last) with a notification, then the peer's count of the notified ones.
 void measure_bandwidth(Row& row, End& end, Connection& connection, const RemoteRegion& target,
                        const BenchOptions& o, std::vector<TransportEvent>& events) {
   const uint64_t size = row.size;
   int count = static_cast<int>(std::clamp<uint64_t>((256ull << 20) / size, 64, 4 * o.iterations));
   int in_flight = 0;
+  uint32_t notified = 0;
   auto t0 = Clock::now();
   for (int i = 0; i < count; ++i) {
     while (in_flight >= o.window)
@@ -415,20 +418,22 @@ void measure_bandwidth(Row& row, End& end, Connection& connection, const RemoteR
         if (e.type == TransportEvent::Type::write_done) --in_flight;
         return in_flight < o.window;
       });
-    connection.write(*end.region, 0, target, 0, size, kBandwidthTag | static_cast<uint32_t>(i), 0);
+    std::optional<uint32_t> notify;
+    if ((i + 1) % o.notify_every == 0 || i + 1 == count) notify = kBandwidthTag | notified++;
+    connection.write(*end.region, 0, target, 0, size, notify, 0);
     ++in_flight;
   }
-  send_text(connection, fmt::format("count {}", count));
+  send_text(connection, fmt::format("count {}", notified));
   std::string counted;
   pump(*end.transport, events, [&](const TransportEvent& e) {
     if (e.type == TransportEvent::Type::control) counted.assign(e.payload.begin(), e.payload.end());
     return !counted.empty();
   });
   auto t1 = Clock::now();
-  if (counted != std::to_string(count))
-    throw Error(
-        kStatusProtocolError,
-        fmt::format("peer counted {} writes of {} bytes, {} were sent", counted, size, count));
+  if (counted != std::to_string(notified))
+    throw Error(kStatusProtocolError,
+                fmt::format("peer counted {} notified writes of {} bytes, {} were sent", counted,
+                            size, notified));
   row.bandwidth_gbps =
       static_cast<double>(size) * count / std::chrono::duration<double, std::nano>(t1 - t0).count();
   row.count = count;
@@ -436,11 +441,13 @@ void measure_bandwidth(Row& row, End& end, Connection& connection, const RemoteR
 
 // The table on stdout and, with --json, the same rows as JSON.
 void report(const BenchOptions& o, const std::string& peer_memory, const std::vector<Row>& rows) {
-  fmt::print("hetmesh bench transport: {} {}, {} -> {} memory, {} iterations, window {}{}\n",
+  fmt::print("hetmesh bench transport: {} {}, {} -> {} memory, {} iterations, window {}{}{}\n",
              o.transport,
              o.connect.empty() ? std::string("between two processes")
                                : fmt::format("to the end at {} on another host", o.connect),
              o.memory, peer_memory, o.iterations, o.window,
+             o.notify_every == 1 ? std::string()
+                                 : fmt::format(", a notification every {} writes", o.notify_every),
              o.transport != "verbs" ? ""
              : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
                                     : " (ib_write_bw -t too), adaptive poller");
@@ -462,6 +469,7 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
       {"peer_memory", peer_memory},
       {"iterations", o.iterations},
       {"window", o.window},
+      {"notify_every", o.notify_every},
       {"busy_poll", o.busy_poll},
       {"staging_slots", o.staging_slots},
       {"staging_slot_kib", o.staging_slot_kib},
@@ -668,6 +676,11 @@ void add_bench_transport_command(CLI::App& bench) {
   cmd->add_option("--window", o->window, "writes in flight for bandwidth")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  cmd->add_option("--notify-every", o->notify_every,
+                  "bandwidth: a notification on every n-th write (and the last), as a stream "
+                  "that signals one write in n (ib_write_bw --cq-mod); 1 = every write")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--json", o->json, "also write the results here");
   cmd->add_flag("--busy-poll", o->busy_poll,
                 "verbs: the completion pollers of both ends spin instead of sleeping");
