@@ -50,6 +50,8 @@ struct BenchOptions {
   uint32_t staging_slots = TransportOptions{}.staging_slots;
   uint64_t staging_slot_kib = TransportOptions{}.staging_slot_bytes >> 10;
   std::string rdma_device;  // verbs: the RDMA device ("" = the first active one)
+  // The one plugin the peer loads (its file, as HETMESH_PLUGINS names one), "" = all of them.
+  std::string peer_plugin;
   // Across hosts: this end serves at HOST:PORT (as ib_write_bw's server does), or connects to one.
   std::string listen, connect;
   bool peer = false;
@@ -182,6 +184,8 @@ int serve_as_peer(End& end, Connection& connection_, const RemoteRegion& target_
 
 // The peer as a child of the measured end (one host): descriptors over its stdin and stdout.
 int run_peer(const BenchOptions& o, uint64_t region_size) {
+  // Before anything loads the plugins: this process has only that one.
+  if (!o.peer_plugin.empty()) setenv("HETMESH_PLUGINS", o.peer_plugin.c_str(), 1);
   End end(o, device_selector(o.memory), region_size);
   std::cout << "ENDPOINT " << to_hex(end.transport->endpoint()) << "\nREGION "
             << to_hex(end.region->describe()) << std::endl;
@@ -531,6 +535,14 @@ Pair pair_with_child(const BenchOptions& o, uint64_t max_size, const std::string
                                         "--transport",     o.transport,    "--memory",  peer_memory,
                                         "--sizes",         human(max_size)};
   if (o.busy_poll) peer_args.push_back("--busy-poll");
+  if (!o.peer_plugin.empty()) {
+    auto plugin = PluginRegistry::load().find(o.peer_plugin);
+    if (!plugin)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("--peer-plugin {}: no such plugin here (hetmesh info lists them)",
+                              o.peer_plugin));
+    peer_args.insert(peer_args.end(), {"--peer-plugin", plugin->path()});
+  }
   if (!o.rdma_device.empty()) peer_args.insert(peer_args.end(), {"--rdma-device", o.rdma_device});
   peer_args.insert(peer_args.end(), {"--staging-slots", std::to_string(o.staging_slots),
                                      "--staging-slot-kib", std::to_string(o.staging_slot_kib)});
@@ -691,6 +703,9 @@ void add_bench_transport_command(CLI::App& bench) {
   cmd->add_option("--staging-slot-kib", o->staging_slot_kib, "ipc: bytes of a staging slot, KiB")
       ->capture_default_str()
       ->check(CLI::Range(4, 64 << 10));
+  cmd->add_option("--peer-plugin", o->peer_plugin,
+                  "the only plugin the peer loads (an F with only its device's plugin): over ipc, "
+                  "its writes into memory of a plugin it lacks go through its staging ring");
   cmd->add_option("--rdma-device", o->rdma_device,
                   "verbs: the RDMA device of this end (default: the first active one)");
   auto* listen =
