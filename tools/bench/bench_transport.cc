@@ -457,8 +457,13 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
                                     : " (ib_write_bw -t too), adaptive poller");
   const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
   // The tools: ucx_perftest's ucp_put_bw and ucp_am_lat, or ib_write_bw and ib_write_lat.
-  const std::string tool_bw = o.transport == "verbs" ? "ib_bw" : "ucx_bw";
-  const std::string tool_lat = o.transport == "verbs" ? "ib_lat" : "ucx_lat";
+  // (tcp has none: its columns stay empty.)
+  const std::string tool_bw = o.transport == "verbs" ? "ib_bw"
+                              : o.transport == "ipc" ? "ucx_bw"
+                                                     : "tool_bw";
+  const std::string tool_lat = o.transport == "verbs" ? "ib_lat"
+                               : o.transport == "ipc" ? "ucx_lat"
+                                                      : "tool_lat";
   fmt::print(
       "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>11} {:>8} "
       "{:>11} {:>9}\n",
