@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,7 +22,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 namespace hetmesh {
@@ -218,6 +221,42 @@ TEST_F(LauncherTest, ReplaceRefusesWhatItCannotDo) {
     EXPECT_NE(r.err.find(says), std::string::npos) << value << ": " << r.err;
   }
   fs::remove(config);
+}
+
+// ---- CPUs ----
+
+// `--pin on` gives each instance a share of this process's CPUs of its own (the launcher says
+// which), and each instance pins itself to them (it logs so); `--pin off` pins nothing.
+TEST_F(LauncherTest, PinOnGivesEachInstanceItsOwnCpus) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  if (CPU_COUNT(&allowed) < 2) GTEST_SKIP() << "one CPU: nothing to share";
+  setenv("HETMESH_LOG", "info", 1);  // the instances inherit it
+  ProcessResult on = run_process({HETMESH_CLI, "demo", "--pin", "on"}, std::chrono::seconds(60));
+  ProcessResult off = run_process({HETMESH_CLI, "demo", "--pin", "off"}, std::chrono::seconds(60));
+  unsetenv("HETMESH_LOG");
+  for (const ProcessResult* r : {&on, &off}) {
+    EXPECT_EQ(r->exit_code, 0) << r->describe() << "\n" << r->out << r->err;
+    EXPECT_NE(r->out.find("verified:"), std::string::npos) << r->out;
+  }
+  std::smatch pinned;
+  ASSERT_TRUE(std::regex_search(
+      on.out, pinned, std::regex("pinned: attention 0: CPUs ([0-9,]+); ffn 0: CPUs ([0-9,]+)")))
+      << on.out;
+  const std::string attention = pinned[1], ffn = pinned[2];
+  auto cpus = [](const std::string& list) {
+    std::set<int> set;
+    std::istringstream in(list);
+    for (std::string cpu; std::getline(in, cpu, ',');)
+      set.insert(std::stoi(cpu));
+    return set;
+  };
+  for (int cpu : cpus(attention))
+    EXPECT_EQ(cpus(ffn).count(cpu), 0u) << "CPU " << cpu << " given twice: " << on.out;
+  EXPECT_NE(on.err.find("pinned to CPUs " + attention), std::string::npos) << on.err;
+  EXPECT_NE(on.err.find("pinned to CPUs " + ffn), std::string::npos) << on.err;
+  EXPECT_EQ(off.out.find("pinned:"), std::string::npos) << off.out;
+  EXPECT_EQ(off.err.find("pinned to CPUs"), std::string::npos) << off.err;
 }
 
 // ---- signals to the launcher ----

@@ -1,10 +1,16 @@
 // From a job config to an instance's engine spec and the plugins it loads (job.hpp).
 #include <hetmesh/afd/job.hpp>
+#include <hetmesh/core/log.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 namespace hetmesh::afd {
 
@@ -99,6 +105,20 @@ std::vector<std::vector<int>> assign_cpus(const std::vector<std::string>& pci_bu
     out.push_back(std::move(mine));
   }
   return out;
+}
+
+EngineSpec pinned(EngineSpec spec, const std::vector<int>& cpus) {
+  if (cpus.empty()) return spec;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int cpu : cpus)
+    CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    throw Error(HM_ERR_INTERNAL, fmt::format("cannot pin to CPUs {}: {}", fmt::join(cpus, ","),
+                                             std::strerror(errno)));
+  log(LogLevel::info, "pinned to CPUs {}", fmt::join(cpus, ","));
+  spec.comm_cpus = cpus;
+  return spec;
 }
 
 PluginRegistry load_plugins(const JobConfig& c) {

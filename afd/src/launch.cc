@@ -1,5 +1,6 @@
 // Launching a job on this host (launch.hpp): the instances an invocation starts, its store, the
 // child processes of a LocalJob and how they stop, and an instance's failure report.
+#include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
@@ -11,6 +12,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -225,6 +227,57 @@ LocalInstances parse_instances(const std::vector<std::string>& values, const Job
     }
   }
   return {{attention.begin(), attention.end()}, {ffn.begin(), ffn.end()}};
+}
+
+std::vector<std::string> InstanceCpus::args(bool attention_role, size_t index) const {
+  const auto& cpus = attention_role ? attention : ffn;
+  if (index >= cpus.size() || cpus[index].empty()) return {};
+  return {"--cpus", fmt::format("{}", fmt::join(cpus[index], ","))};
+}
+
+std::string InstanceCpus::describe(const LocalInstances& local) const {
+  std::vector<std::string> parts;
+  for (bool attention_role : {true, false}) {
+    const auto& ranks = attention_role ? local.attention : local.ffn;
+    const auto& cpus = attention_role ? attention : ffn;
+    for (size_t i = 0; i < ranks.size() && i < cpus.size(); ++i)
+      if (!cpus[i].empty())
+        parts.push_back(fmt::format("{} {}: CPUs {}", attention_role ? "attention" : "ffn",
+                                    ranks[i], fmt::join(cpus[i], ",")));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+InstanceCpus instance_cpus(const JobConfig& config, const LocalInstances& local,
+                           const std::string& pin) {
+  if (pin != "auto" && pin != "on" && pin != "off")
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("--pin {}: expected auto, on or off", pin));
+  std::vector<int> allowed;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
+  const size_t instances = local.attention.size() + local.ffn.size();
+  const int each = instances > 0 ? static_cast<int>(allowed.size() / instances) : 0;
+  InstanceCpus out;
+  if (pin == "off" || each < 1) return out;
+  if (pin == "auto" && (each < 4 || !config.affinity.comm_cpus.empty())) return out;
+  // Each instance's device's PCI bus id, attention first, for its NUMA node.
+  PluginRegistry plugins = load_plugins(config);
+  std::vector<std::string> pci;
+  for (int a : local.attention)
+    pci.push_back(plugins.device(config.devices.attention.at(static_cast<size_t>(a)))
+                      .properties()
+                      .pci_bus_id);
+  for (int f : local.ffn)
+    pci.push_back(
+        plugins.device(config.devices.ffn.at(static_cast<size_t>(f))).properties().pci_bus_id);
+  auto cpus = assign_cpus(pci, Topology::of_this_machine(), each, allowed);
+  auto split = cpus.begin() + static_cast<std::ptrdiff_t>(local.attention.size());
+  out.attention.assign(cpus.begin(), split);
+  out.ffn.assign(split, cpus.end());
+  return out;
 }
 
 namespace {

@@ -38,29 +38,6 @@ namespace fs = std::filesystem;
 using afd::Dtype;
 using afd::JobConfig;
 
-// CPUs per instance when the instances are pinned, or 0: with --pin auto, only where every
-// instance gets at least 4 (its comm thread, a sender per peer and the caller), and a job's
-// [affinity] section does not say otherwise.
-int cpu_block_size(const JobConfig& c, const std::string& pin) {
-  int instances = c.job.attention + c.job.ffn;
-  int cpus = static_cast<int>(std::thread::hardware_concurrency());
-  int size = instances > 0 ? cpus / instances : 0;
-  if (pin == "off" || size < 1) return 0;
-  if (pin == "auto" && (size < 4 || !c.affinity.comm_cpus.empty())) return 0;
-  return size;
-}
-
-// The CPUs this process may run on (its affinity mask).
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (sched_getaffinity(0, sizeof set, &set) == 0)
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-      if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  return cpus;
-}
-
 JobConfig stepmesh_shape() {
   JobConfig c;
   c.job.attention = 2;
@@ -84,7 +61,7 @@ struct BenchRun {
   afd::LocalInstances local;
   std::string store;
   fs::path dir;
-  int cpu_block_size;
+  afd::InstanceCpus cpus;  // each local instance's, attention first; empty: unpinned
 };
 
 // The rendezvous job id of the instances with this role ("attention", "bare-ffn"...).
@@ -99,36 +76,16 @@ bool run_instances(const BenchRun& run, const std::string& prefix) {
   const AfdBenchOptions& o = run.options;
   afd::LocalJob job({"bench", "afd", "--config", (run.dir / "job.toml").string()}, run.store,
                     run.dir.string(), job_id(prefix + "attention"));
-  // Each instance's CPUs: of its device's NUMA node where the topology says, attention first.
-  std::vector<std::string> pci;
-  if (run.cpu_block_size > 0) {
-    PluginRegistry plugins = afd::load_plugins(run.config);
-    for (int a : run.local.attention)
-      pci.push_back(plugins.device(run.config.devices.attention.at(static_cast<size_t>(a)))
-                        .properties()
-                        .pci_bus_id);
-    for (int f : run.local.ffn)
-      pci.push_back(plugins.device(run.config.devices.ffn.at(static_cast<size_t>(f)))
-                        .properties()
-                        .pci_bus_id);
-  }
-  const std::vector<std::vector<int>> cpus =
-      run.cpu_block_size > 0
-          ? afd::assign_cpus(pci, Topology::of_this_machine(), run.cpu_block_size, allowed_cpus())
-          : std::vector<std::vector<int>>();
-  size_t next = 0;
-  auto start = [&](const std::string& role, int rank) {
+  auto start = [&](const std::string& role, int rank, std::vector<std::string> pin) {
     std::vector<std::string> args = {"--iterations", std::to_string(o.iterations), "--warmup",
                                      std::to_string(o.warmup)};
-    if (next < cpus.size() && !cpus[next].empty())
-      args.insert(args.end(), {"--cpus", fmt::format("{}", fmt::join(cpus[next], ","))});
-    ++next;
+    args.insert(args.end(), pin.begin(), pin.end());
     job.start(prefix + role, rank, args);
   };
-  for (int a : run.local.attention)
-    start("attention", a);
-  for (int f : run.local.ffn)
-    start("ffn", f);
+  for (size_t i = 0; i < run.local.attention.size(); ++i)
+    start("attention", run.local.attention[i], run.cpus.args(true, i));
+  for (size_t i = 0; i < run.local.ffn.size(); ++i)
+    start("ffn", run.local.ffn[i], run.cpus.args(false, i));
   std::vector<afd::InstanceFailure> failures =
       job.wait(std::chrono::duration_cast<std::chrono::milliseconds>(run.config.job.timeout * 10),
                run.config.job.timeout + std::chrono::milliseconds(500));
@@ -155,7 +112,9 @@ AfdBenchResults collect(const BenchRun& run) {
   r.f2a_bytes = spec.f2a_slot_bytes();
   r.bytes_per_round_trip = uint64_t(c.job.ffn) * (r.a2f_bytes + r.f2a_bytes);
   r.all_instances = run.local.everything(c);
-  r.cpu_block_size = run.cpu_block_size;
+  for (const auto* role : {&run.cpus.attention, &run.cpus.ffn})
+    for (const auto& cpus : *role)
+      r.cpu_block_size = std::max(r.cpu_block_size, static_cast<int>(cpus.size()));
 
   std::vector<afd::AttentionTrace> traces;
   std::vector<double> bare;
@@ -216,7 +175,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
     fmt::print("{}\n", afd::describe_share(local, store));
     std::fflush(stdout);  // an invocation on another host needs the store's address now
   }
-  const BenchRun run{c, o, local, store.address(), dir, cpu_block_size(c, o.pin)};
+  const BenchRun run{c, o, local, store.address(), dir, afd::instance_cpus(c, local, o.pin)};
   if (!run_instances(run, "") || (o.bare && !run_instances(run, "bare-"))) return interrupted();
   if (local.attention.empty()) {
     fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",
@@ -256,17 +215,9 @@ void add_bench_afd_command(CLI::App& bench) {
   cmd->add_option("--json", o->json, "also write the results here");
   cmd->add_option("--trace", o->trace,
                   "write the engine's round trips here as a Chrome trace (Perfetto)");
-  cmd->add_option(
-         "--pin", o->pin,
-         "pin each instance (engine and bare transport) to CPUs of its device's NUMA node (where "
-         "the topology says): auto (when "
-         "each gets 4 or more), on, off")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_flag("!--no-bare", o->bare,
                 "skip the bare-transport baseline (it runs the job a second time)");
   add_job_launch_options(*cmd, *o);
-  cmd->add_option("--cpus", o->cpus, "internal")->delimiter(',')->group("");
   cmd->callback([o] {
     JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);
     if (o->role.empty() && !o->json.empty()) o->json_out = std::make_shared<JsonOutput>(o->json);

@@ -31,9 +31,7 @@ struct AfdBenchOptions : JobLaunchOptions {  // role: attention, ffn, bare-atten
   std::string json;
   std::shared_ptr<JsonOutput> json_out;  // the launcher's, opened before the job starts
   std::string trace;                     // Chrome trace of the engine's round trips
-  std::string pin = "auto";  // auto, on, off: CPUs of its device's NUMA node per instance
-  bool bare = true;          // also run the bare-transport baseline
-  std::vector<int> cpus;     // internal: this instance's CPUs; empty: unpinned
+  bool bare = true;                      // also run the bare-transport baseline
 };
 
 // ---- the instances (child processes), each writing its results under o.out ----
@@ -45,10 +43,6 @@ int run_ffn(const afd::JobConfig& c, const AfdBenchOptions& o);
 // The bare transport's: bare-attention<rank>.json (its round trips, us).
 int run_bare_attention(const afd::JobConfig& c, const AfdBenchOptions& o);
 int run_bare_ffn(const afd::JobConfig& c, const AfdBenchOptions& o);
-
-// Pins this process (every thread it starts from now on) to its block of CPUs, and gives the
-// engine's comm thread and senders one CPU each of that block.
-afd::EngineSpec pinned(afd::EngineSpec spec, const AfdBenchOptions& o);
 
 // ---- the memcpy baselines, in this process ----
 

@@ -32,24 +32,11 @@ uint64_t total(const std::vector<std::pair<std::string, uint64_t>>& regions) {
 
 }  // namespace
 
-afd::EngineSpec pinned(afd::EngineSpec spec, const AfdBenchOptions& o) {
-  if (o.cpus.empty()) return spec;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  spec.comm_cpus = o.cpus;
-  for (int cpu : o.cpus)
-    CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0)
-    throw Error(HM_ERR_INTERNAL, fmt::format("cannot pin to CPUs {}-{}: {}", spec.comm_cpus.front(),
-                                             spec.comm_cpus.back(), std::strerror(errno)));
-  return spec;
-}
-
 int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
   auto store = connect_store(o.store, c.job.timeout);
-  afd::AttentionEngine engine(pinned(afd::engine_spec(c, afd::Role::attention, o.rank), o), device,
-                              *store);
+  afd::AttentionEngine engine(
+      afd::pinned(afd::engine_spec(c, afd::Role::attention, o.rank), o.cpus), device, *store);
   const int M = c.job.micro_batches;
   std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
   afd::AttentionTrace trace{o.rank, {}};
@@ -80,7 +67,8 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
 int run_ffn(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
   auto store = connect_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(pinned(afd::engine_spec(c, afd::Role::ffn, o.rank), o), device, *store);
+  afd::FfnEngine engine(afd::pinned(afd::engine_spec(c, afd::Role::ffn, o.rank), o.cpus), device,
+                        *store);
   std::ofstream(fs::path(o.out) / fmt::format("ffn{}.info.json", o.rank))
       << nlohmann::json{{"registered", total(engine.registered())}}.dump();
   while (auto batch = engine.get_batch(c.job.timeout))

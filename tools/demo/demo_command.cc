@@ -127,7 +127,8 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   const ModelShape& shape = model.shape();
   const int M = c.job.micro_batches, F = c.job.ffn;
   auto store = connect_store(o.store, c.job.timeout);
-  afd::AttentionEngine engine(afd::engine_spec(c, afd::Role::attention, o.rank), device, *store);
+  afd::AttentionEngine engine(
+      afd::pinned(afd::engine_spec(c, afd::Role::attention, o.rank), o.cpus), device, *store);
   // Attention runs on the host. On a device whose memory the host cannot touch (a GPU), its
   // outputs go up through pinned staging and a stream copy, push_pull starts when the copy's event
   // completes, and F's partials come back down the same way.
@@ -222,7 +223,8 @@ int run_ffn(const JobConfig& c, const DemoOptions& o) {
   TinyMoe model(model_shape(c));
   auto runner = ExpertRunner::create(device, model, o.rank, c.job.ffn);
   auto store = connect_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(afd::engine_spec(c, afd::Role::ffn, o.rank), device, *store);
+  afd::FfnEngine engine(afd::pinned(afd::engine_spec(c, afd::Role::ffn, o.rank), o.cpus), device,
+                        *store);
   Stream stream = device.create_stream();
   while (auto batch = engine.get_batch(c.job.timeout)) {
     int64_t start = afd::now_ns();
@@ -246,31 +248,35 @@ std::vector<float> read_floats(const fs::path& path, size_t count) {
   return v;
 }
 
-// Starts this host's instances, shows attention 0's progress if it runs here, kills and replaces
-// `replace` (if any) once attention 0 is halfway, and waits for them all; says why the job failed,
-// if it did, or that it was interrupted.
-bool run_instances(const JobConfig& c, const afd::LocalInstances& local, const std::string& store,
-                   const fs::path& dir, const std::optional<std::pair<std::string, int>>& replace) {
+// Starts this host's instances (each on its `cpus`, if any), shows attention 0's progress if it
+// runs here, kills and replaces `replace` (if any) once attention 0 is halfway, and waits for them
+// all; says why the job failed, if it did, or that it was interrupted.
+bool run_instances(const JobConfig& c, const afd::LocalInstances& local,
+                   const afd::InstanceCpus& cpus, const std::string& store, const fs::path& dir,
+                   const std::optional<std::pair<std::string, int>>& replace) {
   std::vector<std::string> command = {"demo", "--config", (dir / "job.toml").string()};
   if (replace)
     command.insert(command.end(),
                    {"--replace", fmt::format("{}:{}", replace->first, replace->second)});
   afd::LocalJob job(command, store, dir.string(), afd::EngineSpec{}.job);
   bool replaced = false;
-  for (int f : local.ffn)
-    job.start("ffn", f);
-  for (int a : local.attention)
-    job.start("attention", a, {}, [&, a](const std::string& line) {
-      int done = 0, total = 0;
-      if (a != 0 || std::sscanf(line.c_str(), "progress %d %d", &done, &total) != 2) return;
-      if (total >= 8) fmt::print("  layer {}/{}\n", done, total);
-      if (replace && !replaced && done == total / 2) {
-        replaced = true;
-        fmt::print("  killing {}:{} (SIGKILL) at layer {}/{} and starting its replacement\n",
-                   replace->first, replace->second, done, total);
-        job.replace(replace->first, replace->second);
-      }
-    });
+  for (size_t i = 0; i < local.ffn.size(); ++i)
+    job.start("ffn", local.ffn[i], cpus.args(false, i));
+  for (size_t i = 0; i < local.attention.size(); ++i)
+    job.start("attention", local.attention[i], cpus.args(true, i),
+              [&, a = local.attention[i]](const std::string& line) {
+                int done = 0, total = 0;
+                if (a != 0 || std::sscanf(line.c_str(), "progress %d %d", &done, &total) != 2)
+                  return;
+                if (total >= 8) fmt::print("  layer {}/{}\n", done, total);
+                if (replace && !replaced && done == total / 2) {
+                  replaced = true;
+                  fmt::print(
+                      "  killing {}:{} (SIGKILL) at layer {}/{} and starting its replacement\n",
+                      replace->first, replace->second, done, total);
+                  job.replace(replace->first, replace->second);
+                }
+              });
   // A healthy job ends well within this; a failing one ends at its first failure, and an instance
   // that stays stopped (SIGSTOP) beyond the timeout is killed as failed.
   auto limit =
@@ -406,7 +412,9 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
 
   std::optional<std::pair<std::string, int>> replace;
   if (!o.replace.empty()) replace = replaced_instance(o.replace, c, local);
-  if (!run_instances(c, local, store.address(), dir, replace))
+  const afd::InstanceCpus cpus = afd::instance_cpus(c, local, o.pin);
+  if (auto pinned = cpus.describe(local); !pinned.empty()) fmt::print("pinned: {}\n", pinned);
+  if (!run_instances(c, local, cpus, store.address(), dir, replace))
     return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 1;
   if (local.attention.empty())
     fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",

@@ -33,6 +33,11 @@ EngineSpec engine_spec(const JobConfig& config, Role role, int rank);
 // Loads the plugins the config names (explicit paths, per-plugin options) plus the usual search.
 PluginRegistry load_plugins(const JobConfig& config);
 
+// In an instance the launcher pinned (`--cpus`, InstanceCpus): pins this process to `cpus` and
+// returns `spec` with its comm threads on them (logged). `spec` as it is when `cpus` is empty.
+// Throws Error(INTERNAL) naming the CPUs when the kernel refuses.
+EngineSpec pinned(EngineSpec spec, const std::vector<int>& cpus);
+
 // The CPUs to pin each of a host's instances to, `per_instance` each, for instances whose devices
 // have these PCI bus ids (in start order; "" for a device that is not a PCI device): CPUs of the
 // device's NUMA node (topology.hpp) while that node has some left, then any left, each CPU given
