@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config clang-format
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libcurl4-openssl-dev
   libhwloc-dev
-  etcd-server iproute2 openssl
+  etcd-server etcd-client iproute2 openssl
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev rdma-core ibverbs-providers

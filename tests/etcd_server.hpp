@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace hetmesh::test {
 
@@ -43,7 +44,11 @@ inline uint16_t free_port() {
 
 class EtcdServer {
  public:
-  EtcdServer() : client_port_(free_port()), peer_port_(free_port()) { start(); }
+  // `flags`: more of etcd's own ("--auth-token-ttl", "1").
+  explicit EtcdServer(std::vector<std::string> flags = {})
+      : client_port_(free_port()), peer_port_(free_port()), flags_(std::move(flags)) {
+    start();
+  }
   EtcdServer(const EtcdServer&) = delete;
   EtcdServer& operator=(const EtcdServer&) = delete;
 
@@ -57,40 +62,65 @@ class EtcdServer {
     options.lease_ttl = lease_ttl;
     return connect_etcd_store(options, std::chrono::seconds(20));
   }
+  // Turns etcd's own authentication on (etcdctl, Debian etcd-client): a root user, and `user`
+  // with `password` whose role may read and write the keys under `prefix` only.
+  void enable_auth(const std::string& user, const std::string& password,
+                   const std::string& prefix) {
+    for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+             {"user", "add", "root:" + kRootPassword, "--interactive=false"},
+             {"user", "grant-role", "root", "root"},
+             {"role", "add", "job"},
+             {"role", "grant-permission", "job", "--prefix=true", "readwrite", prefix},
+             {"user", "add", user + ":" + password, "--interactive=false"},
+             {"user", "grant-role", user, "job"},
+             {"auth", "enable"}})
+      etcdctl(args);
+  }
+  void etcdctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {"/usr/bin/etcdctl", "--endpoints", endpoint()});
+    ProcessResult r = run_process(args, std::chrono::seconds(30));
+    if (r.exit_code != 0)
+      throw Error(HM_ERR_INTERNAL, fmt::format("etcdctl {}: {} {}", args[3], r.out, r.err));
+  }
   // Kills etcd (SIGKILL), keeping its data folder; start() brings it back on the same ports.
   void kill() {
     if (process_) process_->kill(SIGKILL);
     process_.reset();
   }
   void start() {
-    process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{etcd_binary(),
-                                 "--name",
-                                 "hetmesh-test",
-                                 "--data-dir",
-                                 folder_.file("data"),
-                                 "--listen-client-urls",
-                                 endpoint(),
-                                 "--advertise-client-urls",
-                                 endpoint(),
-                                 "--listen-peer-urls",
-                                 fmt::format("http://127.0.0.1:{}", peer_port_),
-                                 "--initial-advertise-peer-urls",
-                                 fmt::format("http://127.0.0.1:{}", peer_port_),
-                                 "--initial-cluster",
-                                 fmt::format("hetmesh-test=http://127.0.0.1:{}", peer_port_),
-                                 "--max-request-bytes",
-                                 "33554432",
-                                 "--logger",
-                                 "zap",
-                                 "--log-level",
-                                 "error"});
+    std::vector<std::string> args = {etcd_binary(),
+                                     "--name",
+                                     "hetmesh-test",
+                                     "--data-dir",
+                                     folder_.file("data"),
+                                     "--listen-client-urls",
+                                     endpoint(),
+                                     "--advertise-client-urls",
+                                     endpoint(),
+                                     "--listen-peer-urls",
+                                     fmt::format("http://127.0.0.1:{}", peer_port_),
+                                     "--initial-advertise-peer-urls",
+                                     fmt::format("http://127.0.0.1:{}", peer_port_),
+                                     "--initial-cluster",
+                                     fmt::format("hetmesh-test=http://127.0.0.1:{}", peer_port_),
+                                     "--max-request-bytes",
+                                     "33554432",
+                                     "--logger",
+                                     "zap",
+                                     "--log-level",
+                                     "error",
+                                     "--bcrypt-cost",
+                                     "4"};  // the cheapest password hash: users log in fast
+    args.insert(args.end(), flags_.begin(), flags_.end());
+    process_ = std::make_unique<ChildProcess>(args);
     client("up/");  // waits until it answers
   }
 
  private:
+  static inline const std::string kRootPassword = "root-password";
   TempDir folder_;
   uint16_t client_port_, peer_port_;
+  std::vector<std::string> flags_;
   std::unique_ptr<ChildProcess> process_;
 };
 

@@ -35,6 +35,7 @@
 #include <iostream>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 namespace hetmesh {
 namespace {
@@ -585,6 +586,120 @@ TEST(RendezvousEtcd, TheStoreOutlivesARestartOfEtcd) {
   store->set("after", {3});
   EXPECT_EQ(store->try_get("before"), Bytes{1});
   EXPECT_EQ(store->get("after", milliseconds(1000)), Bytes{3});
+}
+
+// ---- etcd with its own authentication on ----------------------------------------------------
+
+// A 0600 file holding `password`, in `dir`.
+std::string password_file(const test::TempDir& dir, const std::string& name,
+                          const std::string& password,
+                          std::filesystem::perms mode = std::filesystem::perms::owner_read |
+                                                        std::filesystem::perms::owner_write) {
+  std::string path = dir.file(name);
+  std::ofstream(path) << password << "\n";
+  std::filesystem::permissions(path, mode);
+  return path;
+}
+
+// The error connect_etcd_store throws for `options`, or "" when it connects.
+std::pair<hm_status, std::string> refusal_of(const EtcdOptions& options) {
+  try {
+    auto store = connect_etcd_store(options, milliseconds(5000));
+    store->set("k", {1});
+    return {HM_OK, ""};
+  } catch (const Error& e) {
+    return {e.status(), e.what()};
+  }
+}
+
+// Where etcd has authentication on, hetmesh logs in as the user named with its password's file:
+// the rendezvous and a lease work as that user; no user, a wrong password, a password file others
+// may read, and keys beyond the user's permissions are each refused saying what to do.
+TEST(RendezvousEtcd, WithAuthenticationOnOnlyItsUserGetsIn) {
+  HETMESH_REQUIRE_ETCD_OR_SKIP();
+  test::EtcdServer etcd;
+  etcd.enable_auth("job", "job-password", "hetmesh/");
+  test::TempDir dir;
+  EtcdOptions options;
+  options.endpoint = etcd.endpoint();
+  options.prefix = "hetmesh/job/";
+  options.lease_ttl = std::chrono::seconds(2);
+  options.user = "job";
+  options.password_file = password_file(dir, "password", "job-password");
+  auto store = connect_etcd_store(options, milliseconds(5000));
+  store->set("a", {1});
+  EXPECT_EQ(store->get("a", milliseconds(1000)), Bytes{1});
+  EXPECT_EQ(store->add("n", 2), 2);
+  store->own_keys("mine/");
+  store->set("mine/endpoint", {2});  // on the user's lease
+  EXPECT_FALSE(store->wait_removed("mine/endpoint", milliseconds(300)));
+  store->erase("a");
+  EXPECT_TRUE(store->wait_removed("a", milliseconds(1000)));
+
+  // Through connect_store, from the environment, as an instance gets them.
+  setenv("HETMESH_ETCD_USER", "job", 1);
+  setenv("HETMESH_ETCD_PASSWORD_FILE", options.password_file.c_str(), 1);
+  auto from_environment = connect_store(etcd.endpoint(), milliseconds(5000));
+  unsetenv("HETMESH_ETCD_USER");
+  unsetenv("HETMESH_ETCD_PASSWORD_FILE");
+  from_environment->set("job/b", {3});
+  EXPECT_EQ(store->add("n", 1), 3);
+
+  EtcdOptions nobody = options;
+  nobody.user.clear();
+  nobody.password_file.clear();
+  auto [status, said] = refusal_of(nobody);
+  EXPECT_EQ(status, kStatusNotAuthorized) << said;
+  EXPECT_THAT(said, testing::HasSubstr("HETMESH_ETCD_USER"));
+
+  EtcdOptions wrong = options;
+  wrong.password_file = password_file(dir, "wrong", "not-the-password");
+  std::tie(status, said) = refusal_of(wrong);
+  EXPECT_EQ(status, kStatusNotAuthorized) << said;
+  EXPECT_THAT(said, testing::HasSubstr("refused user 'job'"));
+
+  EtcdOptions readable = options;
+  readable.password_file =
+      password_file(dir, "readable", "job-password",
+                    std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                        std::filesystem::perms::others_read);
+  std::tie(status, said) = refusal_of(readable);
+  EXPECT_EQ(status, HM_ERR_INVALID_ARGUMENT) << said;
+  EXPECT_THAT(said, testing::HasSubstr("others may read it"));
+
+  EtcdOptions elsewhere = options;
+  elsewhere.prefix = "other/";
+  std::tie(status, said) = refusal_of(elsewhere);
+  EXPECT_EQ(status, kStatusNotAuthorized) << said;
+  EXPECT_THAT(said, testing::HasSubstr("permission denied"));
+
+  EtcdOptions half = options;
+  half.password_file.clear();
+  std::tie(status, said) = refusal_of(half);
+  EXPECT_EQ(status, HM_ERR_INVALID_ARGUMENT) << said;
+  EXPECT_THAT(said, testing::HasSubstr("HETMESH_ETCD_PASSWORD_FILE"));
+}
+
+// etcd forgets a login after --auth-token-ttl; the client logs in again, for requests and
+// watches alike, without the caller seeing it.
+TEST(RendezvousEtcd, AnExpiredLoginIsRenewed) {
+  HETMESH_REQUIRE_ETCD_OR_SKIP();
+  test::EtcdServer etcd({"--auth-token-ttl", "1"});
+  etcd.enable_auth("job", "job-password", "hetmesh/");
+  test::TempDir dir;
+  EtcdOptions options;
+  options.endpoint = etcd.endpoint();
+  options.prefix = "hetmesh/job/";
+  options.user = "job";
+  options.password_file = password_file(dir, "password", "job-password");
+  auto store = connect_etcd_store(options, milliseconds(5000));
+  store->set("a", {1});
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_EQ(store->get("a", milliseconds(1000)), Bytes{1});
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_FALSE(store->wait_removed("a", milliseconds(200)));  // a watch, with a new login
+  store->erase("a");
+  EXPECT_EQ(store->try_get("a"), std::nullopt);
 }
 
 TEST(RendezvousMembers, ParsesOnlyExactEntries) {

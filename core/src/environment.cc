@@ -15,12 +15,12 @@ extern char** environ;
 namespace hetmesh {
 namespace {
 
-constexpr std::array<std::string_view, 27> kKnownVariables = {
+constexpr std::array<std::string_view, 29> kKnownVariables = {
     // The log (log.hpp).
     "HETMESH_LOG", "HETMESH_LOG_FILE",
-    // The job's secret (job_secret.hpp) and etcd's TLS files (rendezvous.hpp).
+    // The job's secret (job_secret.hpp), etcd's TLS files and user (rendezvous.hpp).
     "HETMESH_JOB_SECRET_FILE", "HETMESH_ETCD_CA_FILE", "HETMESH_ETCD_CERT_FILE",
-    "HETMESH_ETCD_KEY_FILE",
+    "HETMESH_ETCD_KEY_FILE", "HETMESH_ETCD_USER", "HETMESH_ETCD_PASSWORD_FILE",
     // The plugin loader (plugin.hpp).
     "HETMESH_PLUGINS", "HETMESH_PLUGIN_PATH",
     // The verbs transport (backends/src/verbs_device.cc).

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <charconv>
 #include <memory>
+#include <string_view>
+#include <utility>
 
 namespace hetmesh::etcd {
 namespace {
@@ -86,6 +88,46 @@ size_t watch_chunk(char* data, size_t size, size_t count, void* user) {
   return n;
 }
 
+// The headers of one request: JSON, and the token where there is one.
+struct Headers {
+  curl_slist* list = nullptr;
+  explicit Headers(const std::string& token) {
+    list = curl_slist_append(list, "Content-Type: application/json");
+    if (list != nullptr && !token.empty())
+      list = curl_slist_append(list, ("Authorization: " + token).c_str());
+    if (list == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "etcd: curl_slist_append failed");
+  }
+  ~Headers() { curl_slist_free_all(list); }
+  Headers(const Headers&) = delete;
+  Headers& operator=(const Headers&) = delete;
+};
+
+// What etcd says of a token it no longer knows (expired: log in again).
+constexpr std::string_view kExpiredToken = "invalid auth token";
+
+bool token_expired(const Error& e) {
+  return e.status() == kStatusNotAuthorized &&
+         std::string_view(e.what()).find(kExpiredToken) != std::string_view::npos;
+}
+
+// What etcd's refusal means (its message, as its gateway passes it on) and what to do about it:
+// a token it no longer knows, no user where it has authentication on, a user's password or
+// permissions (kStatusNotAuthorized); anything else is HM_ERR_BACKEND.
+std::pair<hm_status, std::string> refusal(const std::string& message, bool has_user) {
+  if (message.find(kExpiredToken) != std::string::npos) return {kStatusNotAuthorized, ""};
+  if (message.find("user name is empty") != std::string::npos)
+    return {kStatusNotAuthorized,
+            has_user ? std::string()
+                     : " (etcd has authentication on: name a user in HETMESH_ETCD_USER and the "
+                       "file that holds its password in HETMESH_ETCD_PASSWORD_FILE)"};
+  if (message.find("authentication failed") != std::string::npos) return {kStatusNotAuthorized, ""};
+  if (message.find("permission denied") != std::string::npos)
+    return {kStatusNotAuthorized,
+            " (grant the user's role read and write on the job's keys: etcdctl role "
+            "grant-permission ROLE --prefix=true readwrite hetmesh/)"};
+  return {HM_ERR_BACKEND, ""};
+}
+
 // A failed transfer: TLS refused both ways (a certificate, a key, a CA) is NOT_AUTHORIZED, which
 // retrying cannot cure; anything else is etcd out of reach (PEER_LOST).
 hm_status failure_status(CURLcode rc) {
@@ -146,17 +188,14 @@ int64_t integer(const nlohmann::json& object, const char* field) {
   return value;
 }
 
-Client::Client(std::string endpoint, Tls tls)
-    : endpoint_(std::move(endpoint)), tls_(std::move(tls)) {
+Client::Client(std::string endpoint, Tls tls, Auth auth)
+    : endpoint_(std::move(endpoint)), tls_(std::move(tls)), auth_(std::move(auth)) {
   global_init();
-  headers_ = curl_slist_append(nullptr, "Content-Type: application/json");
-  if (headers_ == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "etcd: curl_slist_append failed");
 }
 
 Client::~Client() {
   for (void* curl : idle_)
     curl_easy_cleanup(static_cast<CURL*>(curl));
-  curl_slist_free_all(static_cast<curl_slist*>(headers_));
 }
 
 void* Client::handle() {
@@ -172,7 +211,6 @@ void* Client::handle() {
   if (curl == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "etcd: curl_easy_init failed");
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for timeouts
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers_);  // lives as long as the client
   if (!tls_.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, tls_.ca_file.c_str());
   if (!tls_.cert_file.empty()) curl_easy_setopt(curl, CURLOPT_SSLCERT, tls_.cert_file.c_str());
   if (!tls_.key_file.empty()) curl_easy_setopt(curl, CURLOPT_SSLKEY, tls_.key_file.c_str());
@@ -186,11 +224,53 @@ void Client::give_back(void* curl) {
 
 nlohmann::json Client::call(const std::string& path, const nlohmann::json& body,
                             milliseconds timeout) {
+  const std::string sent = token(timeout);
+  try {
+    return post(path, body, timeout, sent);
+  } catch (const Error& e) {
+    // An expired token (etcd's --auth-token-ttl): log in again, once.
+    if (sent.empty() || !token_expired(e)) throw;
+    forget(sent);
+    return post(path, body, timeout, token(timeout));
+  }
+}
+
+std::string Client::token(milliseconds timeout) {
+  if (auth_.user.empty()) return {};
+  std::lock_guard lock(token_mutex_);
+  if (!token_.empty()) return token_;
+  nlohmann::json reply;
+  try {
+    reply = post("/v3/auth/authenticate", {{"name", auth_.user}, {"password", auth_.password}},
+                 timeout, {});
+  } catch (const Error& e) {
+    if (e.status() != kStatusNotAuthorized) throw;
+    throw Error(kStatusNotAuthorized,
+                fmt::format("etcd {} refused user '{}': {} (the user and its password are "
+                            "HETMESH_ETCD_USER and the file HETMESH_ETCD_PASSWORD_FILE names)",
+                            endpoint_, auth_.user, e.what()));
+  }
+  token_ = reply.value("token", "");
+  if (token_.empty())
+    throw Error(kStatusProtocolError,
+                fmt::format("etcd {}: logging in as '{}' gave no token", endpoint_, auth_.user));
+  return token_;
+}
+
+void Client::forget(const std::string& stale) {
+  std::lock_guard lock(token_mutex_);
+  if (token_ == stale) token_.clear();
+}
+
+nlohmann::json Client::post(const std::string& path, const nlohmann::json& body,
+                            milliseconds timeout, const std::string& token) {
   auto* curl = static_cast<CURL*>(handle());
   std::unique_ptr<CURL, void (*)(CURL*)> dropped(curl, curl_easy_cleanup);  // unless given back
+  Headers headers(token);
   const std::string url = endpoint_ + path;
   const std::string request = body.dump();
   Body reply;
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers.list);
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl, CURLOPT_POSTFIELDS, request.c_str());
   curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(request.size()));
@@ -199,6 +279,7 @@ nlohmann::json Client::call(const std::string& path, const nlohmann::json& body,
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS,
                    static_cast<long>(std::max<int64_t>(1, timeout.count())));
   CURLcode rc = curl_easy_perform(curl);
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, nullptr);  // `headers` goes with this call
   long http = 0;
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
   if (rc == CURLE_OPERATION_TIMEDOUT)
@@ -214,9 +295,12 @@ nlohmann::json Client::call(const std::string& path, const nlohmann::json& body,
     throw Error(kStatusProtocolError,
                 fmt::format("etcd {}: {}: HTTP {} with a reply that is not JSON: {:.200}",
                             endpoint_, path, http, reply.text));
-  if (http != 200)
-    throw Error(HM_ERR_BACKEND, fmt::format("etcd {}: {}: HTTP {}: {}", endpoint_, path, http,
-                                            answer.value("message", answer.dump())));
+  if (http != 200) {
+    const std::string message = answer.value("message", answer.dump());
+    auto [status, hint] = refusal(message, !auth_.user.empty());
+    throw Error(status,
+                fmt::format("etcd {}: {}: HTTP {}: {}{}", endpoint_, path, http, message, hint));
+  }
   dropped.release();
   give_back(curl);
   return answer;
@@ -233,13 +317,31 @@ const char* Client::missing_certificate_hint(int rc) const {
 
 bool Client::watch(const std::string& key, int64_t revision,
                    const std::function<bool(const nlohmann::json&)>& done, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int attempt = 0;; ++attempt) {
+    const std::string sent = token(timeout);
+    auto left = std::chrono::ceil<milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      return watch_once(key, revision, done, std::max(milliseconds(1), left), sent);
+    } catch (const Error& e) {
+      if (attempt > 0 || sent.empty() || !token_expired(e)) throw;
+      forget(sent);  // expired: log in again, once
+    }
+  }
+}
+
+bool Client::watch_once(const std::string& key, int64_t revision,
+                        const std::function<bool(const nlohmann::json&)>& done,
+                        milliseconds timeout, const std::string& token) {
   // A handle of its own: an aborted stream leaves its connection unusable for the pool.
   std::unique_ptr<CURL, void (*)(CURL*)> curl(static_cast<CURL*>(handle()), curl_easy_cleanup);
+  Headers headers(token);
   const std::string url = endpoint_ + "/v3/watch";
   nlohmann::json create = {{"key", key}, {"start_revision", std::to_string(revision)}};
   const std::string request = nlohmann::json{{"create_request", create}}.dump();
   WatchState state;
   state.done = &done;
+  curl_easy_setopt(curl.get(), CURLOPT_HTTPHEADER, headers.list);
   curl_easy_setopt(curl.get(), CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl.get(), CURLOPT_POSTFIELDS, request.c_str());
   curl_easy_setopt(curl.get(), CURLOPT_POSTFIELDSIZE, static_cast<long>(request.size()));
@@ -249,8 +351,11 @@ bool Client::watch(const std::string& key, int64_t revision,
                    static_cast<long>(std::max<int64_t>(1, timeout.count())));
   CURLcode rc = curl_easy_perform(curl.get());
   if (state.satisfied) return true;
-  if (!state.error.empty())
-    throw Error(kStatusProtocolError, fmt::format("etcd {}: watch: {}", endpoint_, state.error));
+  if (!state.error.empty()) {
+    auto [status, hint] = refusal(state.error, !auth_.user.empty());
+    throw Error(status == HM_ERR_BACKEND ? kStatusProtocolError : status,
+                fmt::format("etcd {}: watch: {}{}", endpoint_, state.error, hint));
+  }
   if (rc == CURLE_OPERATION_TIMEDOUT) return false;
   if (rc == CURLE_OK) {
     // A watch that ends by itself (an error reply, etcd going away) would make the callers'

@@ -5,6 +5,7 @@
 // etcd deletes them, which wakes every wait_removed watching them. Counters are read-compare-
 // write transactions, retried until no other writer came between.
 #include "etcd_client.hpp"
+#include "private_file.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/rendezvous.hpp>
@@ -255,15 +256,28 @@ std::unique_ptr<KeyValueStore> connect_etcd_store(const EtcdOptions& options,
     if (!net::is_loopback(where))
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("refusing etcd at {} without TLS: anyone who reaches it could read "
-                              "and change the job's keys (use https:// with [rendezvous] "
-                              "etcd_ca_file, etcd_cert_file and etcd_key_file)",
+                              "and change the job's keys (use https://, with the files "
+                              "HETMESH_ETCD_CA_FILE, HETMESH_ETCD_CERT_FILE and "
+                              "HETMESH_ETCD_KEY_FILE name)",
                               endpoint));
   }
   if (options.prefix.empty())
     throw Error(HM_ERR_INVALID_ARGUMENT, "etcd store: the key prefix is empty");
+  if (options.user.empty() != options.password_file.empty())
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        fmt::format("etcd store {}: {} without {}: name both, or neither", endpoint,
+                    options.user.empty() ? "a password file" : "a user",
+                    options.user.empty() ? "a user (HETMESH_ETCD_USER)"
+                                         : "its password file (HETMESH_ETCD_PASSWORD_FILE)"));
+  etcd::Auth auth;
+  if (!options.user.empty())
+    auth = {options.user,
+            read_private_file(options.password_file,
+                              fmt::format("etcd password file of user '{}'", options.user), 4096)};
   auto shared = std::make_shared<Shared>();
   shared->client = std::make_shared<etcd::Client>(
-      endpoint, etcd::Tls{options.ca_file, options.cert_file, options.key_file});
+      endpoint, etcd::Tls{options.ca_file, options.cert_file, options.key_file}, std::move(auth));
   shared->options = options;
   shared->timeout = timeout;
   // Up before anything is published: a range of the prefix, retried while etcd is not listening.

@@ -4,6 +4,8 @@
 #include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/job_secret.hpp>
 
+#include "private_file.hpp"
+
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -39,27 +41,12 @@ JobSecret JobSecret::none() {
 }
 
 JobSecret JobSecret::read_file(const std::string& path) {
-  auto bad = [&](const std::string& why) {
-    return Error(HM_ERR_INVALID_ARGUMENT, fmt::format("job secret file {}: {}", path, why));
-  };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) throw bad(std::strerror(errno));
-  struct stat st {};
-  char text[kBytes * 2 + 2] = {};
-  ssize_t n = -1;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 077) == 0 &&
-      st.st_uid == ::geteuid())
-    n = ::read(fd, text, sizeof text);
-  ::close(fd);
-  if (!S_ISREG(st.st_mode)) throw bad("not a regular file");
-  if ((st.st_mode & 077) != 0)
-    throw bad(fmt::format("mode {:o}: others may read it (chmod 600 it)", st.st_mode & 0777));
-  if (st.st_uid != ::geteuid()) throw bad("owned by another user");
-  size_t length = n < 0 ? 0 : static_cast<size_t>(n);
-  if (length > 0 && text[length - 1] == '\n') --length;
-  if (length != kBytes * 2) throw bad(fmt::format("expected {} hex digits", kBytes * 2));
+  const std::string text = read_private_file(path, "job secret file", 4096);
+  if (text.size() != kBytes * 2)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("job secret file {}: expected {} hex digits", path, kBytes * 2));
   JobSecret s;
-  from_hex(std::string_view(text, length), s.key_, fmt::format("job secret file {}", path));
+  from_hex(text, s.key_, fmt::format("job secret file {}", path));
   return s;
 }
 

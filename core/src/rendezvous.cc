@@ -35,6 +35,8 @@ std::unique_ptr<KeyValueStore> connect_store(const std::string& address,
   options.ca_file = from_environment("HETMESH_ETCD_CA_FILE");
   options.cert_file = from_environment("HETMESH_ETCD_CERT_FILE");
   options.key_file = from_environment("HETMESH_ETCD_KEY_FILE");
+  options.user = from_environment("HETMESH_ETCD_USER");
+  options.password_file = from_environment("HETMESH_ETCD_PASSWORD_FILE");
   return connect_etcd_store(options, timeout);
 }
 

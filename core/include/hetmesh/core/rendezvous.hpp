@@ -120,6 +120,10 @@ struct EtcdOptions {
   // system's CAs and no client certificate. connect_store takes them from HETMESH_ETCD_CA_FILE,
   // HETMESH_ETCD_CERT_FILE and HETMESH_ETCD_KEY_FILE.
   std::string ca_file, cert_file, key_file;
+  // One of etcd's own users, where etcd has authentication on (`etcdctl auth enable`): its name
+  // and the file that holds its password (only its owner may read it; never a command line).
+  // Empty: none. connect_store takes them from HETMESH_ETCD_USER and HETMESH_ETCD_PASSWORD_FILE.
+  std::string user, password_file;
 };
 
 // Connects to etcd, retrying until it answers or `timeout` passes (Error(HM_ERR_TIMEOUT) saying
