@@ -241,7 +241,7 @@ TEST_F(LauncherTest, PinOnGivesEachInstanceItsOwnCpus) {
   }
   std::smatch pinned;
   ASSERT_TRUE(std::regex_search(
-      on.out, pinned, std::regex("pinned: attention 0: CPUs ([0-9,]+); ffn 0: CPUs ([0-9,]+)")))
+      on.out, pinned, std::regex("placed: attention 0: CPUs ([0-9,]+); ffn 0: CPUs ([0-9,]+)")))
       << on.out;
   const std::string attention = pinned[1], ffn = pinned[2];
   auto cpus = [](const std::string& list) {
@@ -255,7 +255,7 @@ TEST_F(LauncherTest, PinOnGivesEachInstanceItsOwnCpus) {
     EXPECT_EQ(cpus(ffn).count(cpu), 0u) << "CPU " << cpu << " given twice: " << on.out;
   EXPECT_NE(on.err.find("pinned to CPUs " + attention), std::string::npos) << on.err;
   EXPECT_NE(on.err.find("pinned to CPUs " + ffn), std::string::npos) << on.err;
-  EXPECT_EQ(off.out.find("pinned:"), std::string::npos) << off.out;
+  EXPECT_EQ(off.out.find("placed:"), std::string::npos) << off.out;
   EXPECT_EQ(off.err.find("pinned to CPUs"), std::string::npos) << off.err;
 }
 

@@ -1,9 +1,11 @@
 // The machine's topology (core/topology.hpp) on made-up machines given as hwloc XML: each GPU's
 // NUMA node, PCI path and local CPUs, and the NIC nearest it. A box with 8 GPUs and 8 NICs (each
 // GPU and a NIC under one PCIe switch) gives each GPU its own NIC; a box with 2 NICs for 8 GPUs
-// shares them by NUMA node; NICs that are equally near are shared out evenly; and each instance is
-// pinned to CPUs of its device's NUMA node (afd::assign_cpus).
+// shares them by NUMA node; NICs that are equally near are shared out evenly (afd::assign_nics,
+// what the launcher hands each instance whose NIC is "auto"); and each instance is pinned to CPUs
+// of its device's NUMA node (afd::assign_cpus).
 #include <hetmesh/afd/job.hpp>
+#include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/topology.hpp>
 
@@ -109,16 +111,12 @@ std::string bus_id(unsigned bus) {
   return fmt::format("0000:{:02x}:00.0", bus);
 }
 
-// Every GPU's nearest NIC, handed out in GPU order as a launcher would.
+// Every GPU's NIC, handed out in GPU order by the launcher's own function (afd::assign_nics).
 std::vector<std::string> hand_out(const Topology& t, const std::vector<unsigned>& gpus) {
-  std::map<std::string, int> taken;
-  std::vector<std::string> nics;
-  for (unsigned g : gpus) {
-    auto nic = t.nearest_nic(bus_id(g), taken);
-    nics.push_back(nic.value_or("none"));
-    if (nic) ++taken[*nic];
-  }
-  return nics;
+  std::vector<std::string> pci;
+  for (unsigned g : gpus)
+    pci.push_back(bus_id(g));
+  return afd::assign_nics(pci, t);
 }
 
 // Two sockets, four PCIe switches on each, and under each switch one GPU and one NIC.
@@ -207,6 +205,22 @@ TEST(TopologyTest, InstancesArePinnedToTheirDevicesNumaNode) {
   // Once its node is full, a device's instance takes CPUs elsewhere.
   cpus = afd::assign_cpus({bus_id(0x11), bus_id(0x11), bus_id(0x11)}, t, 3, all);
   EXPECT_EQ(cpus, (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}, {}}));
+}
+
+// What the launcher hands an instance, and what the instance makes of it.
+TEST(TopologyTest, AnInstanceTakesThePlaceItIsHanded) {
+  afd::InstancePlaces places;
+  places.attention = {{{4, 5}, "mlx5_1"}, {{}, ""}};
+  places.ffn = {{{}, "mlx5_0"}};
+  EXPECT_EQ(places.args(true, 0), (std::vector<std::string>{"--cpus", "4,5", "--nic", "mlx5_1"}));
+  EXPECT_EQ(places.args(true, 1), std::vector<std::string>{});
+  EXPECT_EQ(places.args(false, 0), (std::vector<std::string>{"--nic", "mlx5_0"}));
+  EXPECT_EQ(places.describe({{0, 3}, {2}}), "attention 0: CPUs 4,5, NIC mlx5_1; ffn 2: NIC mlx5_0");
+  afd::EngineSpec spec;
+  spec.transport.rdma_device = "auto";
+  EXPECT_EQ(afd::placed(spec, {{}, "mlx5_1"}).transport.rdma_device, "mlx5_1");
+  EXPECT_EQ(afd::placed(spec, {}).transport.rdma_device, "auto");
+  EXPECT_TRUE(afd::placed(spec, {}).comm_cpus.empty());
 }
 
 TEST(TopologyTest, ThisMachineLoads) {

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 
 namespace hetmesh::afd {
 
@@ -107,18 +108,36 @@ std::vector<std::vector<int>> assign_cpus(const std::vector<std::string>& pci_bu
   return out;
 }
 
-EngineSpec pinned(EngineSpec spec, const std::vector<int>& cpus) {
-  if (cpus.empty()) return spec;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int cpu : cpus)
-    CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0)
-    throw Error(HM_ERR_INTERNAL, fmt::format("cannot pin to CPUs {}: {}", fmt::join(cpus, ","),
-                                             std::strerror(errno)));
-  log(LogLevel::info, "pinned to CPUs {}", fmt::join(cpus, ","));
-  spec.comm_cpus = cpus;
+EngineSpec placed(EngineSpec spec, const InstancePlace& place) {
+  if (!place.cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu : place.cpus)
+      CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+      throw Error(HM_ERR_INTERNAL, fmt::format("cannot pin to CPUs {}: {}",
+                                               fmt::join(place.cpus, ","), std::strerror(errno)));
+    log(LogLevel::info, "pinned to CPUs {}", fmt::join(place.cpus, ","));
+    spec.comm_cpus = place.cpus;
+  }
+  if (!place.nic.empty()) {
+    log(LogLevel::info, "RDMA device {} (the launcher's choice for \"auto\")", place.nic);
+    spec.transport.rdma_device = place.nic;
+  }
   return spec;
+}
+
+std::vector<std::string> assign_nics(const std::vector<std::string>& pci_bus_ids,
+                                     const Topology& topology) {
+  std::map<std::string, int> taken;
+  std::vector<std::string> out;
+  for (const std::string& pci : pci_bus_ids) {
+    std::optional<std::string> nic;
+    if (!pci.empty()) nic = topology.nearest_nic(pci, taken);
+    if (nic) ++taken[*nic];
+    out.push_back(nic.value_or(""));
+  }
+  return out;
 }
 
 PluginRegistry load_plugins(const JobConfig& c) {

@@ -1,6 +1,5 @@
 // Launching a job on this host (launch.hpp): the instances an invocation starts, its store, the
 // child processes of a LocalJob and how they stop, and an instance's failure report.
-#include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
@@ -229,27 +228,36 @@ LocalInstances parse_instances(const std::vector<std::string>& values, const Job
   return {{attention.begin(), attention.end()}, {ffn.begin(), ffn.end()}};
 }
 
-std::vector<std::string> InstanceCpus::args(bool attention_role, size_t index) const {
-  const auto& cpus = attention_role ? attention : ffn;
-  if (index >= cpus.size() || cpus[index].empty()) return {};
-  return {"--cpus", fmt::format("{}", fmt::join(cpus[index], ","))};
+std::vector<std::string> InstancePlaces::args(bool attention_role, size_t index) const {
+  const auto& places = attention_role ? attention : ffn;
+  if (index >= places.size()) return {};
+  std::vector<std::string> out;
+  if (!places[index].cpus.empty())
+    out.insert(out.end(), {"--cpus", fmt::format("{}", fmt::join(places[index].cpus, ","))});
+  if (!places[index].nic.empty()) out.insert(out.end(), {"--nic", places[index].nic});
+  return out;
 }
 
-std::string InstanceCpus::describe(const LocalInstances& local) const {
+std::string InstancePlaces::describe(const LocalInstances& local) const {
   std::vector<std::string> parts;
   for (bool attention_role : {true, false}) {
     const auto& ranks = attention_role ? local.attention : local.ffn;
-    const auto& cpus = attention_role ? attention : ffn;
-    for (size_t i = 0; i < ranks.size() && i < cpus.size(); ++i)
-      if (!cpus[i].empty())
-        parts.push_back(fmt::format("{} {}: CPUs {}", attention_role ? "attention" : "ffn",
-                                    ranks[i], fmt::join(cpus[i], ",")));
+    const auto& places = attention_role ? attention : ffn;
+    for (size_t i = 0; i < ranks.size() && i < places.size(); ++i) {
+      std::vector<std::string> what;
+      if (!places[i].cpus.empty())
+        what.push_back(fmt::format("CPUs {}", fmt::join(places[i].cpus, ",")));
+      if (!places[i].nic.empty()) what.push_back("NIC " + places[i].nic);
+      if (!what.empty())
+        parts.push_back(fmt::format("{} {}: {}", attention_role ? "attention" : "ffn", ranks[i],
+                                    fmt::join(what, ", ")));
+    }
   }
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
-InstanceCpus instance_cpus(const JobConfig& config, const LocalInstances& local,
-                           const std::string& pin) {
+InstancePlaces place_instances(const JobConfig& config, const LocalInstances& local,
+                               const std::string& pin) {
   if (pin != "auto" && pin != "on" && pin != "off")
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("--pin {}: expected auto, on or off", pin));
   std::vector<int> allowed;
@@ -259,11 +267,19 @@ InstanceCpus instance_cpus(const JobConfig& config, const LocalInstances& local,
     for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
       if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
   const size_t instances = local.attention.size() + local.ffn.size();
-  const int each = instances > 0 ? static_cast<int>(allowed.size() / instances) : 0;
-  InstanceCpus out;
-  if (pin == "off" || each < 1) return out;
-  if (pin == "auto" && (each < 4 || !config.affinity.comm_cpus.empty())) return out;
-  // Each instance's device's PCI bus id, attention first, for its NUMA node.
+  int each = instances > 0 ? static_cast<int>(allowed.size() / instances) : 0;
+  if (pin == "off" || (pin == "auto" && (each < 4 || !config.affinity.comm_cpus.empty()))) each = 0;
+  // The instances whose NIC is "auto" (attention first).
+  std::vector<bool> auto_nic;
+  for (Role role : {Role::attention, Role::ffn})
+    for (int rank : role == Role::attention ? local.attention : local.ffn)
+      auto_nic.push_back(engine_spec(config, role, rank).transport.rdma_device == "auto");
+  const bool nics = std::find(auto_nic.begin(), auto_nic.end(), true) != auto_nic.end();
+  InstancePlaces out;
+  out.attention.resize(local.attention.size());
+  out.ffn.resize(local.ffn.size());
+  if (each < 1 && !nics) return out;
+  // Each instance's device's PCI bus id, attention first: its NUMA node and its nearest NIC.
   PluginRegistry plugins = load_plugins(config);
   std::vector<std::string> pci;
   for (int a : local.attention)
@@ -273,10 +289,16 @@ InstanceCpus instance_cpus(const JobConfig& config, const LocalInstances& local,
   for (int f : local.ffn)
     pci.push_back(
         plugins.device(config.devices.ffn.at(static_cast<size_t>(f))).properties().pci_bus_id);
-  auto cpus = assign_cpus(pci, Topology::of_this_machine(), each, allowed);
-  auto split = cpus.begin() + static_cast<std::ptrdiff_t>(local.attention.size());
-  out.attention.assign(cpus.begin(), split);
-  out.ffn.assign(split, cpus.end());
+  const Topology& topology = Topology::of_this_machine();
+  std::vector<std::vector<int>> cpus =
+      each >= 1 ? assign_cpus(pci, topology, each, allowed) : std::vector<std::vector<int>>();
+  std::vector<std::string> nic = nics ? assign_nics(pci, topology) : std::vector<std::string>();
+  for (size_t i = 0; i < pci.size(); ++i) {
+    InstancePlace& place =
+        i < local.attention.size() ? out.attention[i] : out.ffn[i - local.attention.size()];
+    if (i < cpus.size()) place.cpus = cpus[i];
+    if (i < nic.size() && auto_nic[i]) place.nic = nic[i];
+  }
   return out;
 }
 

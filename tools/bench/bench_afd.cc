@@ -61,7 +61,7 @@ struct BenchRun {
   afd::LocalInstances local;
   std::string store;
   fs::path dir;
-  afd::InstanceCpus cpus;  // each local instance's, attention first; empty: unpinned
+  afd::InstancePlaces places;  // each local instance's CPUs and NIC, attention first
 };
 
 // The rendezvous job id of the instances with this role ("attention", "bare-ffn"...).
@@ -83,9 +83,9 @@ bool run_instances(const BenchRun& run, const std::string& prefix) {
     job.start(prefix + role, rank, args);
   };
   for (size_t i = 0; i < run.local.attention.size(); ++i)
-    start("attention", run.local.attention[i], run.cpus.args(true, i));
+    start("attention", run.local.attention[i], run.places.args(true, i));
   for (size_t i = 0; i < run.local.ffn.size(); ++i)
-    start("ffn", run.local.ffn[i], run.cpus.args(false, i));
+    start("ffn", run.local.ffn[i], run.places.args(false, i));
   std::vector<afd::InstanceFailure> failures =
       job.wait(std::chrono::duration_cast<std::chrono::milliseconds>(run.config.job.timeout * 10),
                run.config.job.timeout + std::chrono::milliseconds(500));
@@ -112,9 +112,9 @@ AfdBenchResults collect(const BenchRun& run) {
   r.f2a_bytes = spec.f2a_slot_bytes();
   r.bytes_per_round_trip = uint64_t(c.job.ffn) * (r.a2f_bytes + r.f2a_bytes);
   r.all_instances = run.local.everything(c);
-  for (const auto* role : {&run.cpus.attention, &run.cpus.ffn})
-    for (const auto& cpus : *role)
-      r.cpu_block_size = std::max(r.cpu_block_size, static_cast<int>(cpus.size()));
+  for (const auto* role : {&run.places.attention, &run.places.ffn})
+    for (const afd::InstancePlace& place : *role)
+      r.cpu_block_size = std::max(r.cpu_block_size, static_cast<int>(place.cpus.size()));
 
   std::vector<afd::AttentionTrace> traces;
   std::vector<double> bare;
@@ -175,7 +175,7 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
     fmt::print("{}\n", afd::describe_share(local, store));
     std::fflush(stdout);  // an invocation on another host needs the store's address now
   }
-  const BenchRun run{c, o, local, store.address(), dir, afd::instance_cpus(c, local, o.pin)};
+  const BenchRun run{c, o, local, store.address(), dir, afd::place_instances(c, local, o.pin)};
   if (!run_instances(run, "") || (o.bare && !run_instances(run, "bare-"))) return interrupted();
   if (local.attention.empty()) {
     fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",

@@ -39,7 +39,7 @@ struct BareInstance {
   std::vector<TransportEvent> events;
 
   BareInstance(const JobConfig& c, afd::Role role, int rank, const AfdBenchOptions& o)
-      : spec(afd::pinned(afd::engine_spec(c, role, rank), o.cpus)),
+      : spec(afd::placed(afd::engine_spec(c, role, rank), o.place)),
         device(afd::load_plugins(c).device(role == afd::Role::attention
                                                ? c.devices.attention.at(static_cast<size_t>(rank))
                                                : c.devices.ffn.at(static_cast<size_t>(rank)))) {

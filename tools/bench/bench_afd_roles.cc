@@ -36,7 +36,7 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
   auto store = connect_store(o.store, c.job.timeout);
   afd::AttentionEngine engine(
-      afd::pinned(afd::engine_spec(c, afd::Role::attention, o.rank), o.cpus), device, *store);
+      afd::placed(afd::engine_spec(c, afd::Role::attention, o.rank), o.place), device, *store);
   const int M = c.job.micro_batches;
   std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
   afd::AttentionTrace trace{o.rank, {}};
@@ -67,7 +67,7 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
 int run_ffn(const JobConfig& c, const AfdBenchOptions& o) {
   Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
   auto store = connect_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(afd::pinned(afd::engine_spec(c, afd::Role::ffn, o.rank), o.cpus), device,
+  afd::FfnEngine engine(afd::placed(afd::engine_spec(c, afd::Role::ffn, o.rank), o.place), device,
                         *store);
   std::ofstream(fs::path(o.out) / fmt::format("ffn{}.info.json", o.rank))
       << nlohmann::json{{"registered", total(engine.registered())}}.dump();

@@ -1,8 +1,10 @@
 // The options of every command that launches an AFD job (`hetmesh demo`, `hetmesh bench afd`):
 // which instances start on this host, the store to join (docs/launching.md) and whether to pin
 // them to CPUs near their devices, and the ones the launcher (afd::LocalJob) gives each instance
-// it starts: --role, --rank, --store, --out, --cpus.
+// it starts: --role, --rank, --store, --out, and its place (--cpus, --nic).
 #pragma once
+
+#include <hetmesh/afd/job.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -18,7 +20,7 @@ struct JobLaunchOptions {
   int rank = 0;
   std::string out;           // in an instance: the job's folder
   std::string pin = "auto";  // auto, on, off: CPUs of its device's NUMA node per instance
-  std::vector<int> cpus;     // in an instance: its CPUs (afd::InstanceCpus); empty: unpinned
+  afd::InstancePlace place;  // in an instance: its CPUs and NIC (afd::InstancePlaces)
 };
 
 inline void add_job_launch_options(CLI::App& command, JobLaunchOptions& o) {
@@ -33,7 +35,8 @@ inline void add_job_launch_options(CLI::App& command, JobLaunchOptions& o) {
                   "auto (when each gets 4 or more and the config's [affinity] names none), on, off")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  command.add_option("--cpus", o.cpus, "internal")->delimiter(',')->group("");
+  command.add_option("--cpus", o.place.cpus, "internal")->delimiter(',')->group("");
+  command.add_option("--nic", o.place.nic, "internal")->group("");
   command.add_option("--role", o.role, "internal")->group("");
   command.add_option("--rank", o.rank, "internal")->group("");
   command.add_option("--out", o.out, "internal")->group("");

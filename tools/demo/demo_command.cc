@@ -128,7 +128,7 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   const int M = c.job.micro_batches, F = c.job.ffn;
   auto store = connect_store(o.store, c.job.timeout);
   afd::AttentionEngine engine(
-      afd::pinned(afd::engine_spec(c, afd::Role::attention, o.rank), o.cpus), device, *store);
+      afd::placed(afd::engine_spec(c, afd::Role::attention, o.rank), o.place), device, *store);
   // Attention runs on the host. On a device whose memory the host cannot touch (a GPU), its
   // outputs go up through pinned staging and a stream copy, push_pull starts when the copy's event
   // completes, and F's partials come back down the same way.
@@ -223,7 +223,7 @@ int run_ffn(const JobConfig& c, const DemoOptions& o) {
   TinyMoe model(model_shape(c));
   auto runner = ExpertRunner::create(device, model, o.rank, c.job.ffn);
   auto store = connect_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(afd::pinned(afd::engine_spec(c, afd::Role::ffn, o.rank), o.cpus), device,
+  afd::FfnEngine engine(afd::placed(afd::engine_spec(c, afd::Role::ffn, o.rank), o.place), device,
                         *store);
   Stream stream = device.create_stream();
   while (auto batch = engine.get_batch(c.job.timeout)) {
@@ -248,11 +248,11 @@ std::vector<float> read_floats(const fs::path& path, size_t count) {
   return v;
 }
 
-// Starts this host's instances (each on its `cpus`, if any), shows attention 0's progress if it
+// Starts this host's instances (each in its place: CPUs, NIC), shows attention 0's progress if it
 // runs here, kills and replaces `replace` (if any) once attention 0 is halfway, and waits for them
 // all; says why the job failed, if it did, or that it was interrupted.
 bool run_instances(const JobConfig& c, const afd::LocalInstances& local,
-                   const afd::InstanceCpus& cpus, const std::string& store, const fs::path& dir,
+                   const afd::InstancePlaces& places, const std::string& store, const fs::path& dir,
                    const std::optional<std::pair<std::string, int>>& replace) {
   std::vector<std::string> command = {"demo", "--config", (dir / "job.toml").string()};
   if (replace)
@@ -261,9 +261,9 @@ bool run_instances(const JobConfig& c, const afd::LocalInstances& local,
   afd::LocalJob job(command, store, dir.string(), afd::EngineSpec{}.job);
   bool replaced = false;
   for (size_t i = 0; i < local.ffn.size(); ++i)
-    job.start("ffn", local.ffn[i], cpus.args(false, i));
+    job.start("ffn", local.ffn[i], places.args(false, i));
   for (size_t i = 0; i < local.attention.size(); ++i)
-    job.start("attention", local.attention[i], cpus.args(true, i),
+    job.start("attention", local.attention[i], places.args(true, i),
               [&, a = local.attention[i]](const std::string& line) {
                 int done = 0, total = 0;
                 if (a != 0 || std::sscanf(line.c_str(), "progress %d %d", &done, &total) != 2)
@@ -412,9 +412,9 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
 
   std::optional<std::pair<std::string, int>> replace;
   if (!o.replace.empty()) replace = replaced_instance(o.replace, c, local);
-  const afd::InstanceCpus cpus = afd::instance_cpus(c, local, o.pin);
-  if (auto pinned = cpus.describe(local); !pinned.empty()) fmt::print("pinned: {}\n", pinned);
-  if (!run_instances(c, local, cpus, store.address(), dir, replace))
+  const afd::InstancePlaces places = afd::place_instances(c, local, o.pin);
+  if (auto placed = places.describe(local); !placed.empty()) fmt::print("placed: {}\n", placed);
+  if (!run_instances(c, local, places, store.address(), dir, replace))
     return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 1;
   if (local.attention.empty())
     fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",

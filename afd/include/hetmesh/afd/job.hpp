@@ -33,10 +33,21 @@ EngineSpec engine_spec(const JobConfig& config, Role role, int rank);
 // Loads the plugins the config names (explicit paths, per-plugin options) plus the usual search.
 PluginRegistry load_plugins(const JobConfig& config);
 
-// In an instance the launcher pinned (`--cpus`, InstanceCpus): pins this process to `cpus` and
-// returns `spec` with its comm threads on them (logged). `spec` as it is when `cpus` is empty.
-// Throws Error(INTERNAL) naming the CPUs when the kernel refuses.
-EngineSpec pinned(EngineSpec spec, const std::vector<int>& cpus);
+// Where the launcher placed an instance (InstancePlaces, launch.hpp; `--cpus`, `--nic`).
+struct InstancePlace {
+  std::vector<int> cpus;  // empty: not pinned
+  std::string nic;        // the RDMA NIC its "auto" came to; empty: as the config says
+};
+// In the instance: pins this process to the place's CPUs, and returns `spec` with its comm
+// threads on them and its NIC (each logged); `spec` as it is for an empty place. Throws
+// Error(INTERNAL) naming the CPUs when the kernel refuses.
+EngineSpec placed(EngineSpec spec, const InstancePlace& place);
+
+// The RDMA NIC each of a host's instances takes, for instances whose devices have these PCI bus ids
+// (in start order): the nearest (Topology::nearest_nic), the instances before it counted, so
+// that equally near NICs are shared out evenly; "" where the topology names none.
+std::vector<std::string> assign_nics(const std::vector<std::string>& pci_bus_ids,
+                                     const Topology& topology);
 
 // The CPUs to pin each of a host's instances to, `per_instance` each, for instances whose devices
 // have these PCI bus ids (in start order; "" for a device that is not a PCI device): CPUs of the

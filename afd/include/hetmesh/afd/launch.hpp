@@ -5,6 +5,7 @@
 // docs/launching.md.
 #pragma once
 
+#include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/job_config.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
@@ -38,22 +39,27 @@ struct LocalInstances {
 // Error(INVALID_ARGUMENT) naming a malformed value or a rank the job does not have.
 LocalInstances parse_instances(const std::vector<std::string>& values, const JobConfig& config);
 
-// The CPUs the launcher pins each of this host's instances to (`--pin`): an equal share of the
-// CPUs this process may run on, of the instance's device's NUMA node first (assign_cpus, job.hpp).
-// `pin`: "on", "off", or "auto", which pins only where every instance gets at least 4 CPUs (its
-// comm thread, a sender per peer, the caller) and the job's [affinity] names none. Attention
-// ranks first, then ffn, as `local` lists them; all empty when not pinned. Throws
-// Error(INVALID_ARGUMENT) for another `pin`.
-struct InstanceCpus {
-  std::vector<std::vector<int>> attention, ffn;
-  // The arguments that hand the index-th attention (or ffn) instance of `local` its CPUs
-  // ("--cpus 4,5,6,7"), none when it has none.
+// Where the launcher places each of this host's instances (InstancePlace, job.hpp):
+//  - CPUs (`pin`): an equal share of the CPUs this process may run on, of the instance's device's
+//    NUMA node first (assign_cpus). "on", "off", or "auto", which pins only where every instance
+//    gets at least 4 CPUs (its comm thread, a sender per peer, the caller) and the job's
+//    [affinity] names none;
+//  - the RDMA NIC, for an instance whose [hosts] NIC is "auto": the nearest to its device, the
+//    host's instances before it counted, so that equally near NICs are shared out evenly
+//    (assign_nics); an instance left to itself would take the nearest alone.
+// Attention ranks first, then ffn, as `local` lists them. Throws Error(INVALID_ARGUMENT) for
+// another `pin`.
+struct InstancePlaces {
+  std::vector<InstancePlace> attention, ffn;
+  // The arguments that hand the index-th attention (or ffn) instance of `local` its place
+  // ("--cpus 4,5,6,7 --nic mlx5_1"), none when it has none.
   std::vector<std::string> args(bool attention_role, size_t index) const;
-  // "attention 0: CPUs 0-3; ffn 0: CPUs 4-7" for the instances of `local`; "" when none is pinned.
+  // "attention 0: CPUs 0-3, NIC mlx5_0; ffn 0: CPUs 4-7" for the instances of `local`; "" when
+  // none is placed.
   std::string describe(const LocalInstances& local) const;
 };
-InstanceCpus instance_cpus(const JobConfig& config, const LocalInstances& local,
-                           const std::string& pin);
+InstancePlaces place_instances(const JobConfig& config, const LocalInstances& local,
+                               const std::string& pin);
 
 // The store of an invocation: hosted here (at the config's [rendezvous] address) unless `join`
 // names one to connect to, or that address is another machine's (one config for every host: the
