@@ -9,6 +9,7 @@
 #include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <sched.h>
@@ -390,9 +391,21 @@ TEST_F(LauncherTest, InstancesInRendezvousEndSoonWhenTheStoresHostDies) {
 // ---- LocalJob itself, with this binary's child roles ----
 
 // This binary as an instance of a LocalJob: --role R --rank N --store S --out D ACTION, where
-// ACTION is "sleep" (until killed) or an exit status.
+// ACTION is "sleep" (until killed), an exit status, or, as real instances of job "job" do,
+// "fail" (publish a failure in S, then exit with 1) or "after-failure" (once a failure is
+// published in S, exit with the status of an instance that another's failure stopped).
 int run_child(int argc, char** argv) {
   if (argc < 10) return 2;
+  if (std::strcmp(argv[9], "fail") == 0) {
+    auto store = connect_tcp_store(argv[6], std::chrono::seconds(10));
+    publish_job_failure(*store, "job", fmt::format("{}:{}: a planted failure", argv[2], argv[4]));
+    return 1;
+  }
+  if (std::strcmp(argv[9], "after-failure") == 0) {
+    auto store = connect_tcp_store(argv[6], std::chrono::seconds(10));
+    store->get("job/failed", std::chrono::seconds(30));
+    return afd::kExitAfterAnotherFailure;
+  }
   if (std::strcmp(argv[9], "sleep") != 0) return std::atoi(argv[9]);
   for (;;)
     pause();
@@ -417,11 +430,11 @@ TEST(LocalJobTest, FirstFailureStopsTheOthersAndItsConsequencesAreNotRootCauses)
   TcpStoreServer server("127.0.0.1:0");
   afd::LocalJob job({}, server.address(), testing::TempDir(), "job");
   job.start("attention", 0, {"sleep"});
-  job.start("attention", 1, {std::to_string(afd::kExitAfterAnotherFailure)});
-  job.start("ffn", 0, {"1"});
+  job.start("attention", 1, {"after-failure"});
+  job.start("ffn", 0, {"fail"});
   auto failures = job.wait(std::chrono::seconds(60));
   std::vector<std::string> explained = job.explain(failures);
-  ASSERT_EQ(explained.size(), 2u);
+  ASSERT_EQ(explained.size(), 2u) << fmt::format("{}", fmt::join(explained, " / "));
   EXPECT_EQ(explained[0], "ffn:0 failed (exit code 1)");
   EXPECT_EQ(explained[1], "1 instance(s) here stopped after that failure");
 }

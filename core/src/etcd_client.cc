@@ -307,9 +307,10 @@ nlohmann::json Client::post(const std::string& path, const nlohmann::json& body,
 }
 
 // TLS 1.3 refuses a missing client certificate after the handshake: the client sees only that
-// the connection broke.
+// the connection broke, while it sends or while it receives, as timing has it.
 const char* Client::missing_certificate_hint(int rc) const {
-  return rc == CURLE_RECV_ERROR && endpoint_.starts_with("https://") && tls_.cert_file.empty()
+  return (rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) && endpoint_.starts_with("https://") &&
+                 tls_.cert_file.empty()
              ? " (if etcd asks for client certificates: name this client's in "
                "HETMESH_ETCD_CERT_FILE and HETMESH_ETCD_KEY_FILE)"
              : "";
