@@ -24,12 +24,10 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 namespace hetmesh::cli {
 namespace {

@@ -455,21 +455,15 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
              o.transport != "verbs" ? ""
              : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
                                     : " (ib_write_bw -t too), adaptive poller");
-  const char* tool = o.transport == "verbs" ? "ib_write" : "ucx";
-  // The tools: ucx_perftest's ucp_put_bw and ucp_am_lat, or ib_write_bw and ib_write_lat.
-  // (tcp has none: its columns stay empty.)
-  const std::string tool_bw = o.transport == "verbs" ? "ib_bw"
-                              : o.transport == "ipc" ? "ucx_bw"
-                                                     : "tool_bw";
-  const std::string tool_lat = o.transport == "verbs" ? "ib_lat"
-                               : o.transport == "ipc" ? "ucx_lat"
-                                                      : "tool_lat";
+  // The tools: ucx_perftest's ucp_put_bw and ucp_am_lat, or ib_write_bw and ib_write_lat (tcp
+  // has none: its columns stay empty).
+  const char* tool = o.transport == "verbs" ? "ib_write" : o.transport == "ipc" ? "ucx" : "tool";
   fmt::print(
-      "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>11} {:>8} "
-      "{:>11} {:>9}\n",
+      "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>16} {:>8} "
+      "{:>15} {:>9}\n",
       "size", "lat p50 us", "lat p99 us", "bw GB/s", "memcpy p50 us", "memcpy GB/s", "bw ratio",
-      "1-DMA p50 us", "lat ratio", "bw ratio", tool_bw + " GB/s", "bw ratio", tool_lat + " us",
-      "lat ratio");
+      "1-DMA p50 us", "lat ratio", "bw ratio", fmt::format("{} bw GB/s", tool), "bw ratio",
+      fmt::format("{} lat us", tool), "lat ratio");
   nlohmann::json out = {
       {"run", provenance()},
       {"across_hosts", o.connect.empty() ? nlohmann::json() : nlohmann::json(o.connect)},
@@ -487,11 +481,11 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
     double ratio = r.bandwidth_gbps / r.memcpy_gbps;
     std::string baseline =
         (r.tool_gbps > 0
-             ? fmt::format("{:>11.3f} {:>8.2f}", r.tool_gbps, r.bandwidth_gbps / r.tool_gbps)
-             : fmt::format("{:>11} {:>8}", "-", "-")) +
+             ? fmt::format("{:>16.3f} {:>8.2f}", r.tool_gbps, r.bandwidth_gbps / r.tool_gbps)
+             : fmt::format("{:>16} {:>8}", "-", "-")) +
         (r.tool_lat_us > 0
-             ? fmt::format(" {:>11.2f} {:>9.2f}", r.tool_lat_us, r.latency_p50_us / r.tool_lat_us)
-             : fmt::format(" {:>11} {:>9}", "-", "-"));
+             ? fmt::format(" {:>15.2f} {:>9.2f}", r.tool_lat_us, r.latency_p50_us / r.tool_lat_us)
+             : fmt::format(" {:>15} {:>9}", "-", "-"));
     fmt::print(
         "{:>8} {:>12.2f} {:>12.2f} {:>11.3f} | {:>13.2f} {:>12.3f} {:>9.2f} | {:>11.2f} {:>9.2f} "
         "{:>8.2f} | {}\n",
