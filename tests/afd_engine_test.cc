@@ -1,12 +1,14 @@
 // End-to-end tests of the AFD engine with real processes: this binary re-runs itself as the
 // attention or FFN instances of a job (--role), which meet through a real TCP store.
 #include "child_output.hpp"
-#include "engine_common.hpp"
+#include "join.hpp"
+#include "wire.hpp"
 
 #include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
-#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/afd/instances.hpp>
+#include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>

@@ -10,7 +10,7 @@
 #include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
-#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/membership.hpp>

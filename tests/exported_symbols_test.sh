@@ -11,14 +11,15 @@ if [[ $# -eq 0 ]]; then
 fi
 
 # Private functions (demangled names, up to their argument list): core/src/suggest.hpp,
-# core/src/store_wire.hpp, afd/src/engine_common.hpp. All but store_wire's are in public
-# namespaces, so only the visibility (not cmake/library.map) hides them.
+# core/src/store_wire.hpp, afd/src/peer.hpp, join.hpp, this_host.hpp. All but store_wire's are
+# in public namespaces, so only the visibility (not cmake/library.map) hides them.
 private_functions=(
   'hetmesh::edit_distance'
   'hetmesh::closest_name'
   'hetmesh::store_wire::decode_request'
   'hetmesh::afd::peer_name'
   'hetmesh::afd::decode_regions'
+  'hetmesh::afd::is_this_host'
 )
 # Must stay exported: the core's exception, caught by type in every other library and program.
 required_in_core='typeinfo for hetmesh::Error'

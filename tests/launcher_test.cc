@@ -3,7 +3,7 @@
 // instance, and the death of the process that hosts the store. Each checks that the job ends, in
 // a bounded time (printed; only generous bounds are asserted), that its instances are gone, and
 // that nothing is left in /tmp or /dev/shm. This binary also re-runs itself as a store's host.
-#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>

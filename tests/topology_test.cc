@@ -4,8 +4,8 @@
 // shares them by NUMA node; NICs that are equally near are shared out evenly (afd::assign_nics,
 // what the launcher hands each instance whose NIC is "auto"); and each instance is pinned to CPUs
 // of its device's NUMA node (afd::assign_cpus).
+#include <hetmesh/afd/instances.hpp>
 #include <hetmesh/afd/job.hpp>
-#include <hetmesh/afd/launch.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/topology.hpp>
 

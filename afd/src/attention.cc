@@ -1,5 +1,10 @@
 // The attention side of the AFD engine.
-#include "engine_common.hpp"
+#include "comm_thread.hpp"
+#include "join.hpp"
+#include "peer.hpp"
+#include "peer_group.hpp"
+#include "senders.hpp"
+#include "wire.hpp"
 
 #include <hetmesh/core/log.hpp>
 
@@ -63,7 +68,7 @@ struct AttentionEngine::State final : PeerHandler {
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
 
-  void close(std::string_view word);
+  void close(ControlWord word);
 
   State(const EngineSpec& s, const Device& d)
       : spec(s),
@@ -289,10 +294,11 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
       s.peers->own_epoch(), spec.ffn, to_string(s.transport->kind()));
 }
 
-// Stops the engine's threads, then tells every F how this A ends: "leave" (done: its going is no
-// failure) or "quit" (it ended after a failure: its Fs count it lost, and do not wait for a
-// replacement of it either; a process that dies says nothing, and that one may be replaced).
-void AttentionEngine::State::close(std::string_view word) {
+// Stops the engine's threads, then tells every F how this A ends: ControlWord::leave (done: its
+// going is no failure) or ControlWord::quit (it ended after a failure: its Fs count it lost, and do
+// not wait for a replacement of it either; a process that dies says nothing, and that one may be
+// replaced).
+void AttentionEngine::State::close(ControlWord word) {
   {
     std::lock_guard lock(mutex);
     if (closed) return;
@@ -305,9 +311,7 @@ void AttentionEngine::State::close(std::string_view word) {
   comm->stop();
   for (const Peer& f : peers->all()) {
     try {
-      if (!f.lost && f.link->connection->alive())
-        f.link->connection->send_control(
-            {reinterpret_cast<const uint8_t*>(word.data()), word.size()});
+      if (!f.lost && f.link->connection->alive()) f.link->connection->send_control(encode(word));
     } catch (const Error&) {
     }
   }
@@ -315,7 +319,7 @@ void AttentionEngine::State::close(std::string_view word) {
 
 AttentionEngine::~AttentionEngine() {
   // Without finish() this A did not say it was done: it ends as one that failed.
-  state_->close("quit");
+  state_->close(ControlWord::quit);
   // close() let every waiting stream go; each must pass its wait before the flags' memory goes. A
   // stream held by other work past the job's timeout keeps the flags: a leak, not a wild read.
   for (const Event& e : state_->stream_waits) {
@@ -339,7 +343,7 @@ void AttentionEngine::finish() {
     std::lock_guard lock(s.mutex);
     failed = s.failure.has();
   }
-  s.close(failed ? "quit" : "leave");
+  s.close(failed ? ControlWord::quit : ControlWord::leave);
   std::lock_guard lock(s.mutex);
   s.failure.throw_if_set();
 }
@@ -508,7 +512,7 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
         s.spec.rank, mb, sequence, missing, timeout.count(),
         p.posted > 0 ? "" : " (never posted: its readiness signal did not come)");
     // The engine cannot go on with a round trip it gave up on (its slot is still in flight), and
-    // an A that gave up must not say "leave" as if it had ended well.
+    // an A that gave up must not say ControlWord::leave as if it had ended well.
     if (s.failure.set(HM_ERR_TIMEOUT, reason)) s.failed.store(true, std::memory_order_release);
     throw Error(HM_ERR_TIMEOUT, reason);
   }

@@ -1,5 +1,10 @@
 // The FFN side of the AFD engine.
-#include "engine_common.hpp"
+#include "comm_thread.hpp"
+#include "join.hpp"
+#include "peer.hpp"
+#include "peer_group.hpp"
+#include "senders.hpp"
+#include "wire.hpp"
 
 #include <hetmesh/core/log.hpp>
 
@@ -50,7 +55,7 @@ struct FfnEngine::State final : PeerHandler {
   std::deque<Batch> ready_batches;
   std::atomic<int> waiting_parts{0};  // arrivals waiting (changed under mutex), for on_turn
   int gone = 0;  // attention instances that left or were lost: no more parts from them
-  int left = 0;  // of them, those that said "leave"
+  int left = 0;  // of them, those that said ControlWord::leave
   FirstFailure failure;
   std::vector<std::string> lost;  // "attention 1 lost: ...", for FfnEngine::lost_attention
   // ready_batches is not empty, or failure is set: for get_batch's spin.
@@ -103,7 +108,8 @@ struct FfnEngine::State final : PeerHandler {
   // Caller holds mutex.
   bool all_done() const { return gone == spec.attention && left > 0; }
 
-  // Every A was lost, each saying "quit": none of them is to be replaced. Caller holds mutex.
+  // Every A was lost, each saying ControlWord::quit: none of them is to be replaced. Caller holds
+  // mutex.
   bool every_one_quit() const {
     if (gone != spec.attention || left != 0) return false;
     for (const Peer& peer : peers->all())
@@ -270,9 +276,9 @@ struct FfnEngine::State final : PeerHandler {
     }
   }
 
-  // Attention `a` is gone without "leave": contained. Its parts not yet handed out are dropped,
-  // gather-all micro-batches that waited only for it are released to the live ones, and answers
-  // still owed to it are skipped by its sender. When every A is lost and none left cleanly,
+  // Attention `a` is gone without ControlWord::leave: contained. Its parts not yet handed out are
+  // dropped, gather-all micro-batches that waited only for it are released to the live ones, and
+  // answers still owed to it are skipped by its sender. When every A is lost and none left cleanly,
   // get_batch waits for a replacement until its timeout.
   void on_lost_locked(int a, const std::string& reason) override {
     ++gone;
@@ -346,7 +352,7 @@ struct FfnEngine::State final : PeerHandler {
   void on_message(int a, const TransportEvent& e) override {
     if (e.type == TransportEvent::Type::notification) {
       on_request(a, e);
-    } else if (std::string(e.payload.begin(), e.payload.end()) == "leave") {
+    } else if (decode_control(e.payload) == ControlWord::leave) {
       std::lock_guard lock(mutex);
       Peer& peer = peers->at(a);
       if (!peer.left && !peer.lost) ++gone, ++left;

@@ -1,6 +1,8 @@
 // An engine's peers through their incarnations: the comm thread's turn and the rejoin thread
-// (engine_common.hpp, PeerGroup).
-#include "engine_common.hpp"
+// (peer_group.hpp, PeerGroup).
+#include "peer_group.hpp"
+
+#include "wire.hpp"
 
 #include <hetmesh/core/log.hpp>
 
@@ -110,9 +112,7 @@ void PeerGroup::handle(const TransportEvent& e) {
     case Type::notification:
     case Type::control:
       heartbeat_.heard(peer.rank);
-      if (e.type == Type::control &&
-          std::string_view(reinterpret_cast<const char*>(e.payload.data()), e.payload.size()) ==
-              "quit") {
+      if (e.type == Type::control && decode_control(e.payload) == ControlWord::quit) {
         lose(peer.rank,
              fmt::format("{} quit: it ended after a failure of its own",
                          peer_name(peer_role_, peer.rank)),

@@ -1,19 +1,50 @@
-// The AFD wire header: 128 bytes in host memory beside every payload slot, written after the
-// payload on the same connection (so its notification implies the payload landed) and checked
-// against the receiver's slot table before anything is read from the slot.
+// The AFD wire format. The header: 128 bytes in host memory beside every payload slot, written
+// after the payload on the same connection (so its notification implies the payload landed) and
+// checked against the receiver's slot table before anything is read from the slot; made by
+// make_header, its notification's slot index checked by check_slot. The control words engines
+// send each other beside the slots (ControlWord).
 #pragma once
 
+#include <hetmesh/afd/engine.hpp>
 #include <hetmesh/core/error.hpp>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
 
 namespace hetmesh::afd {
 
 constexpr uint32_t kWireMagic = 0x46414d48;  // "HMAF"
 constexpr uint16_t kWireVersion = 2;         // 2: the sender's epoch and the application's tag
 enum class MessageKind : uint16_t { a2f = 1, f2a = 2 };
+
+// The control messages between engines, on a connection's control channel beside the slots.
+enum class ControlWord {
+  heartbeat,  // a sign of life while no data is due (PeerGroup's Heartbeat)
+  leave,      // an A is done: its going is no failure
+  quit,       // an A ended after a failure of its own: count it lost, do not wait for it
+};
+
+// The bytes of `word` on the wire ("hb", "leave", "quit").
+inline std::span<const uint8_t> encode(ControlWord word) {
+  static constexpr std::string_view kWords[] = {"hb", "leave", "quit"};
+  std::string_view text = kWords[static_cast<int>(word)];
+  return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};
+}
+
+// The word a control message carries; nullopt for anything else (a peer's unknown word is
+// ignored, as a newer peer's may be).
+inline std::optional<ControlWord> decode_control(std::span<const uint8_t> payload) {
+  for (ControlWord word : {ControlWord::heartbeat, ControlWord::leave, ControlWord::quit}) {
+    auto bytes = encode(word);
+    if (std::equal(payload.begin(), payload.end(), bytes.begin(), bytes.end())) return word;
+  }
+  return std::nullopt;
+}
 
 // Sender-side timestamps (ns, the sender's steady clock) carried for the skew-free metrics.
 enum Stamp : int {
@@ -86,6 +117,32 @@ inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t sou
       h.payload_bytes / per_token != h.tokens)
     bad(fmt::format("payload of {} bytes for {} tokens (slot holds {} bytes)", h.payload_bytes,
                     h.tokens, limits.capacity));
+}
+
+// The header of a message from this instance (spec.role, spec.rank, `epoch`) in micro-batch slot
+// `mb`, stamps and tag zero.
+inline WireHeader make_header(const EngineSpec& spec, uint64_t epoch, MessageKind kind, int mb,
+                              uint64_t sequence, uint32_t tokens, uint64_t payload_bytes) {
+  WireHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.source = static_cast<uint32_t>(spec.rank);
+  h.epoch = static_cast<uint32_t>(epoch);
+  h.micro_batch = static_cast<uint32_t>(mb);
+  h.sequence = sequence;
+  h.tokens = tokens;
+  h.hidden = spec.hidden;
+  h.top_k = spec.top_k;
+  h.payload_bytes = payload_bytes;
+  return h;
+}
+
+// Checks a notification's slot index against `limit`; throws a protocol error otherwise.
+inline void check_slot(uint32_t slot, uint32_t limit, const std::string& from) {
+  if (slot >= limit)
+    throw Error(kStatusProtocolError,
+                fmt::format("{} notified slot {}, but only {} slots exist", from, slot, limit));
 }
 
 }  // namespace hetmesh::afd

@@ -8,9 +8,7 @@
 
 #include <hetmesh/plugins/cuda.h>
 #include <hetmesh/afd/engine.hpp>
-#include <hetmesh/afd/job.hpp>
-#include <hetmesh/core/job_secret.hpp>
-#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/afd/instance.hpp>
 
 #include <fmt/format.h>
 #include <pybind11/stl.h>
@@ -27,60 +25,31 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// What an engine runs on. Declared before the engine in each holder, so it is destroyed after.
+// What an engine runs on (afd::Instance: its plugins, device, store and the engine itself), and
+// the framework streams handed to push_pull/respond/stream_wait, by native handle, each borrowed
+// once (hm.cuda.native's stream_borrow) and kept for the engine's life (a few per framework).
 struct Context {
-  afd::JobConfig config;
-  afd::EngineSpec spec;
-  PluginRegistry plugins;
-  std::optional<Device> device;
-  std::unique_ptr<KeyValueStore> store;
-  // Framework streams handed to push_pull/respond/stream_wait, by native handle, each borrowed
-  // once (hm.cuda.native's stream_borrow) and kept for the engine's life (a few per framework).
-  std::map<uintptr_t, Stream> borrowed;
+  std::map<uintptr_t, Stream> borrowed;     // declared first: goes after the engine
+  std::unique_ptr<afd::Instance> instance;  // its engine ends first
+
+  const afd::JobConfig& config() const { return instance->config(); }
+  const afd::EngineSpec& spec() const { return instance->spec(); }
+  const Device& device() const { return instance->device(); }
 };
 
-// The job secret: the one named here, else the config's, else the one this process was handed
-// (HETMESH_JOB_SECRET_FILE); none for a job on one host's loopback.
-std::optional<JobSecret> find_secret(const afd::JobConfig& config, const std::string& file) {
-  if (!file.empty()) return JobSecret::read_file(file);
-  if (!config.rendezvous.secret_file.empty())
-    return JobSecret::read_file(config.rendezvous.secret_file);
-  return JobSecret::from_environment();
-}
-
 std::unique_ptr<Context> make_context(const afd::JobConfig& config, afd::Role role, int rank,
-                                      std::string store, const std::string& secret_file,
+                                      const std::string& store, const std::string& secret_file,
                                       const std::string& device) {
-  const int count = role == afd::Role::attention ? config.job.attention : config.job.ffn;
-  if (rank < 0 || rank >= count)
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("rank {}: the job has {} {} instance(s)", rank,
-                                                     count, afd::to_string(role)));
   auto c = std::make_unique<Context>();
-  c->config = config;
-  auto& selectors =
-      role == afd::Role::attention ? c->config.devices.attention : c->config.devices.ffn;
-  if (!device.empty()) selectors.at(static_cast<size_t>(rank)) = device;
-  std::optional<JobSecret> secret = find_secret(config, secret_file);
-  c->spec = afd::engine_spec(c->config, role, rank);
-  if (secret) c->spec.transport.secret = *secret;
-  if (store.empty()) store = config.rendezvous.address;
-  if (store.ends_with(":0"))
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("store '{}': name the address of the job's store (store=\"host:port\", "
-                            "e.g. hetmesh.StoreServer().address); port 0 is only for the process "
-                            "that hosts it",
-                            store));
   py::gil_scoped_release unlocked;  // loading plugins and reaching the store may take a while
-  c->plugins = afd::load_plugins(c->config);
-  c->device = c->plugins.device(selectors.at(static_cast<size_t>(rank)));
-  c->store = connect_store(store, config.job.timeout, secret);
+  c->instance = afd::open_instance(config, role, rank, {store, {}, device, secret_file});
   return c;
 }
 
 // A timeout in milliseconds from Python: None is the job's; inf is "forever" (capped at a year,
 // which every clock sum below holds); negative or NaN is refused.
 milliseconds timeout_or(const std::optional<double>& timeout_ms, const Context& c) {
-  if (!timeout_ms) return c.config.job.timeout;
+  if (!timeout_ms) return c.config().job.timeout;
   constexpr double kYearMs = 365.0 * 24 * 3600 * 1000;
   if (!(*timeout_ms >= 0))
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("timeout_ms {} is not >= 0", *timeout_ms));
@@ -151,23 +120,23 @@ const hm_cuda_native_ext* cuda_native(const Device& device, uint32_t version) {
 // An hm_stream over a framework's stream (its native handle), borrowed once per engine.
 const Stream& borrowed_stream(Context& c, uintptr_t handle) {
   if (auto it = c.borrowed.find(handle); it != c.borrowed.end()) return it->second;
-  const hm_cuda_native_ext* native = cuda_native(*c.device, 2);
+  const hm_cuda_native_ext* native = cuda_native(c.device(), 2);
   if (native == nullptr)
     throw Error(HM_ERR_NOT_SUPPORTED,
                 fmt::format("stream: {}'s plugin cannot take a framework's stream (it offers no "
                             "{} version 2); pass engine.create_stream() and run the framework's "
                             "work on it",
-                            c.device->selector(), HM_CUDA_NATIVE_EXTENSION));
+                            c.device().selector(), HM_CUDA_NATIVE_EXTENSION));
   if (c.borrowed.size() >= kMaxBorrowedStreams)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("stream: already {} distinct framework streams were handed to this "
                             "engine; reuse them",
                             kMaxBorrowedStreams));
   hm_stream stream = nullptr;
-  c.device->plugin().check(
-      native->stream_borrow(c.device->index(), reinterpret_cast<void*>(handle), &stream),
+  c.device().plugin().check(
+      native->stream_borrow(c.device().index(), reinterpret_cast<void*>(handle), &stream),
       "hm.cuda.native.stream_borrow");
-  return c.borrowed.emplace(handle, c.device->adopt_stream(stream)).first->second;
+  return c.borrowed.emplace(handle, c.device().adopt_stream(stream)).first->second;
 }
 
 // The stream a push, a response or a device-side wait is ordered with: None; a Stream of the
@@ -177,10 +146,10 @@ const Stream* stream_of(const py::object& s, Context& c) {
   if (s.is_none()) return nullptr;
   if (py::isinstance<PyStream>(s)) {
     const Stream& stream = s.cast<const PyStream&>().stream;
-    if (!(stream.device() == *c.device))
+    if (!(stream.device() == c.device()))
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("stream: it is a stream of {}, and this engine runs on {}",
-                              stream.device().selector(), c.device->selector()));
+                              stream.device().selector(), c.device().selector()));
     return &stream;
   }
   if (py::isinstance<py::int_>(s)) return &borrowed_stream(c, s.cast<uintptr_t>());
@@ -188,10 +157,10 @@ const Stream* stream_of(const py::object& s, Context& c) {
     // A framework's stream of another GPU would fail deep in the driver: say so here.
     if (py::hasattr(s, "device") && py::hasattr(s.attr("device"), "index")) {
       py::object index = s.attr("device").attr("index");
-      if (!index.is_none() && index.cast<int>() != c.device->index())
+      if (!index.is_none() && index.cast<int>() != c.device().index())
         throw Error(HM_ERR_INVALID_ARGUMENT,
                     fmt::format("stream: it is a stream of cuda:{}, and this engine runs on {}",
-                                index.cast<int>(), c.device->selector()));
+                                index.cast<int>(), c.device().selector()));
     }
     return &borrowed_stream(c, s.attr("cuda_stream").cast<uintptr_t>());
   }
@@ -215,8 +184,8 @@ py::object native_handle(const PyStream& s) {
   return py::int_(reinterpret_cast<uintptr_t>(handle));
 }
 
-// An engine of role `kRole` and what it runs on, for Python. The context is made (plugins, device,
-// store) before the engine and goes after it; every wait and the destruction run without the GIL.
+// An engine of role `kRole` and what it runs on, for Python. The context (its afd::Instance) is
+// made before the engine, which it ends first; every wait and the destruction run without the GIL.
 template <typename Engine, afd::Role kRole>
 class PyEngine {
  public:
@@ -224,29 +193,32 @@ class PyEngine {
            const std::string& secret_file, const std::string& device)
       : context_(make_context(config, kRole, rank, store, secret_file, device)) {
     py::gil_scoped_release unlocked;  // waits for every peer
-    engine_ = std::make_unique<Engine>(context_->spec, *context_->device, *context_->store);
+    engine();
   }
   ~PyEngine() {
     py::gil_scoped_release unlocked;  // tells the peers, joins the engine's threads
-    engine_.reset();
     context_.reset();
   }
   Engine& engine() {
-    if (!engine_)
+    if (shut_down_)
       throw Error(HM_ERR_INVALID_ARGUMENT, "the engine was shut down (the interpreter is exiting)");
-    return *engine_;
+    if constexpr (kRole == afd::Role::attention)
+      return context_->instance->attention();
+    else
+      return context_->instance->ffn();
   }
   Context& context() { return *context_; }
   // At the interpreter's exit (the package's atexit hook): the engine tells its peers and stops
   // its threads while everything it uses still exists. Its memory goes with it.
   void shutdown() {
     py::gil_scoped_release unlocked;
-    engine_.reset();
+    shut_down_ = true;
+    context_->instance->close();
   }
 
  private:
   std::unique_ptr<Context> context_;
-  std::unique_ptr<Engine> engine_;
+  bool shut_down_ = false;
 };
 
 using PyAttention = PyEngine<afd::AttentionEngine, afd::Role::attention>;
@@ -320,41 +292,41 @@ void bind_engines(py::module_& m) {
           "tokens",
           [](py::object self, int mb) {
             auto& a = self.cast<PyAttention&>();
-            const afd::EngineSpec& spec = a.context().spec;
+            const afd::EngineSpec& spec = a.context().spec();
             check_micro_batch(mb, spec);
             return rows_slot(a.engine().tokens(mb), spec.tokens, spec,
-                             a.context().config.model.a2f_dtype, *a.context().device, self);
+                             a.context().config().model.a2f_dtype, a.context().device(), self);
           },
           py::arg("micro_batch"), "[tokens, hidden] in the A2F dtype: what push_pull sends.")
       .def(
           "experts",
           [](py::object self, int mb) {
             auto& a = self.cast<PyAttention&>();
-            check_micro_batch(mb, a.context().spec);
-            return experts_slot(a.engine().routing(mb), a.context().spec.tokens, a.context().spec,
-                                *a.context().device, self);
+            check_micro_batch(mb, a.context().spec());
+            return experts_slot(a.engine().routing(mb), a.context().spec().tokens,
+                                a.context().spec(), a.context().device(), self);
           },
           py::arg("micro_batch"), "[tokens, top_k] int32: each token's experts.")
       .def(
           "weights",
           [](py::object self, int mb) {
             auto& a = self.cast<PyAttention&>();
-            check_micro_batch(mb, a.context().spec);
-            return weights_slot(a.engine().routing(mb), a.context().spec.tokens, a.context().spec,
-                                *a.context().device, self);
+            check_micro_batch(mb, a.context().spec());
+            return weights_slot(a.engine().routing(mb), a.context().spec().tokens,
+                                a.context().spec(), a.context().device(), self);
           },
           py::arg("micro_batch"), "[tokens, top_k] float32: each token's expert weights.")
       .def(
           "result",
           [](py::object self, int mb, int ffn) {
             auto& a = self.cast<PyAttention&>();
-            const afd::EngineSpec& spec = a.context().spec;
+            const afd::EngineSpec& spec = a.context().spec();
             check_micro_batch(mb, spec);
             if (ffn < 0 || ffn >= spec.ffn)
               throw Error(HM_ERR_INVALID_ARGUMENT,
                           fmt::format("ffn {}: the job has {} FFN instance(s)", ffn, spec.ffn));
             return rows_slot(a.engine().result(mb, ffn), spec.tokens, spec,
-                             a.context().config.model.f2a_dtype, *a.context().device, self);
+                             a.context().config().model.f2a_dtype, a.context().device(), self);
           },
           py::arg("micro_batch"), py::arg("ffn"),
           "[tokens, hidden] in the F2A dtype: where F `ffn`'s partial result lands.")
@@ -367,7 +339,7 @@ void bind_engines(py::module_& m) {
             push.tag = tag;
             push.attention_start_ns = attention_start_ns;
             py::gil_scoped_release unlocked;
-            return a.engine().push_pull(mb, tokens.value_or(a.context().spec.tokens), push);
+            return a.engine().push_pull(mb, tokens.value_or(a.context().spec().tokens), push);
           },
           py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
           py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0)
@@ -411,13 +383,13 @@ void bind_engines(py::module_& m) {
           [](PyAttention& a, int mb, int count) {
             // The baseline of python/hetmesh/bench.py: the same push_pull + wait as Python's
             // loop, from C++, timed the same way (each round trip alone in flight).
-            check_micro_batch(mb, a.context().spec);
+            check_micro_batch(mb, a.context().spec());
             std::vector<int64_t> ns(static_cast<size_t>(std::max(count, 0)));
             py::gil_scoped_release unlocked;
             for (int64_t& sample : ns) {
               int64_t start = afd::now_ns();
-              a.engine().wait(a.engine().push_pull(mb, a.context().spec.tokens),
-                              a.context().config.job.timeout);
+              a.engine().wait(a.engine().push_pull(mb, a.context().spec().tokens),
+                              a.context().config().job.timeout);
               sample = afd::now_ns() - start;
             }
             return ns;
@@ -426,15 +398,15 @@ void bind_engines(py::module_& m) {
       .def(
           "create_stream",
           [](py::object self) {
-            return make_stream(self, *self.cast<PyAttention&>().context().device);
+            return make_stream(self, self.cast<PyAttention&>().context().device());
           },
           "A stream of this engine's device, for push_pull(stream=...).")
       .def("_shutdown", &PyAttention::shutdown)
       .def_property_readonly("epoch", [](PyAttention& a) { return a.engine().epoch(); })
-      .def_property_readonly("rank", [](PyAttention& a) { return a.context().spec.rank; })
+      .def_property_readonly("rank", [](PyAttention& a) { return a.context().spec().rank; })
       .def_property_readonly("device",
-                             [](PyAttention& a) { return a.context().device->selector(); })
-      .def_property_readonly("config", [](PyAttention& a) { return a.context().config; });
+                             [](PyAttention& a) { return a.context().device().selector(); })
+      .def_property_readonly("config", [](PyAttention& a) { return a.context().config(); });
 
   py::class_<PyPart>(m, "Part", gc_visible<PyPart, &PyPart::engine>(),
                      "One attention instance's part of a micro-batch.")
@@ -444,25 +416,27 @@ void bind_engines(py::module_& m) {
       .def_property_readonly("tag", [](const PyPart& p) { return p.part.tag; })
       .def_property_readonly(
           "count", [](const PyPart& p) { return p.part.tokens; }, "the tokens this A sent")
-      .def_property_readonly("tokens",
-                             [](const PyPart& p) {
-                               return rows_slot(p.part.tokens_data, p.part.tokens, p.context->spec,
-                                                p.context->config.model.a2f_dtype,
-                                                *p.context->device, p.engine);
-                             })
+      .def_property_readonly(
+          "tokens",
+          [](const PyPart& p) {
+            return rows_slot(p.part.tokens_data, p.part.tokens, p.context->spec(),
+                             p.context->config().model.a2f_dtype, p.context->device(), p.engine);
+          })
       .def_property_readonly("experts",
                              [](const PyPart& p) {
                                return experts_slot(p.part.routing_data, p.part.tokens,
-                                                   p.context->spec, *p.context->device, p.engine);
+                                                   p.context->spec(), p.context->device(),
+                                                   p.engine);
                              })
       .def_property_readonly("weights",
                              [](const PyPart& p) {
                                return weights_slot(p.part.routing_data, p.part.tokens,
-                                                   p.context->spec, *p.context->device, p.engine);
+                                                   p.context->spec(), p.context->device(),
+                                                   p.engine);
                              })
       .def_property_readonly("output", [](const PyPart& p) {
-        return rows_slot(p.part.output, p.part.tokens, p.context->spec,
-                         p.context->config.model.f2a_dtype, *p.context->device, p.engine);
+        return rows_slot(p.part.output, p.part.tokens, p.context->spec(),
+                         p.context->config().model.f2a_dtype, p.context->device(), p.engine);
       });
 
   py::class_<PyBatch>(m, "Batch", gc_visible<PyBatch, &PyBatch::parts>(),
@@ -509,13 +483,13 @@ void bind_engines(py::module_& m) {
       .def("peers", [](PyFfn& f) { return peers_of(f.engine()); })
       .def(
           "create_stream",
-          [](py::object self) { return make_stream(self, *self.cast<PyFfn&>().context().device); },
+          [](py::object self) { return make_stream(self, self.cast<PyFfn&>().context().device()); },
           "A stream of this engine's device, for respond(stream=...).")
       .def("_shutdown", &PyFfn::shutdown)
       .def_property_readonly("epoch", [](PyFfn& f) { return f.engine().epoch(); })
-      .def_property_readonly("rank", [](PyFfn& f) { return f.context().spec.rank; })
-      .def_property_readonly("device", [](PyFfn& f) { return f.context().device->selector(); })
-      .def_property_readonly("config", [](PyFfn& f) { return f.context().config; });
+      .def_property_readonly("rank", [](PyFfn& f) { return f.context().spec().rank; })
+      .def_property_readonly("device", [](PyFfn& f) { return f.context().device().selector(); })
+      .def_property_readonly("config", [](PyFfn& f) { return f.context().config(); });
 
   m.def("now_ns", &afd::now_ns, "The engines' clock (steady, ns).");
 }

@@ -16,7 +16,7 @@
 #include "commands.hpp"
 
 #include <hetmesh/afd/job.hpp>
-#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/afd/launcher.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
 
@@ -52,16 +52,6 @@ JobConfig stepmesh_shape() {
   return c;
 }
 
-// The invocation's view of the job: what runs here, where the instances meet and leave results.
-struct BenchRun {
-  const JobConfig& config;
-  const AfdBenchOptions& options;
-  afd::LocalInstances local;
-  std::string store;
-  fs::path dir;
-  afd::InstancePlaces places;  // each local instance's CPUs and NIC, attention first
-};
-
 // The rendezvous job id of the instances with this role ("attention", "bare-ffn"...).
 std::string job_id(const std::string& role) {
   return role.rfind("bare-", 0) == 0 ? "bare" : afd::EngineSpec{}.job;
@@ -70,27 +60,19 @@ std::string job_id(const std::string& role) {
 // Runs this host's instances of one job (the engine's, or with prefix "bare-" the bare
 // transport's) to completion; throws saying why the job failed. Returns false when it was
 // interrupted (SIGINT, SIGTERM).
-bool run_instances(const BenchRun& run, const std::string& prefix) {
-  const AfdBenchOptions& o = run.options;
-  afd::LocalJob job({"bench", "afd", "--config", (run.dir / "job.toml").string()}, run.store,
-                    run.dir.string(), job_id(prefix + "attention"));
-  auto start = [&](const std::string& role, int rank, std::vector<std::string> pin) {
-    std::vector<std::string> args = {"--iterations", std::to_string(o.iterations), "--warmup",
-                                     std::to_string(o.warmup)};
-    args.insert(args.end(), pin.begin(), pin.end());
-    job.start(prefix + role, rank, args);
-  };
-  for (size_t i = 0; i < run.local.attention.size(); ++i)
-    start("attention", run.local.attention[i], run.places.args(true, i));
-  for (size_t i = 0; i < run.local.ffn.size(); ++i)
-    start("ffn", run.local.ffn[i], run.places.args(false, i));
-  std::vector<afd::InstanceFailure> failures =
-      job.wait(std::chrono::duration_cast<std::chrono::milliseconds>(run.config.job.timeout * 10),
-               run.config.job.timeout + std::chrono::milliseconds(500));
-  if (job.interrupted() != 0) return false;
-  if (!failures.empty())
+bool run_instances(afd::Launcher& launcher, const JobConfig& c, const AfdBenchOptions& o,
+                   const std::string& prefix) {
+  afd::Launcher::Run run;
+  run.job = job_id(prefix + "attention");
+  run.role_prefix = prefix;
+  run.args = {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup)};
+  run.limit = std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * 10);
+  run.stopped_limit = c.job.timeout + std::chrono::milliseconds(500);
+  const afd::Launcher::Outcome outcome = launcher.run(run);
+  if (outcome.interrupted != 0) return false;
+  if (!outcome.failures.empty())
     throw Error(HM_ERR_INTERNAL,
-                fmt::format("bench afd: {}", fmt::join(job.explain(failures), "; ")));
+                fmt::format("bench afd: {}", fmt::join(outcome.explanation, "; ")));
   return true;
 }
 
@@ -98,41 +80,40 @@ nlohmann::json read_json(const fs::path& path) {
   return nlohmann::json::parse(std::ifstream(path));
 }
 
-// What the instances left in run.dir: the engine's round trips (also written as a Chrome trace
-// with --trace), throughput, registered memory and the bare transport's round trips; then the
+// What the instances left in the job's folder: the engine's round trips (also written as a Chrome
+// trace with --trace), throughput, registered memory and the bare transport's round trips; then the
 // memcpy baselines, measured here.
-AfdBenchResults collect(const BenchRun& run) {
-  const JobConfig& c = run.config;
-  const AfdBenchOptions& o = run.options;
+AfdBenchResults collect(const afd::Launcher& launcher, const JobConfig& c,
+                        const AfdBenchOptions& o) {
   AfdBenchResults r;
   const afd::EngineSpec spec = afd::engine_spec(c, afd::Role::attention, 0);
   r.a2f_bytes = spec.a2f_slot_bytes();  // tokens and routing
   r.f2a_bytes = spec.f2a_slot_bytes();
   r.bytes_per_round_trip = uint64_t(c.job.ffn) * (r.a2f_bytes + r.f2a_bytes);
-  r.all_instances = run.local.everything(c);
-  for (const auto* role : {&run.places.attention, &run.places.ffn})
+  r.all_instances = launcher.everything();
+  for (const auto* role : {&launcher.places().attention, &launcher.places().ffn})
     for (const afd::InstancePlace& place : *role)
       r.cpu_block_size = std::max(r.cpu_block_size, static_cast<int>(place.cpus.size()));
 
   std::vector<afd::AttentionTrace> traces;
   std::vector<double> bare;
-  for (int a : run.local.attention) {
-    std::ifstream in(run.dir / fmt::format("attention{}.trace.json", a));
+  for (int a : launcher.local().attention) {
+    std::ifstream in(launcher.folder() / fmt::format("attention{}.trace.json", a));
     traces.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
-    auto info = read_json(run.dir / fmt::format("attention{}.info.json", a));
+    auto info = read_json(launcher.folder() / fmt::format("attention{}.info.json", a));
     r.registered += info["registered"].get<uint64_t>();
     double span = info["span_ns"].get<double>();
     r.throughput_gbps += 8.0 * static_cast<double>(r.bytes_per_round_trip) *
                          static_cast<double>(traces.back().trips.size()) / span;
     if (o.bare) {
-      auto trips =
-          read_json(run.dir / fmt::format("bare-attention{}.json", a)).get<std::vector<double>>();
+      auto trips = read_json(launcher.folder() / fmt::format("bare-attention{}.json", a))
+                       .get<std::vector<double>>();
       bare.insert(bare.end(), trips.begin(), trips.end());
     }
   }
-  for (int f : run.local.ffn)
-    r.registered +=
-        read_json(run.dir / fmt::format("ffn{}.info.json", f))["registered"].get<uint64_t>();
+  for (int f : launcher.local().ffn)
+    r.registered += read_json(launcher.folder() / fmt::format("ffn{}.info.json", f))["registered"]
+                        .get<uint64_t>();
 
   // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
   r.metrics = afd::compute_metrics(traces, r.all_instances, c.tracing.straggler_factor);
@@ -144,45 +125,31 @@ AfdBenchResults collect(const BenchRun& run) {
   return r;
 }
 
-// Refuses at once a job whose instances here would not fit in this machine's memory (their
-// engines' slots; the bare baseline runs after the engine, with the same slots).
-void check_memory(const JobConfig& c, const afd::LocalInstances& local, const AfdBenchOptions& o) {
-  std::vector<afd::MemoryNeed> needs;
-  for (int a : local.attention)
-    needs.push_back(
-        {fmt::format("attention {}", a), afd::engine_host_bytes(c, afd::Role::attention, a)});
-  for (int f : local.ffn)
-    needs.push_back({fmt::format("ffn {}", f), afd::engine_host_bytes(c, afd::Role::ffn, f)});
-  afd::refuse_unless_memory_fits(needs,
-                                 o.config.empty() ? "the default job (StepMesh's shape)" : o.config,
-                                 "make [model] tokens or hidden, or [job] micro_batches smaller, "
-                                 "or start fewer instances here (--instances)");
-}
-
 int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
-  const afd::InterruptGuard interrupts;  // SIGINT, SIGTERM: stop the instances, then clean up
-  auto interrupted = [] { return 128 + afd::InterruptGuard::signal(); };
-  const afd::LocalInstances local = afd::parse_instances(o.instances, c);
-  check_memory(c, local, o);
+  // The engine's slots must fit in this machine's memory; the bare baseline runs after the
+  // engine, with the same slots.
+  afd::LaunchRequest request;
+  request.command = {"bench", "afd"};
+  request.config_name = o.config.empty() ? "the default job (StepMesh's shape)" : o.config;
+  request.memory_advice =
+      "make [model] tokens or hidden, or [job] micro_batches smaller, or start fewer instances "
+      "here (--instances)";
+  afd::Launcher launcher(c, o, request, "bench-afd");
   if (auto advice = afd::shared_device_advice(c)) fmt::print("{}\n", *advice);
-  fs::path dir = afd::make_job_folder("hetmesh-bench-afd");
-  const afd::FolderRemover remove_dir(dir);
-  std::ofstream(dir / "job.toml") << afd::to_toml(c);
-  afd::JobStore store(c, o.store, local.everything(c), dir);
-  if (!local.everything(c)) {
-    fmt::print("{}\n", afd::describe_share(local, store));
+  if (auto share = launcher.share(); !share.empty()) {
+    fmt::print("{}\n", share);
     std::fflush(stdout);  // an invocation on another host needs the store's address now
   }
-  const BenchRun run{c, o, local, store.address(), dir, afd::place_instances(c, local, o.pin)};
-  if (!run_instances(run, "") || (o.bare && !run_instances(run, "bare-"))) return interrupted();
-  if (local.attention.empty()) {
+  if (!run_instances(launcher, c, o, "") || (o.bare && !run_instances(launcher, c, o, "bare-")))
+    return launcher.exit_status(0);
+  if (launcher.local().attention.empty()) {
     fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",
-               fmt::join(local.ffn, ","));
+               fmt::join(launcher.local().ffn, ","));
     return 0;
   }
-  AfdBenchResults results = collect(run);
+  AfdBenchResults results = collect(launcher, c, o);
   report(c, o, results);
-  return afd::InterruptGuard::signal() != 0 ? interrupted() : 0;
+  return launcher.exit_status(0);
 }
 
 int run_role(const JobConfig& c, const AfdBenchOptions& o) {

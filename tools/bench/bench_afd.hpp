@@ -24,7 +24,7 @@
 
 namespace hetmesh::cli {
 
-struct AfdBenchOptions : JobLaunchOptions {  // role: attention, ffn, bare-attention, bare-ffn
+struct AfdBenchOptions : afd::LaunchOptions {  // role: attention, ffn, bare-attention, bare-ffn
   std::string config;
   int iterations = 200;
   int warmup = 20;

@@ -3,7 +3,7 @@
 // micro-batches in flight as the engine's job, and no engine.
 #include "bench_afd.hpp"
 
-#include <hetmesh/afd/job.hpp>
+#include <hetmesh/afd/instance.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/transport/transport.hpp>
@@ -27,8 +27,9 @@ using afd::now_ns;
 // One instance of the bare job: its transport, its two buffers (A: send [mb], receive [mb][f];
 // F: receive [a][mb], send [a][mb], in the engine's slot sizes) and a connection to every peer.
 struct BareInstance {
-  afd::EngineSpec spec;
-  Device device;
+  std::unique_ptr<afd::Instance> instance;  // its plugins, device, store and spec; no engine
+  const afd::EngineSpec& spec;
+  const Device& device;
   std::unique_ptr<Transport> transport;
   Buffer send, receive;
   std::shared_ptr<Region> send_region, receive_region;
@@ -39,10 +40,9 @@ struct BareInstance {
   std::vector<TransportEvent> events;
 
   BareInstance(const JobConfig& c, afd::Role role, int rank, const AfdBenchOptions& o)
-      : spec(afd::placed(afd::engine_spec(c, role, rank), o.place)),
-        device(afd::load_plugins(c).device(role == afd::Role::attention
-                                               ? c.devices.attention.at(static_cast<size_t>(rank))
-                                               : c.devices.ffn.at(static_cast<size_t>(rank)))) {
+      : instance(afd::open_instance(c, role, rank, o.instance_options())),
+        spec(instance->spec()),
+        device(instance->device()) {
     const uint64_t A = static_cast<uint64_t>(spec.attention), F = static_cast<uint64_t>(spec.ffn),
                    M = static_cast<uint64_t>(spec.micro_batches);
     bool attention = role == afd::Role::attention;
@@ -52,8 +52,7 @@ struct BareInstance {
     transport = Transport::create(spec.transport);
     send_region = transport->register_memory(device, send.data(), send.size());
     receive_region = transport->register_memory(device, receive.data(), receive.size());
-    auto store = connect_store(o.store, c.job.timeout);
-    Rendezvous rendezvous(*store, "bare", attention ? "attention" : "ffn", rank);
+    Rendezvous rendezvous(instance->store(), "bare", attention ? "attention" : "ffn", rank);
     rendezvous.publish("endpoint", transport->endpoint());
     rendezvous.publish("receive", receive_region->describe());
     const char* peer_role = attention ? "ffn" : "attention";

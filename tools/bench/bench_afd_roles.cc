@@ -2,9 +2,8 @@
 // warmup + iterations rounds with no compute; FFN answers each batch at once.
 #include "bench_afd.hpp"
 
-#include <hetmesh/afd/job.hpp>
+#include <hetmesh/afd/instance.hpp>
 #include <hetmesh/core/error.hpp>
-#include <hetmesh/core/rendezvous.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -29,10 +28,8 @@ uint64_t total(const std::vector<std::pair<std::string, uint64_t>>& regions) {
 }  // namespace
 
 int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
-  Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
-  auto store = connect_store(o.store, c.job.timeout);
-  afd::AttentionEngine engine(
-      afd::placed(afd::engine_spec(c, afd::Role::attention, o.rank), o.place), device, *store);
+  auto instance = afd::open_instance(c, afd::Role::attention, o.rank, o.instance_options());
+  afd::AttentionEngine& engine = instance->attention();
   const int M = c.job.micro_batches;
   std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
   afd::AttentionTrace trace{o.rank, {}};
@@ -61,10 +58,8 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o) {
 }
 
 int run_ffn(const JobConfig& c, const AfdBenchOptions& o) {
-  Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
-  auto store = connect_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(afd::placed(afd::engine_spec(c, afd::Role::ffn, o.rank), o.place), device,
-                        *store);
+  auto instance = afd::open_instance(c, afd::Role::ffn, o.rank, o.instance_options());
+  afd::FfnEngine& engine = instance->ffn();
   std::ofstream(fs::path(o.out) / fmt::format("ffn{}.info.json", o.rank))
       << nlohmann::json{{"registered", total(engine.registered())}}.dump();
   while (auto batch = engine.get_batch(c.job.timeout))

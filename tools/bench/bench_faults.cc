@@ -14,7 +14,7 @@
 #include "commands.hpp"
 
 #include <hetmesh/afd/engine.hpp>
-#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/plugin.hpp>

@@ -1,29 +1,17 @@
-// The options of every command that launches an AFD job (`hetmesh demo`, `hetmesh bench afd`):
-// which instances start on this host, the store to join (docs/launching.md) and whether to pin
-// them to CPUs near their devices, and the ones the launcher (afd::LocalJob) gives each instance
-// it starts: --role, --rank, --store, --out, and its place (--cpus, --nic).
+// The command-line options of every command that launches an AFD job (`hetmesh demo`, `hetmesh
+// bench afd`), into afd::LaunchOptions (launcher.hpp): which instances start on this host, the
+// store to join (docs/launching.md) and whether to pin them to CPUs near their devices; and,
+// hidden, the ones the launcher gives each instance it starts: --role, --rank, --store, --out,
+// and its place (--cpus, --nic).
 #pragma once
 
-#include <hetmesh/afd/job.hpp>
+#include <hetmesh/afd/launcher.hpp>
 
 #include <CLI/CLI.hpp>
 
-#include <string>
-#include <vector>
-
 namespace hetmesh::cli {
 
-struct JobLaunchOptions {
-  std::vector<std::string> instances;  // the instances started here; none = all
-  std::string store;                   // the store to join; none = host it
-  std::string role;                    // in an instance: its role ("" in the launcher)
-  int rank = 0;
-  std::string out;           // in an instance: the job's folder
-  std::string pin = "auto";  // auto, on, off: CPUs of its device's NUMA node per instance
-  afd::InstancePlace place;  // in an instance: its CPUs and NIC (afd::InstancePlaces)
-};
-
-inline void add_job_launch_options(CLI::App& command, JobLaunchOptions& o) {
+inline void add_job_launch_options(CLI::App& command, afd::LaunchOptions& o) {
   command.add_option("--instances", o.instances,
                      "start only these instances here: attention, ffn, attention:0,1, ffn:2-3 "
                      "(default: all); for jobs on several hosts, see docs/launching.md");

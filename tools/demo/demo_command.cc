@@ -18,9 +18,10 @@
 #include "model.hpp"
 
 #include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/instance.hpp>
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/job_config.hpp>
-#include <hetmesh/afd/launch.hpp>
+#include <hetmesh/afd/launcher.hpp>
 #include <hetmesh/afd/metrics.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/membership.hpp>
@@ -49,7 +50,7 @@ using afd::JobConfig;
 // order); the tolerance only absorbs a compiler contracting a multiply-add differently.
 constexpr double kTolerance = 1e-4;
 
-struct DemoOptions : cli::JobLaunchOptions {  // role: "attention" or "ffn" in an instance
+struct DemoOptions : afd::LaunchOptions {  // role: "attention" or "ffn" in an instance
   std::string config;
   std::string replace;  // "ROLE:RANK": killed halfway and replaced
 };
@@ -122,13 +123,13 @@ void wait_for_replacement(KeyValueStore& store, const std::string& text, const J
 }
 
 int run_attention(const JobConfig& c, const DemoOptions& o) {
-  Device device = afd::load_plugins(c).device(c.devices.attention.at(static_cast<size_t>(o.rank)));
+  auto instance = afd::open_instance(c, afd::Role::attention, o.rank, o.instance_options());
+  const Device& device = instance->device();
+  KeyValueStore& store = instance->store();
   TinyMoe model(model_shape(c));
   const ModelShape& shape = model.shape();
   const int M = c.job.micro_batches, F = c.job.ffn;
-  auto store = connect_store(o.store, c.job.timeout);
-  afd::AttentionEngine engine(
-      afd::placed(afd::engine_spec(c, afd::Role::attention, o.rank), o.place), device, *store);
+  afd::AttentionEngine& engine = instance->attention();
   // Attention runs on the host. On a device whose memory the host cannot touch (a GPU), its
   // outputs go up through pinned staging and a stream copy, push_pull starts when the copy's event
   // completes, and F's partials come back down the same way.
@@ -190,9 +191,9 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
     // Every A reaches halfway before attention 0's progress line sets off the kill: one still
     // joining would find the F it connects to dead.
     if (halfway)
-      barrier(*store, "demo-halfway", c.job.attention, c.job.timeout, afd::EngineSpec{}.job);
+      barrier(store, "demo-halfway", c.job.attention, c.job.timeout, afd::EngineSpec{}.job);
     if (o.rank == 0) std::printf("progress %d %d\n", layer + 1, shape.layers), std::fflush(stdout);
-    if (halfway) wait_for_replacement(*store, o.replace, c, "attention", o.rank);
+    if (halfway) wait_for_replacement(store, o.replace, c, "attention", o.rank);
   }
   for (int mb = 0; mb < M; ++mb)
     finish(mb);
@@ -219,13 +220,11 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
 // ---- the FFN process ----
 
 int run_ffn(const JobConfig& c, const DemoOptions& o) {
-  Device device = afd::load_plugins(c).device(c.devices.ffn.at(static_cast<size_t>(o.rank)));
+  auto instance = afd::open_instance(c, afd::Role::ffn, o.rank, o.instance_options());
   TinyMoe model(model_shape(c));
-  auto runner = ExpertRunner::create(device, model, o.rank, c.job.ffn);
-  auto store = connect_store(o.store, c.job.timeout);
-  afd::FfnEngine engine(afd::placed(afd::engine_spec(c, afd::Role::ffn, o.rank), o.place), device,
-                        *store);
-  Stream stream = device.create_stream();
+  auto runner = ExpertRunner::create(instance->device(), model, o.rank, c.job.ffn);
+  afd::FfnEngine& engine = instance->ffn();
+  Stream stream = instance->device().create_stream();
   while (auto batch = engine.get_batch(c.job.timeout)) {
     int64_t start = afd::now_ns();
     for (const auto& part : batch->parts)
@@ -248,49 +247,39 @@ std::vector<float> read_floats(const fs::path& path, size_t count) {
   return v;
 }
 
-// Starts this host's instances (each in its place: CPUs, NIC), shows attention 0's progress if it
+// Runs this host's instances (each in its place: CPUs, NIC), shows attention 0's progress if it
 // runs here, kills and replaces `replace` (if any) once attention 0 is halfway, and waits for them
 // all; says why the job failed, if it did, or that it was interrupted.
-bool run_instances(const JobConfig& c, const afd::LocalInstances& local,
-                   const afd::InstancePlaces& places, const std::string& store, const fs::path& dir,
+bool run_instances(afd::Launcher& launcher, const JobConfig& c,
                    const std::optional<std::pair<std::string, int>>& replace) {
-  std::vector<std::string> command = {"demo", "--config", (dir / "job.toml").string()};
-  if (replace)
-    command.insert(command.end(),
-                   {"--replace", fmt::format("{}:{}", replace->first, replace->second)});
-  afd::LocalJob job(command, store, dir.string(), afd::EngineSpec{}.job);
+  afd::Launcher::Run run;
+  if (replace) run.args = {"--replace", fmt::format("{}:{}", replace->first, replace->second)};
   bool replaced = false;
-  for (size_t i = 0; i < local.ffn.size(); ++i)
-    job.start("ffn", local.ffn[i], places.args(false, i));
-  for (size_t i = 0; i < local.attention.size(); ++i)
-    job.start("attention", local.attention[i], places.args(true, i),
-              [&, a = local.attention[i]](const std::string& line) {
-                int done = 0, total = 0;
-                if (a != 0 || std::sscanf(line.c_str(), "progress %d %d", &done, &total) != 2)
-                  return;
-                if (total >= 8) fmt::print("  layer {}/{}\n", done, total);
-                if (replace && !replaced && done == total / 2) {
-                  replaced = true;
-                  fmt::print(
-                      "  killing {}:{} (SIGKILL) at layer {}/{} and starting its replacement\n",
-                      replace->first, replace->second, done, total);
-                  job.replace(replace->first, replace->second);
-                }
-              });
+  run.on_attention_line = [&](afd::LocalJob& job, int a, const std::string& line) {
+    int done = 0, total = 0;
+    if (a != 0 || std::sscanf(line.c_str(), "progress %d %d", &done, &total) != 2) return;
+    if (total >= 8) fmt::print("  layer {}/{}\n", done, total);
+    if (replace && !replaced && done == total / 2) {
+      replaced = true;
+      fmt::print("  killing {}:{} (SIGKILL) at layer {}/{} and starting its replacement\n",
+                 replace->first, replace->second, done, total);
+      job.replace(replace->first, replace->second);
+    }
+  };
   // A healthy job ends well within this; a failing one ends at its first failure, and an instance
   // that stays stopped (SIGSTOP) beyond the timeout is killed as failed.
-  auto limit =
+  run.limit =
       std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * (c.job.layers + 2));
-  std::vector<afd::InstanceFailure> failures =
-      job.wait(limit, c.job.timeout + std::chrono::milliseconds(500));
-  if (int signal = job.interrupted(); signal != 0) {
+  run.stopped_limit = c.job.timeout + std::chrono::milliseconds(500);
+  const afd::Launcher::Outcome outcome = launcher.run(run);
+  if (int signal = outcome.interrupted; signal != 0) {
     fmt::print(stderr, "hetmesh demo: interrupted by {}: stopped the instances\n",
                signal == SIGINT ? "SIGINT" : "SIGTERM");
     return false;
   }
-  for (const std::string& line : job.explain(failures))
+  for (const std::string& line : outcome.explanation)
     fmt::print(stderr, "hetmesh demo: {}\n", line);
-  return failures.empty();
+  return outcome.failures.empty();
 }
 
 // Compares the final hidden states of this host's attention instances with the single-process
@@ -371,51 +360,42 @@ void report(const JobConfig& c, const afd::LocalInstances& local, const fs::path
   }
 }
 
-// Refuses at once a job whose instances here would not fit in this machine's memory: each holds
-// the demo model's weights (an F also a copy of its experts') and the engine's slots.
-void check_memory(const JobConfig& c, const afd::LocalInstances& local, const DemoOptions& o) {
+// What the demo's launcher is told of its job: each instance holds the demo model's weights (an F
+// also a copy of its experts') besides the engine's slots.
+afd::LaunchRequest launch_request(const JobConfig& c, const DemoOptions& o) {
   const ModelShape shape = model_shape(c);
-  std::vector<afd::MemoryNeed> needs;
-  for (int a : local.attention)
-    needs.push_back({fmt::format("attention {}", a),
-                     model_bytes(shape) + afd::engine_host_bytes(c, afd::Role::attention, a)});
-  for (int f : local.ffn) {
-    needs.push_back({fmt::format("ffn {}", f), model_bytes(shape) +
-                                                   expert_copy_bytes(shape, f, c.job.ffn) +
-                                                   afd::engine_host_bytes(c, afd::Role::ffn, f)});
-  }
-  afd::refuse_unless_memory_fits(
-      needs, o.config.empty() ? "the default job" : o.config,
-      fmt::format("the demo model's weights alone are {} per instance; make [model] hidden, "
-                  "experts or [job] layers smaller, or start fewer instances here (--instances)",
-                  afd::format_bytes(model_bytes(shape))));
+  afd::LaunchRequest request;
+  request.command = {"demo"};
+  request.config_name = o.config.empty() ? "the default job" : o.config;
+  request.extra_bytes = [shape, ffn = c.job.ffn](afd::Role role, int rank) {
+    return model_bytes(shape) + (role == afd::Role::ffn ? expert_copy_bytes(shape, rank, ffn) : 0);
+  };
+  request.memory_advice = fmt::format(
+      "the demo model's weights alone are {} per instance; make [model] hidden, "
+      "experts or [job] layers smaller, or start fewer instances here (--instances)",
+      afd::format_bytes(model_bytes(shape)));
+  return request;
 }
 
 int run_job(const JobConfig& c, const DemoOptions& o) {
-  const afd::LocalInstances local = afd::parse_instances(o.instances, c);
-  check_memory(c, local, o);
-  const afd::InterruptGuard interrupts;  // SIGINT, SIGTERM: stop the instances, then clean up
-  fs::path dir = afd::make_job_folder("hetmesh-demo");
-  const afd::FolderRemover remove_dir(dir);
-  std::ofstream(dir / "job.toml") << afd::to_toml(c);
-
-  afd::JobStore store(c, o.store, local.everything(c), dir);
+  afd::Launcher launcher(c, o, launch_request(c, o), "demo");
+  const afd::LocalInstances& local = launcher.local();
+  const fs::path& dir = launcher.folder();
   fmt::print(
       "hetmesh demo ({}): {} attention x {} ffn, {} layers, {} micro-batches of {} tokens, "
       "hidden {}, A on {}, F on {}, transport {}\n",
       HETMESH_VERSION, c.job.attention, c.job.ffn, c.job.layers, c.job.micro_batches,
       c.model.tokens, c.model.hidden, c.devices.attention[0], c.devices.ffn[0],
       to_string(afd::single_host_transport(c)));
-  if (!local.everything(c)) fmt::print("{}\n", afd::describe_share(local, store));
+  if (auto share = launcher.share(); !share.empty()) fmt::print("{}\n", share);
   if (auto advice = afd::shared_device_advice(c)) fmt::print("{}\n", *advice);
   std::fflush(stdout);  // an invocation on another host needs the store's address now
 
   std::optional<std::pair<std::string, int>> replace;
   if (!o.replace.empty()) replace = replaced_instance(o.replace, c, local);
-  const afd::InstancePlaces places = afd::place_instances(c, local, o.pin);
-  if (auto placed = places.describe(local); !placed.empty()) fmt::print("placed: {}\n", placed);
-  if (!run_instances(c, local, places, store.address(), dir, replace))
-    return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 1;
+  if (auto placed = launcher.places().describe(local); !placed.empty())
+    fmt::print("placed: {}\n", placed);
+  if (!run_instances(launcher, c, replace)) return launcher.exit_status(1);
   if (local.attention.empty())
     fmt::print("ffn instance(s) {} done; the host of the attention instances verifies the result\n",
                fmt::join(local.ffn, ","));
@@ -435,7 +415,7 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
         "pushed again after a lost ffn: {}\n",
         replace->first, replace->second, fmt::join(retried, ", "));
   }
-  return afd::InterruptGuard::signal() != 0 ? 128 + afd::InterruptGuard::signal() : 0;
+  return launcher.exit_status(0);
 }
 
 }  // namespace

@@ -1,0 +1,51 @@
+// Names and states of an engine's peers (peer.hpp), and the names engine.hpp gives roles and
+// states.
+#include "peer.hpp"
+
+#include <fmt/format.h>
+
+namespace hetmesh::afd {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+const char* to_string(Role role) {
+  return role == Role::attention ? "attention" : "ffn";
+}
+
+const char* to_string(PeerStatus::State state) {
+  switch (state) {
+    case PeerStatus::State::live:
+      return "live";
+    case PeerStatus::State::left:
+      return "left";
+    case PeerStatus::State::lost:
+      return "lost";
+  }
+  return "?";
+}
+
+std::string peer_name(Role role, int rank) {
+  return fmt::format("{} {}", to_string(role), rank);
+}
+
+std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers) {
+  std::vector<PeerStatus> out;
+  for (const Peer& peer : peers) {
+    auto state = peer.lost   ? PeerStatus::State::lost
+                 : peer.left ? PeerStatus::State::left
+                             : PeerStatus::State::live;
+    out.push_back({role, peer.rank, peer.link->epoch, state, peer.lost_reason});
+  }
+  return out;
+}
+
+void rethrow_for_peer(const Error& e, Role role, int rank) {
+  if (e.status() == kStatusPeerLost)
+    throw Error(e.status(), fmt::format("{} lost: {}", peer_name(role, rank), e.what()));
+  throw Error(e.status(), fmt::format("writing to {}: {}", peer_name(role, rank), e.what()));
+}
+
+}  // namespace hetmesh::afd
