@@ -1,5 +1,6 @@
 #include <hetmesh/afd/metrics.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/percentile.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -29,11 +30,8 @@ Percentiles percentiles(std::vector<double> v) {
   p.count = v.size();
   if (v.empty()) return p;
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) {
-    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
-  };
-  p.p50 = at(0.5);
-  p.p99 = at(0.99);
+  p.p50 = sorted_percentile(v, 0.5);
+  p.p99 = sorted_percentile(v, 0.99);
   p.max = v.back();
   p.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
   return p;

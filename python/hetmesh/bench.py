@@ -8,10 +8,10 @@ phases). In each phase the engine does `--iterations` round trips of one micro-b
 flight (push_pull, then wait): from Python (timed with time.perf_counter_ns around the two calls)
 and from C++ (the same two calls in a native loop, timed around them the same way). The phases
 alternate `--phases` times, so both see the same machine state. Python's overhead per round trip
-is the difference of the two medians.
+is the difference of the two p50s.
 
 A third phase splits that overhead: one C++ round trip per call from a Python loop, timed inside
-C++. Its median over the native loop's is what the interpreter's running between round trips
+C++. Its p50 over the native loop's is what the interpreter's running between round trips
 costs the round trip itself (caches, the peer's timing); Python's over it is the binding's two
 calls.
 """
@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,8 +35,15 @@ DEFAULT_JOB = dict(attention=1, ffn=1, micro_batches=1, tokens=128, hidden=7168,
 
 
 def percentile(samples: list[float], q: float) -> float:
+    """The q-quantile by core's one rule, mirrored (core/include/hetmesh/core/percentile.hpp; the
+    module does not expose it): the sample at index round(q * (n - 1)) of the sorted samples,
+    halves rounded up; 0 for no samples."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"percentile {q}: not in [0, 1]")
+    if not samples:
+        return 0.0
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[int(q * (len(ordered) - 1) + 0.5)]
 
 
 def serve(store: str, job: dict, device: str) -> None:
@@ -79,8 +85,8 @@ def measure(args, job: dict) -> dict:
     cpp_us = [n / 1000 for n in cpp_ns]
     python_us = [n / 1000 for n in python_ns]
     between_us = [n / 1000 for n in between_ns]
-    cpp_p50, python_p50 = statistics.median(cpp_us), statistics.median(python_us)
-    between_p50 = statistics.median(between_us)
+    cpp_p50, python_p50 = percentile(cpp_us, 0.5), percentile(python_us, 0.5)
+    between_p50 = percentile(between_us, 0.5)
     return {
         "run": {"host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "hetmesh_version": hetmesh.__version__, "python": platform.python_version()},

@@ -105,10 +105,14 @@ struct Percentiles {
   double p50, p99;
 };
 
+// Mirrors core's one percentile rule (core/include/hetmesh/core/percentile.hpp; plugins/ may not
+// link the core): the sample at index round(q * (n - 1)) of the sorted samples, halves rounded up.
 Percentiles percentiles(std::vector<double> v) {
   if (v.empty()) return {0, 0};
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+  auto at = [&](double q) {
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+  };
   return {at(0.50), at(0.99)};
 }
 

@@ -19,6 +19,8 @@
 
 namespace hetmesh::afd {
 
+// A distribution's summary; p50 and p99 by core's one percentile rule
+// (hetmesh/core/percentile.hpp).
 struct Percentiles {
   size_t count = 0;
   double p50 = 0, p99 = 0, mean = 0, max = 0;  // microseconds

@@ -17,13 +17,13 @@
 #include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/percentile.hpp>
 #include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -151,12 +151,6 @@ int run_instance(const FaultOptions& o) {
     std::cout << "error " << now_ns() << " " << e.what() << std::endl;
     return 1;
   }
-}
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
 struct Tally {

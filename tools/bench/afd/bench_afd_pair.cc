@@ -8,6 +8,7 @@
 
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/core/device.hpp>
+#include <hetmesh/core/percentile.hpp>
 
 #include <algorithm>
 
@@ -59,8 +60,7 @@ std::optional<double> raw_pair_p50_us(const afd::JobConfig& c, uint64_t a2f, uin
     }
     if (i >= 10) us.push_back(static_cast<double>(afd::now_ns() - start) / 1e3);
   }
-  std::nth_element(us.begin(), us.begin() + static_cast<long>(us.size() / 2), us.end());
-  return us[us.size() / 2];
+  return percentile(us, 0.5);
 }
 
 }  // namespace hetmesh::cli
