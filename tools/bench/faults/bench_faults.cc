@@ -14,11 +14,11 @@
 #include "commands.hpp"
 
 #include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/instance.hpp>
 #include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/percentile.hpp>
-#include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
@@ -55,22 +55,22 @@ struct FaultOptions {
   std::string store, out, transport;
 };
 
-EngineSpec spec_of(const FaultOptions& o, Role role) {
-  EngineSpec s;
-  s.role = role;
-  s.rank = o.rank;
-  s.attention = o.attention;
-  s.ffn = o.ffn;
-  s.micro_batches = 3;
-  s.tokens = 16;
-  s.hidden = 256;
-  s.top_k = 2;
-  s.a2f_bytes = 2;
-  s.f2a_bytes = 2;
-  s.timeout = std::chrono::milliseconds(o.timeout_ms);
-  s.heartbeat = std::chrono::milliseconds(o.timeout_ms);
-  s.transport.kind = parse_transport_kind(o.transport);
-  return s;
+// The job every instance runs: A on cpu:0, F on --ffn-device, small slots, the engines' every wait
+// (and the heartbeat) bounded by --timeout-ms.
+afd::JobConfig job_of(const FaultOptions& o) {
+  afd::JobConfig c;
+  c.job.attention = o.attention;
+  c.job.ffn = o.ffn;
+  c.job.micro_batches = 3;
+  c.job.timeout = c.job.heartbeat = std::chrono::milliseconds(o.timeout_ms);
+  c.model.tokens = 16;
+  c.model.hidden = 256;
+  c.model.top_k = 2;
+  c.model.a2f_dtype = c.model.f2a_dtype = afd::Dtype::bf16;
+  c.devices.attention.assign(static_cast<size_t>(o.attention), "cpu:0");
+  c.devices.ffn.assign(static_cast<size_t>(o.ffn), o.ffn_device);
+  c.transport.kind = parse_transport_kind(o.transport);
+  return c;
 }
 
 // How long a replacement may take to join: what an A waits for it, and what an F may idle
@@ -83,12 +83,12 @@ constexpr std::chrono::milliseconds kJoinLimit{10000};
 int run_instance(const FaultOptions& o) {
   set_log_identity(fmt::format("{}:{}", o.role, o.rank));
   try {
-    auto store = connect_store(o.store, std::chrono::milliseconds(10000));
-    if (o.role == "ffn") {
-      EngineSpec spec = spec_of(o, Role::ffn);
-      Device device = PluginRegistry::load().device(o.ffn_device);
-      FfnEngine engine(spec, device, *store);
-      Stream stream = device.create_stream();
+    const Role role = o.role == "ffn" ? Role::ffn : Role::attention;
+    auto instance = afd::open_instance(job_of(o), role, o.rank, {.store = o.store});
+    const EngineSpec& spec = instance->spec();
+    if (role == Role::ffn) {
+      FfnEngine& engine = instance->ffn();
+      Stream stream = instance->device().create_stream();
       bool noticed = false;
       while (auto batch = engine.get_batch(o.replace ? kJoinLimit : spec.timeout)) {
         for (const auto& part : batch->parts)
@@ -101,9 +101,7 @@ int run_instance(const FaultOptions& o) {
       }
       return 0;  // every A is gone, one cleanly: served to the end
     }
-    EngineSpec spec = spec_of(o, Role::attention);
-    Device device = PluginRegistry::load().device("cpu:0");
-    AttentionEngine engine(spec, device, *store);
+    AttentionEngine& engine = instance->attention();
     bool lost = false, good = false;
     // With --replace: a push refused or a round trip failed for a lost F goes again once the
     // replacement is in (docs/failures.md).
