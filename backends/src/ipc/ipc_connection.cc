@@ -27,10 +27,10 @@
 // memory after ring traffic waits until the peer has handed back every ring slot, i.e. landed
 // every earlier chunk (see write()). Every wait is bounded; a dead or misbehaving peer becomes
 // one peer_lost event and fails the writes still queued.
-#include "ipc_connection.hpp"
+#include "ipc/ipc_connection.hpp"
 
-#include "descriptor.hpp"
-#include "region_cast.hpp"
+#include "common/descriptor.hpp"
+#include "common/region_cast.hpp"
 
 #include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/log.hpp>

@@ -18,10 +18,10 @@
 // role back, and a poller holding the role empties the queue before it reads the ring.
 #pragma once
 
-#include "ipc_shared.hpp"
-#include "ipc_wire.hpp"
-#include "shm_ring.hpp"
-#include "socket_link.hpp"
+#include "common/socket_link.hpp"
+#include "ipc/ipc_shared.hpp"
+#include "ipc/ipc_wire.hpp"
+#include "ipc/shm_ring.hpp"
 
 #include <atomic>
 #include <chrono>
