@@ -1,4 +1,4 @@
-// The link handshake (backends/src/socket_link.hpp) that every connection of the tcp, ipc and
+// The link handshake (backends/src/common/socket_link.*) that every connection of the tcp, ipc and
 // verbs transports passes: the two ends prove the job's secret to each other before either gets
 // the socket. A stranger, a forged proof, a duplicate of a peer's id, floods of silent and
 // half-sent connections and a listener out of descriptors are refused or outlasted, and the real
@@ -9,7 +9,7 @@
 //   link_test --listen <secret file>   prints "ADDRESS <address>", accepts peer kPeerId, reads one
 //                                      byte from it, and exits 0 if it was 'x'
 //   link_test --dial-as-nobody <address>  becomes user 65534 and dials; prints how it ended
-#include "socket_link.hpp"
+#include "common/socket_link.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/subprocess.hpp>

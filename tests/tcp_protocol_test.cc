@@ -1,6 +1,6 @@
 // The tcp receiver must refuse frames that point outside a registered region, name unknown
 // regions or are not frames at all: the peer is dropped with a reason, and no byte lands.
-#include "socket_link.hpp"
+#include "common/socket_link.hpp"
 
 #include <hetmesh/transport/transport.hpp>
 
@@ -13,7 +13,7 @@
 namespace hetmesh {
 namespace {
 
-// Mirrors the tcp frame header (backends/src/tcp_transport.cc).
+// Mirrors the tcp frame header (backends/src/tcp/tcp_transport.cc).
 struct FrameHeader {
   uint32_t magic = 0x50544d48;
   uint8_t version = 1;

@@ -1,7 +1,8 @@
-// How long the thread that watches the verbs completion queues spins (backends/src/verbs_spin.hpp):
-// a window that follows the gap between completions, clamped, measured from a caller's own start
-// while completions are recent, and none once the transport has been quiet.
-#include "verbs_spin.hpp"
+// How long the thread that watches the verbs completion queues spins
+// (backends/src/verbs/verbs_spin.hpp): a window that follows the gap between completions, clamped,
+// measured from a caller's own start while completions are recent, and none once the transport has
+// been quiet.
+#include "verbs/verbs_spin.hpp"
 
 #include <gtest/gtest.h>
 

@@ -23,7 +23,7 @@ constexpr std::array<std::string_view, 29> kKnownVariables = {
     "HETMESH_ETCD_KEY_FILE", "HETMESH_ETCD_USER", "HETMESH_ETCD_PASSWORD_FILE",
     // The plugin loader (plugin.hpp).
     "HETMESH_PLUGINS", "HETMESH_PLUGIN_PATH",
-    // The verbs transport (backends/src/verbs_device.cc).
+    // The verbs transport (backends/src/verbs/verbs_device.cc).
     "HETMESH_VERBS_MAX_MSG", "HETMESH_VERBS_DISABLE_DMABUF", "HETMESH_VERBS_DISABLE_PEERMEM",
     "HETMESH_VERBS_ASSUME_PEERMEM",
     // Where `hetmesh demo` looks for a plugin's expert kernels (hetmesh/demo_experts.h).

@@ -1,4 +1,4 @@
-#include "staging.hpp"
+#include "common/staging.hpp"
 
 #include <hetmesh/core/log.hpp>
 

@@ -1,5 +1,5 @@
 // What an RDMA device offers, read from it or probed (see verbs_probe.hpp).
-#include "verbs_probe.hpp"
+#include "verbs/verbs_probe.hpp"
 
 #include <fmt/format.h>
 

@@ -11,15 +11,15 @@
 // spinning pollers on a small machine) it blocks at once, and so does a process that has been
 // quiet for kActiveWindow; its progress threads sleep until the peer writes, so idle it uses no
 // CPU.
-#include "transports.hpp"
+#include "common/transports.hpp"
 
-#include "descriptor.hpp"
-#include "event_queue.hpp"
-#include "ipc_connection.hpp"
-#include "ipc_link.hpp"
-#include "ipc_shared.hpp"
-#include "socket_link.hpp"
-#include "staging.hpp"
+#include "common/descriptor.hpp"
+#include "common/event_queue.hpp"
+#include "common/socket_link.hpp"
+#include "common/staging.hpp"
+#include "ipc/ipc_connection.hpp"
+#include "ipc/ipc_link.hpp"
+#include "ipc/ipc_shared.hpp"
 
 #include <hetmesh/core/hex.hpp>
 #include <hetmesh/core/log.hpp>

@@ -1,6 +1,6 @@
-#include "verbs_progress.hpp"
+#include "verbs/verbs_progress.hpp"
 
-#include "verbs_link.hpp"
+#include "verbs/verbs_link.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/spin.hpp>

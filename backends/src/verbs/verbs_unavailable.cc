@@ -1,6 +1,6 @@
 // Built without libibverbs: the verbs transport reports why it is missing, and there are no RDMA
 // devices to list.
-#include "transports.hpp"
+#include "common/transports.hpp"
 
 #include <hetmesh/transport/rdma_info.hpp>
 

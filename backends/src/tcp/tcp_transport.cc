@@ -2,13 +2,13 @@
 // plus payload on the connection's socket; the receiver checks the header against its region table
 // before a byte lands, then copies into the region (through a bounce buffer for device memory the
 // host cannot address) and raises the notification.
-#include "transports.hpp"
+#include "common/transports.hpp"
 
-#include "descriptor.hpp"
-#include "event_queue.hpp"
-#include "region_cast.hpp"
-#include "socket_link.hpp"
-#include "staging.hpp"
+#include "common/descriptor.hpp"
+#include "common/event_queue.hpp"
+#include "common/region_cast.hpp"
+#include "common/socket_link.hpp"
+#include "common/staging.hpp"
 
 #include <hetmesh/core/log.hpp>
 

@@ -1,6 +1,6 @@
 // A verbs connection's setup and teardown: the queue pair, its handshake over the out-of-band
 // socket (QpInfo, then INIT, RTR, RTS and a barrier), closing, and failing.
-#include "verbs_link.hpp"
+#include "verbs/verbs_link.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/socket.hpp>

@@ -3,12 +3,12 @@
 // links the completion poller serves and the queue of the delivery thread.
 #pragma once
 
-#include "descriptor.hpp"
-#include "event_queue.hpp"
-#include "socket_link.hpp"
-#include "verbs_device.hpp"
-#include "verbs_memory.hpp"
-#include "verbs_spin.hpp"
+#include "common/descriptor.hpp"
+#include "common/event_queue.hpp"
+#include "common/socket_link.hpp"
+#include "verbs/verbs_device.hpp"
+#include "verbs/verbs_memory.hpp"
+#include "verbs/verbs_spin.hpp"
 
 #include <hetmesh/core/log.hpp>
 

@@ -1,8 +1,8 @@
 // A verbs connection's data path: writes become work requests, completions become write_done and
 // notification events, and control messages travel as frames on the out-of-band socket.
-#include "verbs_link.hpp"
+#include "verbs/verbs_link.hpp"
 
-#include "region_cast.hpp"
+#include "common/region_cast.hpp"
 
 #include <hetmesh/core/log.hpp>
 

@@ -9,7 +9,7 @@
 // from shared memory before trusting it.
 #pragma once
 
-#include "socket_link.hpp"
+#include "common/socket_link.hpp"
 
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,6 @@
 // VerbsContext: opening the device port a verbs transport uses, and the limits and registration
 // paths it finds there (verbs_device.hpp). The queries and probes themselves are verbs_probe.cc's.
-#include "verbs_device.hpp"
+#include "verbs/verbs_device.hpp"
 
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>

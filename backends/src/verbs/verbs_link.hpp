@@ -16,9 +16,9 @@
 // notification. Staged sources are copied device-to-mirror before the WRs are posted.
 #pragma once
 
-#include "socket_link.hpp"
-#include "verbs_shared.hpp"
-#include "verbs_wire.hpp"
+#include "common/socket_link.hpp"
+#include "verbs/verbs_shared.hpp"
+#include "verbs/verbs_wire.hpp"
 
 #include <hetmesh/transport/transport.hpp>
 

@@ -2,7 +2,7 @@
 // socket addresses, the link handshake (the listener's side an opening at its gate, the dialer's
 // a blocking exchange), and the listener that hands each proven peer to the accept_from that
 // asks for it.
-#include "socket_link.hpp"
+#include "common/socket_link.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/transport/transport.hpp>

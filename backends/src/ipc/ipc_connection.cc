@@ -27,24 +27,25 @@
 // memory after ring traffic waits until the peer has handed back every ring slot, i.e. landed
 // every earlier chunk (see write()). Every wait is bounded; a dead or misbehaving peer becomes
 // one peer_lost event and fails the writes still queued.
-#include "ipc_connection.hpp"
+//
+// This file is the ordered queue of operations and the completion thread that retires them; the
+// choice of route and the lanes are in ipc_routes.*, the ring's writer end in ipc_ring_writer.*.
+#include "ipc/ipc_connection.hpp"
 
-#include "descriptor.hpp"
-#include "region_cast.hpp"
+#include "ipc/ipc_ring_writer.hpp"
+#include "ipc/ipc_routes.hpp"
 
-#include <hetmesh/core/hex.hpp>
+#include "common/descriptor.hpp"
+#include "common/region_cast.hpp"
+
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/spin.hpp>
 
-#include <poll.h>
 #include <pthread.h>
-#include <sys/socket.h>
 
 #include <atomic>
-#include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -52,62 +53,17 @@
 namespace hetmesh::detail {
 namespace {
 
-// A ring slot not back after this long: the peer's progress thread is woken (await_credit).
-constexpr int kNudgeAfterMs = 1;
-// Writes queued on one connection before write() waits for the oldest to retire.
-constexpr size_t kMaxInFlight = 256;
 // Host copies up to this size are made by write() itself when no earlier write's bytes are still
 // on their way (as a shared-memory transport that copies in the caller would): handing them to the
 // completion thread costs a thread wake-up per write, a fifth of the time of a 1 MiB copy. Larger
 // writes stay fully asynchronous.
 constexpr uint64_t kInlineCopyBytes = 4 << 20;
 
-// The copy engine of one plugin on one connection. Zero-copy writes into that plugin's peer
-// memory are enqueued on `stream`; events[i] marks the end of the write in queue slot i, so an
-// event is never re-recorded before its write retired.
-struct Lane {
-  Device device;
-  Stream stream;
-  std::vector<Event> events;
-
-  explicit Lane(const Device& d) : device(d), stream(d.create_stream()) {
-    events.reserve(kMaxInFlight);
-    for (size_t i = 0; i < kMaxInFlight; ++i)
-      events.push_back(d.create_event(HM_EVENT_DISABLE_TIMING));
-  }
-};
-
-class IpcRemoteRegion final : public RemoteRegion,
-                              public std::enable_shared_from_this<IpcRemoteRegion> {
- public:
-  IpcRemoteRegion(const void* connection, uint32_t region_id, uint64_t size)
-      : RemoteRegion(size), owner(connection), id(region_id) {}
-  const void* owner;  // the connection it was imported on
-  uint32_t id;
-  // Set when writes can go zero-copy: the lane whose device mapped the peer's allocation, where
-  // byte 0 of the region lies in this process, and whether host code may write it there.
-  Lane* lane = nullptr;
-  std::optional<IpcMapping> mapping;
-  uint8_t* mapped = nullptr;
-  bool host_addressable = false;
-  // A host-addressable mapping, registered with the plugins of the devices whose copy engines
-  // write it. After `mapping`, so the registrations go before the mapping does.
-  mutable std::optional<HostRegistrations> registered;
-};
-
-// How a write reaches the peer's memory, or that the queued operation is a control message.
-enum class Route : uint8_t {
-  host_copy,    // memcpy into the mapped peer memory, by write() or the completion thread
-  device_copy,  // memcpy_async on a lane's stream into the mapped peer memory
-  ring,         // through the shared ring, landed by the peer
-  control       // a control message queued behind pending writes
-};
-
 // A write between write() and its write_done event, or a control message waiting for the writes
 // before it.
 struct PendingOp {
-  Route route = Route::ring;
-  Lane* lane = nullptr;  // device_copy
+  IpcRoute route = IpcRoute::ring;
+  IpcLane* lane = nullptr;  // device_copy
   // Kept alive until the write retires: the copy engine or the ring copy may still read the
   // source, and the peer's mapping must stay while a copy writes into it.
   std::shared_ptr<const IpcRegion> src;
@@ -129,11 +85,8 @@ class IpcConnection : public Connection {
         shared_(std::move(shared)),
         link_(std::move(link)),
         peer_id_(link_->peer_id()),
-        rings_(link_->rings()),
-        credits_(rings_.outgoing.slots()),
-        ring_registered_(rings_.outgoing.slot(0),
-                         uint64_t{rings_.outgoing.slots()} * rings_.outgoing.slot_bytes(),
-                         fmt::format("ipc: the staging ring to peer {}", peer_id_)),
+        ring_(*link_),
+        routes_(shared_, peer_id_),
         queue_(kMaxInFlight) {
     progress_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "hm-ipc-progress");
@@ -166,7 +119,7 @@ class IpcConnection : public Connection {
   std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) override {
     RegionDescriptorFields d = read_region_descriptor(descriptor, "ipc", peer_id_);
     auto remote = std::make_shared<IpcRemoteRegion>(this, d.region, d.size);
-    if (d.document.contains("handle")) map_peer_memory(*remote, d.document);
+    if (d.document.contains("handle")) routes_.map_peer_memory(*remote, d.document);
     log(LogLevel::debug, "ipc: region {} of peer {} ({} bytes): {}", remote->id, peer_id_,
         remote->size(),
         remote->lane ? fmt::format("mapped through {} for zero-copy writes{}",
@@ -191,22 +144,23 @@ class IpcConnection : public Connection {
     if (!link_->alive())
       throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
 
-    Lane* lane = nullptr;
-    Route route = route_for(*source, *target, &lane);
+    IpcLane* lane = nullptr;
+    IpcRoute route = routes_.route_for(*source, *target, &lane);
     uint8_t* to = target->mapped + dst_offset;
     const uint8_t* from = static_cast<const uint8_t*>(source->base()) + src_offset;
     std::unique_lock lock(queue_mutex_);
     size_t slot = claim_slot(lock, "write");
-    if (route == Route::host_copy && head_ == tail_ && ring_drained_ && length <= kInlineCopyBytes)
+    if (route == IpcRoute::host_copy && head_ == tail_ && ring_.drained() &&
+        length <= kInlineCopyBytes)
       return write_now(to, from, length, notify, cookie, target->id);
     // Bytes land in issue order. Ring bytes land when the peer's reader gets to them, so a write
     // that goes straight into the peer's memory while ring bytes may still be on their way is
     // left to the completion thread, which first waits for every ring slot to come back. (Host
     // and device copies never meet: a mapping is host-addressable or it is not.)
-    bool ring_busy = ring_writes_queued_ > 0 || !ring_drained_;
+    bool ring_busy = ring_writes_queued_ > 0 || !ring_.drained();
     bool landed = false, deferred = false;
     switch (route) {
-      case Route::device_copy:
+      case IpcRoute::device_copy:
         // A later copy must not overtake it: one on another engine's stream waits until the
         // copies before it have landed.
         deferred =
@@ -216,7 +170,7 @@ class IpcConnection : public Connection {
         ++copies_pending_;
         copies_lane_ = lane;
         break;
-      case Route::host_copy:
+      case IpcRoute::host_copy:
         // Host and device copies meet in a host-addressable mapping that device sources write
         // too: a host copy lands by itself only when no device copy is still on its way.
         landed = length <= kInlineCopyBytes && !ring_busy && host_copies_queued_ == 0 &&
@@ -224,10 +178,10 @@ class IpcConnection : public Connection {
         if (landed) std::memcpy(to, from, length);
         host_copies_queued_ += !landed;
         break;
-      case Route::ring:
+      case IpcRoute::ring:
         ++ring_writes_queued_;
         break;
-      case Route::control:
+      case IpcRoute::control:
         break;
     }
     PendingOp& op = queue_[slot];
@@ -277,7 +231,7 @@ class IpcConnection : public Connection {
     if (!may_wait) return false;
     size_t slot = claim_slot(lock, "send_control");
     PendingOp& op = queue_[slot];
-    op.route = Route::control;
+    op.route = IpcRoute::control;
     op.landed = false;  // the slot's previous write must not count in the landing order
     op.deferred = false;
     op.payload.assign(message.begin(), message.end());
@@ -301,7 +255,7 @@ class IpcConnection : public Connection {
     TransportEvent done{TransportEvent::Type::write_done, id()};
     done.cookie = cookie;
     try {
-      check_open();
+      link_->check_open();
       if (notify) link_->send_notification(*notify);
     } catch (const Error& e) {
       done.status = e.status();
@@ -312,114 +266,7 @@ class IpcConnection : public Connection {
     shared_->events.push(std::move(done));
   }
 
-  // ---- setup ----
-
-  // The lane for `plugin`, created on first use: on the device of a region this process
-  // registered with that plugin, else on the plugin's device 0. nullptr if this process has no
-  // such plugin (the ring then carries the writes).
-  Lane* lane_for(const std::string& plugin) {
-    std::optional<Device> device = shared_->registered_device_of(plugin);
-    if (!device) {
-      auto loaded = PluginRegistry::load().find(plugin);
-      if (!loaded || loaded->device_count() == 0) return nullptr;
-      device.emplace(loaded, 0);
-    }
-    return lane_on(*device);
-  }
-
-  // The lane on `device`, created on first use: one stream per device, so copies by one engine
-  // land in the order they were issued.
-  Lane* lane_on(const Device& device) {
-    std::lock_guard lock(lanes_mutex_);
-    auto& lane = lanes_[device.selector()];
-    if (!lane) lane = std::make_unique<Lane>(device);
-    return lane.get();
-  }
-
-  // The lane of `device`'s copy engine for writes into `dst`, a host-addressable mapping
-  // registered with that plugin; nullptr if the plugin refused (the ring then carries them).
-  Lane* writer_lane(const IpcRemoteRegion& dst, const Device& device) {
-    if (!dst.registered || !dst.registered->ensure(device)) return nullptr;
-    return lane_on(device);
-  }
-
-  // Opens the peer's allocation for zero-copy writes. A handle this process cannot open (no such
-  // plugin here, or a plugin that refuses it, as CUDA does within one process) leaves the region
-  // on the ring; a descriptor that claims more than the allocation holds is refused.
-  void map_peer_memory(IpcRemoteRegion& remote, const nlohmann::json& d) {
-    auto plugin = field<std::string>(d, "plugin", kRegionDescriptor);
-    hm_ipc_handle handle{};
-    from_hex(field<std::string>(d, "handle", kRegionDescriptor), handle.bytes,
-             "region descriptor's 'handle'");
-    auto offset = field<uint64_t>(d, "offset", kRegionDescriptor);
-    Lane* lane = nullptr;
-    std::optional<IpcMapping> mapping;
-    PointerInfo info;
-    try {
-      lane = lane_for(plugin);
-      if (lane == nullptr) {
-        log(LogLevel::info,
-            "ipc: no {} device in this process; region {} of peer {} goes through the ring", plugin,
-            remote.id, peer_id_);
-        return;
-      }
-      mapping.emplace(lane->device, handle);
-      info = lane->device.query(mapping->data());
-    } catch (const Error& e) {
-      log(LogLevel::info, "ipc: cannot map region {} of peer {} ({}); it goes through the ring",
-          remote.id, peer_id_, e.what());
-      return;
-    }
-    // Without the mapping's extent the descriptor's offset and size cannot be checked.
-    bool mapped = info.kind == HM_MEM_IPC_MAPPED || info.kind == HM_MEM_IPC_MAPPED_HOST;
-    if (!mapped || info.base != mapping->data()) {
-      log(LogLevel::warn,
-          "ipc: {}: pointer_query does not describe the IPC mapping {} of region {} of peer {}; "
-          "the region goes through the ring",
-          lane->device.selector(), mapping->data(), remote.id, peer_id_);
-      return;
-    }
-    if (offset > info.size || remote.size() > info.size - offset)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("region descriptor of region {}: [{}, +{}) overruns the exported "
-                              "allocation of {} bytes",
-                              remote.id, offset, remote.size(), info.size));
-    remote.mapped = static_cast<uint8_t*>(mapping->data()) + offset;
-    remote.host_addressable = host_addressable(lane->device, mapping->data());
-    if (remote.host_addressable)
-      remote.registered.emplace(mapping->data(), info.size,
-                                fmt::format("ipc: region {} of peer {}", remote.id, peer_id_));
-    remote.mapping.emplace(std::move(*mapping));
-    remote.lane = lane;
-  }
-
   // ---- issuing writes ----
-
-  // Zero-copy needs the peer's memory mapped here, and either host code able to reach both sides
-  // or one copy engine that reaches both: the mapping's plugin's (for its own device memory, on
-  // the source's device or with peer copy, or for host memory), or, into a host-addressable
-  // mapping, the source device's. Anything else is staged through the ring.
-  Route route_for(const IpcRegion& src, const IpcRemoteRegion& dst, Lane** lane) {
-    if (dst.lane == nullptr) return Route::ring;
-    const bool host_source = src.access().direct();
-    if (dst.host_addressable && host_source) return Route::host_copy;
-    const Device& engine = dst.lane->device;
-    if (src.device().plugin_ptr() == engine.plugin_ptr()) {
-      if (src.device().index() != engine.index() && !engine.has(HM_CAP_PEER_COPY))
-        return Route::ring;
-      *lane = dst.lane;
-      return Route::device_copy;
-    }
-    if (host_source && src.reachable_by(engine)) {  // host memory into the peer's device memory
-      *lane = dst.lane;
-      return Route::device_copy;
-    }
-    if (dst.host_addressable) {  // device memory into the peer's host memory
-      *lane = writer_lane(dst, src.device());
-      if (*lane != nullptr) return Route::device_copy;
-    }
-    return Route::ring;
-  }
 
   // Waits (bounded) for room in the queue; returns the slot the next operation goes to.
   size_t claim_slot(std::unique_lock<std::mutex>& lock, const char* what) {
@@ -439,7 +286,7 @@ class IpcConnection : public Connection {
     queued_.notify_one();
   }
 
-  void start_copy(const Lane& lane, size_t slot, uint8_t* dst, const uint8_t* src,
+  void start_copy(const IpcLane& lane, size_t slot, uint8_t* dst, const uint8_t* src,
                   uint64_t length) {
     lane.stream.copy(dst, src, length);
     try {
@@ -468,15 +315,15 @@ class IpcConnection : public Connection {
         slot = head_ % kMaxInFlight;
         op = &queue_[slot];  // callers touch only slots past head_ until head_ moves
       }
-      if (op->route == Route::control)
+      if (op->route == IpcRoute::control)
         send_queued_control(*op);
       else
         retire_now(*op, slot);
       {
         std::lock_guard lock(queue_mutex_);
-        host_copies_queued_ -= op->route == Route::host_copy && !op->landed;
-        ring_writes_queued_ -= op->route == Route::ring;
-        copies_pending_ -= op->route == Route::device_copy;
+        host_copies_queued_ -= op->route == IpcRoute::host_copy && !op->landed;
+        ring_writes_queued_ -= op->route == IpcRoute::ring;
+        copies_pending_ -= op->route == IpcRoute::device_copy;
         deferred_copies_ -= op->deferred;
         ++head_;
       }
@@ -509,7 +356,7 @@ class IpcConnection : public Connection {
   // send_control has returned already: a failure is reported as the peer's loss.
   void send_queued_control(const PendingOp& op) {
     try {
-      check_open();
+      link_->check_open();
       send_control_frame(op.payload.data(), op.payload.size());
     } catch (const Error& e) {
       link_->lost_on_send(e.what());
@@ -521,16 +368,16 @@ class IpcConnection : public Connection {
     done.cookie = w.cookie;
     try {
       switch (w.route) {
-        case Route::host_copy:
+        case IpcRoute::host_copy:
           copy_by_host(w);
           break;
-        case Route::device_copy:
+        case IpcRoute::device_copy:
           finish_device_copy(w, slot);
           break;
-        case Route::ring:
-          send_through_ring(w);
+        case IpcRoute::ring:
+          ring_.send(*w.src, w.src_offset, w.dst->id, w.dst_offset, w.length, w.notify);
           break;
-        case Route::control:
+        case IpcRoute::control:
           break;  // never retired here
       }
     } catch (const Error& e) {
@@ -545,9 +392,9 @@ class IpcConnection : public Connection {
   }
 
   void copy_by_host(const PendingOp& w) {
-    check_open();
+    link_->check_open();
     if (!w.landed) {
-      drain_ring();
+      ring_.drain();
       std::memcpy(w.dst->mapped + w.dst_offset,
                   static_cast<const uint8_t*>(w.src->base()) + w.src_offset, w.length);
     }
@@ -556,7 +403,7 @@ class IpcConnection : public Connection {
 
   void finish_device_copy(const PendingOp& w, size_t slot) {
     if (w.deferred) {
-      drain_ring();
+      ring_.drain();
       start_copy(*w.lane, slot, w.dst->mapped + w.dst_offset,
                  static_cast<const uint8_t*>(w.src->base()) + w.src_offset, w.length);
     }
@@ -567,7 +414,7 @@ class IpcConnection : public Connection {
                                           w.lane->device.selector(), e.what()));
     }
     // The bytes are in the peer's memory, but a peer that is gone will never see them.
-    check_open();
+    link_->check_open();
     if (w.notify) send_notification(*w.notify);
   }
 
@@ -579,110 +426,11 @@ class IpcConnection : public Connection {
 
   void send_notification(uint32_t value) { link_->send_notification(value); }
 
-  // Throws for writes still pending when the connection closes or the peer is lost.
-  void check_open() const {
-    if (link_->closing())
-      throw Error(kStatusPeerLost, "the connection was closed before the write ended");
-    if (!link_->alive()) throw Error(kStatusPeerLost, "the peer was lost before the write ended");
-  }
-
-  // Copies the source slot by slot into the outgoing ring, each slot announced by a chunk frame.
-  // A slot is taken before the source is touched: the source's bounce buffer is then held only
-  // for the copy, never while waiting on the peer, whose progress may need our reader thread to
-  // land a chunk through that same buffer.
-  void send_through_ring(const PendingOp& w) {
-    if (w.length == 0) {
-      check_open();
-      if (w.notify) send_notification(*w.notify);
-      return;
-    }
-    ring_drained_ = false;  // before the first chunk: write() must never see it too early
-    for (uint64_t sent = 0; sent < w.length;) {
-      uint64_t n = std::min(w.length - sent, rings_.outgoing.slot_bytes());
-      uint16_t slot = take_slot();
-      // Straight into the slot: by the host, or by the source device's copy engine (the ring
-      // registered with it), while the peer lands the chunk before.
-      if (!w.src->access().direct()) ring_registered_.ensure(w.src->device());
-      w.src->access().copy_out(w.src_offset + sent, n, rings_.outgoing.slot(slot));
-      Frame f = make_frame(kChunk);
-      f.slot = slot;
-      f.region = w.dst->id;
-      f.offset = w.dst_offset + sent;
-      f.length = n;
-      sent += n;
-      if (sent == w.length) {
-        f.flags = kLastChunk | (w.notify ? kWithNotify : 0);
-        f.value = w.notify.value_or(0);
-      }
-      link_->send(f);
-    }
-  }
-
-  // A free slot of the outgoing ring, waiting for the peer to return one if none is. The peer
-  // handles chunks in order, so slots come back in the order they went out and the next free
-  // slot is always the oldest. Only the completion thread calls this.
-  uint16_t take_slot() {
-    while (credits_ == 0)
-      await_credit();
-    --credits_;
-    auto slot = static_cast<uint16_t>(next_slot_);
-    next_slot_ = (next_slot_ + 1) % rings_.outgoing.slots();
-    return slot;
-  }
-
-  // Waits until the peer has handed back every slot, i.e. landed every chunk sent so far.
-  void drain_ring() {
-    if (ring_drained_) return;
-    while (credits_ < rings_.outgoing.slots())
-      await_credit();
-    ring_drained_ = true;
-  }
-
-  // Waits for the peer to hand back a slot. A slot that is not back within kNudgeAfter may be
-  // waiting for a reader that is not there (the peer's application stopped polling and its
-  // poller left without asking for wake-ups): its progress thread is woken to land the chunks.
-  void await_credit() {
-    int fd = rings_.credits_in.get();
-    pollfd readable{fd, POLLIN, 0};
-    int ready;
-    do {
-      ready = ::poll(&readable, 1, kNudgeAfterMs);
-    } while (ready < 0 && errno == EINTR);
-    if (ready == 0) {
-      check_open();
-      link_->nudge();
-      do {
-        ready = ::poll(&readable, 1, static_cast<int>(kProgressTimeout.count() * 1000));
-      } while (ready < 0 && errno == EINTR);
-    }
-    check_open();  // woken by close() or lose()
-    if (ready == 0)
-      throw Error(HM_ERR_TIMEOUT, fmt::format("peer {} returned no ring slot within {} s", peer_id_,
-                                              kProgressTimeout.count()));
-    uint32_t slot = 0;
-    ssize_t n = recv(fd, &slot, sizeof slot, MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-      throw Error(kStatusPeerLost, "the peer closed its ring credit channel");
-    if (n < 0) return;  // spurious wake-up
-    if (n != sizeof slot || slot != returned_slot_)
-      throw Error(kStatusProtocolError, fmt::format("peer returned ring slot {}, expected slot {}",
-                                                    slot, returned_slot_));
-    returned_slot_ = (returned_slot_ + 1) % rings_.outgoing.slots();
-    ++credits_;
-  }
-
   std::shared_ptr<IpcShared> shared_;
   std::shared_ptr<IpcLink> link_;
   std::string peer_id_;
-  RingLink& rings_;  // the link's
-  // Outgoing ring bookkeeping, touched by the completion thread only.
-  uint32_t credits_;
-  uint32_t next_slot_ = 0;
-  uint32_t returned_slot_ = 0;
-  HostRegistrations ring_registered_;  // the outgoing ring, with the sources' plugins
-
-  std::mutex lanes_mutex_;
-  std::map<std::string, std::unique_ptr<Lane>> lanes_;
+  RingWriter ring_;  // the completion thread's
+  IpcRoutes routes_;
 
   // Operations in issue order: [head_, tail_) are pending, queue_[i % kMaxInFlight] holds the
   // i-th.
@@ -700,9 +448,7 @@ class IpcConnection : public Connection {
   uint64_t ring_writes_queued_ = 0;
   uint64_t deferred_copies_ = 0;
   uint64_t copies_pending_ = 0;  // device copies not yet retired, the latest on copies_lane_
-  const Lane* copies_lane_ = nullptr;
-  // Every ring chunk sent so far has been landed by the peer. Written by the completion thread.
-  std::atomic<bool> ring_drained_{true};
+  const IpcLane* copies_lane_ = nullptr;
 
   std::thread progress_;
   std::thread completer_;

@@ -10,7 +10,7 @@
 // notifications keep their order (VerbsShared::deliver decides).
 #pragma once
 
-#include "verbs_shared.hpp"
+#include "verbs/verbs_shared.hpp"
 
 #include <atomic>
 #include <memory>

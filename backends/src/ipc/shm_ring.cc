@@ -1,4 +1,4 @@
-#include "shm_ring.hpp"
+#include "ipc/shm_ring.hpp"
 
 #include <fmt/format.h>
 

@@ -10,7 +10,7 @@
 // memory region for as long as any Region holds it.
 #pragma once
 
-#include "verbs_device.hpp"
+#include "verbs/verbs_device.hpp"
 
 #include <hetmesh/core/device.hpp>
 

@@ -2,8 +2,8 @@
 // in order (see ipc_connection.cc).
 #pragma once
 
-#include "ipc_link.hpp"
-#include "ipc_shared.hpp"
+#include "ipc/ipc_link.hpp"
+#include "ipc/ipc_shared.hpp"
 
 #include <hetmesh/transport/transport.hpp>
 

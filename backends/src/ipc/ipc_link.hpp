@@ -18,10 +18,12 @@
 // role back, and a poller holding the role empties the queue before it reads the ring.
 #pragma once
 
-#include "ipc_shared.hpp"
-#include "ipc_wire.hpp"
-#include "shm_ring.hpp"
-#include "socket_link.hpp"
+#include "common/socket_link.hpp"
+#include "ipc/ipc_shared.hpp"
+#include "ipc/ipc_wire.hpp"
+#include "ipc/shm_ring.hpp"
+
+#include <hetmesh/core/error.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -61,6 +63,12 @@ class IpcLink {
   const std::string& peer_id() const { return peer_id_; }
   bool alive() const { return alive_.load(std::memory_order_relaxed); }
   bool closing() const { return closing_.load(std::memory_order_relaxed); }
+  // Throws Error(kStatusPeerLost) for a write still pending when the connection closes or the
+  // peer is lost.
+  void check_open() const {
+    if (closing()) throw Error(kStatusPeerLost, "the connection was closed before the write ended");
+    if (!alive()) throw Error(kStatusPeerLost, "the peer was lost before the write ended");
+  }
   // The staging rings and credit channels; the outgoing side belongs to the connection's
   // completion thread.
   RingLink& rings() { return rings_; }

@@ -1,7 +1,7 @@
 // Registering memory with the verbs transport's protection domain, path by path (verbs_memory.hpp).
-#include "verbs_memory.hpp"
+#include "verbs/verbs_memory.hpp"
 
-#include "staging.hpp"
+#include "common/staging.hpp"
 
 #include <hetmesh/core/log.hpp>
 

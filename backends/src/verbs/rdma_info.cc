@@ -2,7 +2,7 @@
 // every RDMA device, with the limits and registration paths the verbs transport would find there.
 #include <hetmesh/transport/rdma_info.hpp>
 
-#include "verbs_probe.hpp"
+#include "verbs/verbs_probe.hpp"
 
 #include <fmt/format.h>
 

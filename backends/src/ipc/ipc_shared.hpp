@@ -3,8 +3,8 @@
 // polling thread reads).
 #pragma once
 
-#include "event_queue.hpp"
-#include "staging.hpp"
+#include "common/event_queue.hpp"
+#include "common/staging.hpp"
 
 #include <hetmesh/transport/transport.hpp>
 

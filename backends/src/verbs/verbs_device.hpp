@@ -3,7 +3,7 @@
 // ibv_query_device / ibv_query_port and probes, never assumed.
 #pragma once
 
-#include "verbs_probe.hpp"
+#include "verbs/verbs_probe.hpp"
 
 #include <hetmesh/transport/transport.hpp>
 

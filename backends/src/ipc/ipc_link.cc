@@ -1,4 +1,4 @@
-#include "ipc_link.hpp"
+#include "ipc/ipc_link.hpp"
 
 #include <fmt/format.h>
 

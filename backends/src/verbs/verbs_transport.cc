@@ -5,15 +5,15 @@
 //
 // Threads: a completion poller per transport (pinnable, busy or adaptive), a delivery thread for
 // staged copies, and per connection a thread reading control frames from the socket.
-#include "transports.hpp"
+#include "common/transports.hpp"
 
-#include "descriptor.hpp"
-#include "socket_link.hpp"
-#include "verbs_device.hpp"
-#include "verbs_link.hpp"
-#include "verbs_memory.hpp"
-#include "verbs_progress.hpp"
-#include "verbs_shared.hpp"
+#include "common/descriptor.hpp"
+#include "common/socket_link.hpp"
+#include "verbs/verbs_device.hpp"
+#include "verbs/verbs_link.hpp"
+#include "verbs/verbs_memory.hpp"
+#include "verbs/verbs_progress.hpp"
+#include "verbs/verbs_shared.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/spin.hpp>

@@ -1,6 +1,6 @@
 // Reading and writing descriptors (descriptor.hpp): the checks every peer's descriptor passes,
 // and the region fields all transports share.
-#include "descriptor.hpp"
+#include "common/descriptor.hpp"
 
 namespace hetmesh::detail {
 

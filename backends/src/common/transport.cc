@@ -1,4 +1,4 @@
-#include "transports.hpp"
+#include "common/transports.hpp"
 
 #include <fmt/format.h>
 
