@@ -13,7 +13,7 @@
 // pending; it sleeps on a condition variable otherwise.
 //
 // This file knows no HIP: the runtime is behind Backend (rocm_geq_relay_hip.hpp), so the relay's
-// logic is tested without a GPU (tests/rocm_plugin_test.cc).
+// logic is tested without a GPU (tests/plugins/rocm_plugin_test.cc).
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,7 @@
 # ci/check-layers.sh must pass on the repository and fail, naming the file, on each kind of
 # violation planted in a scratch tree.
 set -uo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 check=$repo/ci/check-layers.sh
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
