@@ -104,5 +104,27 @@ TEST(EngineSpecSizes, OverflowThrowsInsteadOfWrapping) {
   EXPECT_EQ(spec.instance_slot_bytes(), 2 * 3 * (spec.a2f_slot_bytes() + spec.f2a_slot_bytes()));
 }
 
+// The control words keep their bytes on the wire (peers of the previous build send the same), and
+// anything else a peer sends on the control channel is no word at all.
+TEST(WireControl, EachWordHasItsBytesAndReadsBackAsItself) {
+  auto text = [](ControlWord w) {
+    auto bytes = encode(w);
+    return std::string(bytes.begin(), bytes.end());
+  };
+  EXPECT_EQ(text(ControlWord::heartbeat), "hb");
+  EXPECT_EQ(text(ControlWord::leave), "leave");
+  EXPECT_EQ(text(ControlWord::quit), "quit");
+  for (ControlWord w : {ControlWord::heartbeat, ControlWord::leave, ControlWord::quit})
+    EXPECT_EQ(decode_control(encode(w)), w);
+}
+
+TEST(WireControl, AnythingElseIsNoWord) {
+  for (const std::string& other :
+       std::vector<std::string>{"", "lea", "leaves", "QUIT", std::string("hb\0", 3)}) {
+    std::vector<uint8_t> bytes(other.begin(), other.end());
+    EXPECT_EQ(decode_control(bytes), std::nullopt) << other;
+  }
+}
+
 }  // namespace
 }  // namespace hetmesh::afd
