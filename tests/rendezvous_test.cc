@@ -46,6 +46,7 @@ using Bytes = std::vector<uint8_t>;
 using test::LogCapture;
 namespace fs = std::filesystem;
 
+// The bound on whatever should happen promptly: far beyond it on any loaded machine.
 constexpr milliseconds kWait{20000};
 
 Bytes bytes(const std::string& text) {
@@ -74,14 +75,14 @@ int serve_store() {
 }
 
 // A store named on a helper's command line: the TCP store's "host:port", or
-// "etcd|ENDPOINT|PREFIX" (whose owned keys live on a 2 s lease).
+// "etcd|ENDPOINT|PREFIX" (whose owned keys live on a 5 s lease).
 std::unique_ptr<KeyValueStore> connect_spec(const std::string& spec) {
   if (!spec.starts_with("etcd|")) return connect_tcp_store(spec, kWait);
   auto bar = spec.find('|', 5);
   EtcdOptions options;
   options.endpoint = spec.substr(5, bar - 5);
   options.prefix = spec.substr(bar + 1);
-  options.lease_ttl = std::chrono::seconds(2);
+  options.lease_ttl = std::chrono::seconds(5);
   return connect_etcd_store(options, kWait);
 }
 
@@ -318,7 +319,7 @@ TEST_P(RendezvousStore, GetTimeoutNamesTheKeyAndTheStore) {
               store_->describe() + ": key 'job/ffn/1/endpoint' did not appear within 300 ms");
   }
   EXPECT_GE(since(start), milliseconds(290));
-  EXPECT_LT(since(start), milliseconds(3000));
+  EXPECT_LT(since(start), kWait);
   store_->set("after", {1});  // a timed-out get leaves the store usable
   EXPECT_EQ(store_->try_get("after"), Bytes{1});
 }
@@ -354,7 +355,7 @@ TEST(RendezvousConnect, TimesOutWhenNoServerComes) {
         std::string::npos)
         << e.what();
   }
-  EXPECT_LT(since(start), milliseconds(3000));
+  EXPECT_LT(since(start), kWait);
   EXPECT_THROW(connect_tcp_store("no-port-here", milliseconds(10)), Error);
 }
 
@@ -508,7 +509,7 @@ TEST_P(RendezvousStore, MemberWatchSkipsMalformedAndUnwrittenEntries) {
 
 // ---- etcd: leases, and etcd itself failing ----------------------------------------------------
 
-// A killed instance's own keys expire with its lease (2 s here), and whoever watches them is
+// A killed instance's own keys expire with its lease (5 s here), and whoever watches them is
 // told; the job's keys it wrote stay.
 TEST(RendezvousEtcd, TheOwnKeysOfAKilledProcessExpireAndWatchersAreTold) {
   HETMESH_REQUIRE_ETCD_OR_SKIP();
@@ -519,7 +520,7 @@ TEST(RendezvousEtcd, TheOwnKeysOfAKilledProcessExpireAndWatchersAreTold) {
   EXPECT_FALSE(store->wait_removed("job/ffn/0/e1/endpoint", milliseconds(300)));  // renewed
   owner.kill(SIGKILL);
   owner.wait(kWait);
-  EXPECT_TRUE(store->wait_removed("job/ffn/0/e1/endpoint", milliseconds(20000)));
+  EXPECT_TRUE(store->wait_removed("job/ffn/0/e1/endpoint", milliseconds(60000)));
   EXPECT_EQ(store->try_get("job/shared"), bytes("the job's"));
 }
 
@@ -572,7 +573,7 @@ TEST(RendezvousEtcd, TheStoreOutlivesARestartOfEtcd) {
   EtcdOptions options;
   options.endpoint = etcd.endpoint();
   options.prefix = "job/";
-  auto store = connect_etcd_store(options, milliseconds(2000));
+  auto store = connect_etcd_store(options, kWait);
   store->set("before", {1});
   etcd.kill();
   try {
@@ -604,7 +605,7 @@ std::string password_file(const test::TempDir& dir, const std::string& name,
 // The error connect_etcd_store throws for `options`, or "" when it connects.
 std::pair<hm_status, std::string> refusal_of(const EtcdOptions& options) {
   try {
-    auto store = connect_etcd_store(options, milliseconds(5000));
+    auto store = connect_etcd_store(options, kWait);
     store->set("k", {1});
     return {HM_OK, ""};
   } catch (const Error& e) {
@@ -623,10 +624,10 @@ TEST(RendezvousEtcd, WithAuthenticationOnOnlyItsUserGetsIn) {
   EtcdOptions options;
   options.endpoint = etcd.endpoint();
   options.prefix = "hetmesh/job/";
-  options.lease_ttl = std::chrono::seconds(2);
+  options.lease_ttl = std::chrono::seconds(5);
   options.user = "job";
   options.password_file = password_file(dir, "password", "job-password");
-  auto store = connect_etcd_store(options, milliseconds(5000));
+  auto store = connect_etcd_store(options, kWait);
   store->set("a", {1});
   EXPECT_EQ(store->get("a", milliseconds(1000)), Bytes{1});
   EXPECT_EQ(store->add("n", 2), 2);
@@ -639,7 +640,7 @@ TEST(RendezvousEtcd, WithAuthenticationOnOnlyItsUserGetsIn) {
   // Through connect_store, from the environment, as an instance gets them.
   setenv("HETMESH_ETCD_USER", "job", 1);
   setenv("HETMESH_ETCD_PASSWORD_FILE", options.password_file.c_str(), 1);
-  auto from_environment = connect_store(etcd.endpoint(), milliseconds(5000));
+  auto from_environment = connect_store(etcd.endpoint(), kWait);
   unsetenv("HETMESH_ETCD_USER");
   unsetenv("HETMESH_ETCD_PASSWORD_FILE");
   from_environment->set("job/b", {3});
@@ -692,7 +693,7 @@ TEST(RendezvousEtcd, AnExpiredLoginIsRenewed) {
   options.prefix = "hetmesh/job/";
   options.user = "job";
   options.password_file = password_file(dir, "password", "job-password");
-  auto store = connect_etcd_store(options, milliseconds(5000));
+  auto store = connect_etcd_store(options, kWait);
   store->set("a", {1});
   std::this_thread::sleep_for(milliseconds(2500));
   EXPECT_EQ(store->get("a", milliseconds(1000)), Bytes{1});
@@ -741,9 +742,11 @@ void expect_prompt_loss(const std::function<void()>& call, milliseconds limit) {
   EXPECT_LT(since(start), limit);
 }
 
+// "Promptly": well within the client's own I/O timeout (kWait), so a call that only ended when that
+// timeout ran out would fail these checks.
 TEST(RendezvousFailure, KilledServerFailsCallsPromptly) {
   ChildStore host;
-  auto store = connect_tcp_store(host.address(), milliseconds(2000));
+  auto store = connect_tcp_store(host.address(), kWait);
   store->set("k", {1});
   // One call is blocked in get() when the server dies; later calls start after.
   auto blocked = std::async(std::launch::async, [&] {
@@ -762,14 +765,14 @@ TEST(RendezvousFailure, KilledServerFailsCallsPromptly) {
   EXPECT_NE(message.find("tcp store " + host.address() + ": get 'never': "), std::string::npos)
       << message;
   EXPECT_NE(message.find("is the store's host still running?"), std::string::npos) << message;
-  EXPECT_LT(took, milliseconds(5000));
-  expect_prompt_loss([&] { store->get("k", std::chrono::seconds(60)); }, milliseconds(2000));
-  expect_prompt_loss([&] { store->set("k", {2}); }, milliseconds(2000));
+  EXPECT_LT(took, kWait / 2);
+  expect_prompt_loss([&] { store->get("k", std::chrono::seconds(60)); }, kWait / 2);
+  expect_prompt_loss([&] { store->set("k", {2}); }, kWait / 2);
 }
 
 TEST(RendezvousFailure, StoppedServerFailsBlockedGetPromptly) {
   auto server = std::make_unique<TcpStoreServer>("127.0.0.1:0");
-  auto store = connect_tcp_store(server->address(), milliseconds(2000));
+  auto store = connect_tcp_store(server->address(), kWait);
   auto start = Clock::now();
   auto blocked = std::async(std::launch::async, [&]() -> hm_status {
     try {
@@ -782,7 +785,7 @@ TEST(RendezvousFailure, StoppedServerFailsBlockedGetPromptly) {
   std::this_thread::sleep_for(milliseconds(200));
   server.reset();  // must not wait for the get's 60 s
   EXPECT_EQ(blocked.get(), kStatusPeerLost);
-  EXPECT_LT(since(start), milliseconds(5000));
+  EXPECT_LT(since(start), kWait / 2);
 }
 
 // A raw connection to the store, for sending what a real client never would.
@@ -817,7 +820,7 @@ class RawClient {
     size_t got = 0;
     while (got < out.size()) {
       pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 5000) <= 0) return false;
+      if (poll(&p, 1, static_cast<int>(kWait.count())) <= 0) return false;
       ssize_t n = recv(fd_, out.data() + got, out.size() - got, 0);
       if (n <= 0) return false;
       got += static_cast<size_t>(n);
@@ -883,7 +886,7 @@ TEST(RendezvousSecret, AClientWithoutTheSecretReadsAndChangesNothing) {
     RawClient raw(server.address());
     EXPECT_FALSE(raw.prove(wrong));
     raw.send_bytes(header(0x564b4d48, 2, 1, 8, 1));
-    EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+    EXPECT_TRUE(raw.closed_by_peer(kWait));
   }
   // A MAC of the server's own label (a reflected answer) is no proof either.
   RawClient reflected(server.address());
@@ -947,7 +950,7 @@ TEST(RendezvousSecret, AConnectionThatDoesNotOpenWithTheHelloIsClosed) {
   raw.send_bytes(
       bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: "
             "x\r\n\r\n12345678901234567890123456789012"));
-  EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+  EXPECT_TRUE(raw.closed_by_peer(kWait));
   EXPECT_TRUE(log.saw("did not open with the store's hello")) << log.all();
 }
 
@@ -1062,7 +1065,7 @@ TEST(RendezvousFailure, MalformedFramesCloseOnlyThatConnection) {
     RawClient raw(server.address());
     ASSERT_TRUE(raw.prove(JobSecret::none()));
     raw.send_bytes(c.frame);
-    EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+    EXPECT_TRUE(raw.closed_by_peer(kWait));
     EXPECT_TRUE(log.saw(c.logged)) << log.all();
     // The server and its other clients carry on.
     EXPECT_EQ(store->try_get("before"), Bytes{1});
