@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The verbs (RDMA) tests, run inside the soft-RoCE VM by ci/test.sh:
 #   bash ci/rxe-vm.sh -- bash ci/verbs-tests.sh BUILD_DIR
-# A skipped verbs test is a failure here (HETMESH_REQUIRE_TRANSPORTS).
+# A skipped verbs test is a failure here (HM_TEST_REQUIRE_TRANSPORTS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/ci}
-export HETMESH_REQUIRE_TRANSPORTS=verbs
+export HM_TEST_REQUIRE_TRANSPORTS=verbs
 
 echo "== hetmesh info (RDMA devices, limits, registration path)"
 "$build/bin/hetmesh" info --in-process | sed -n '/RDMA devices/,/refused/p'

@@ -164,7 +164,7 @@ void PrintTo(const Param& p, std::ostream* out) {
 }
 
 bool required(TransportKind kind) {
-  const char* list = std::getenv("HETMESH_REQUIRE_TRANSPORTS");
+  const char* list = std::getenv("HM_TEST_REQUIRE_TRANSPORTS");
   return list && std::string(list).find(to_string(kind)) != std::string::npos;
 }
 
@@ -177,7 +177,7 @@ class TransportTest : public testing::TestWithParam<Param> {
       local_ = std::make_unique<Side>(GetParam().kind, GetParam().local);
     } catch (const Error& e) {
       if (e.status() == HM_ERR_NOT_SUPPORTED && !required(GetParam().kind))
-        GTEST_SKIP() << e.what() << " (set HETMESH_REQUIRE_TRANSPORTS to make this a failure)";
+        GTEST_SKIP() << e.what() << " (set HM_TEST_REQUIRE_TRANSPORTS to make this a failure)";
       throw;
     }
     // This process has loaded its plugins already: the variable reaches only the peer.
