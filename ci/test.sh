@@ -18,7 +18,7 @@ export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-2G}
 export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$(nproc)}
 # install-deps put etcd here: the tests over etcd must run, not skip.
-export HETMESH_REQUIRE_ETCD=1
+export HM_TEST_REQUIRE_ETCD=1
 
 step "layers: includes and links follow sdk < core < backends < afd < tools; no vendor header outside plugins/"
 bash ci/check-layers.sh

@@ -77,17 +77,16 @@ std::vector<uint8_t> wait_for_key(KeyValueStore& store, const std::string& key,
   if (job_id.empty()) return store.get(key, timeout);
   const auto deadline = Clock::now() + timeout;
   for (;;) {
-    const auto slice_start = Clock::now();
-    const auto left =
-        std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(deadline - slice_start));
+    const auto left = std::max(milliseconds(0),
+                               std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
     const milliseconds slice = std::min(left, kFailureCheck);
     try {
       return store.get(key, slice);
     } catch (const Error& e) {
       if (e.status() != HM_ERR_TIMEOUT) throw;
-      // A slice that overran by far is a store that stops answering, not a missing key.
-      if (Clock::now() - slice_start > slice + std::chrono::seconds(1)) throw;
     }
+    // A store that stopped answering fails this look with its own error. (How long the slice
+    // took says nothing: on a loaded machine a 100 ms slice can take seconds.)
     if (auto report = job_failure(store, job_id))
       throw Error(kStatusJobFailed, fmt::format("job '{}' failed: {}", job_id, *report));
     if (slice == left)

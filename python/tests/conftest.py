@@ -11,8 +11,10 @@ import pytest
 import hetmesh
 
 # A job small enough for a 2-core machine: every test's engines use it unless they say otherwise.
+# Its bounds are far beyond what a loaded machine takes (a peer in a process of its own imports
+# torch before it joins): a test that wants a timeout sets its own.
 SMALL_JOB = dict(attention=1, ffn=1, micro_batches=2, tokens=8, hidden=16, experts=2, top_k=2,
-                 timeout_ms=10000)
+                 timeout_ms=60000, heartbeat_ms=60000)
 
 
 @pytest.fixture
@@ -35,7 +37,7 @@ class Instance:
             [sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
 
-    def finish(self, timeout=60):
+    def finish(self, timeout=180):
         out, err = self.process.communicate(timeout=timeout)
         return self.process.returncode, out, err
 

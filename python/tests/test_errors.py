@@ -26,7 +26,7 @@ time.sleep(60)  # never responds
     started = time.monotonic()
     with pytest.raises(hetmesh.TimeoutError) as caught:
         a.wait(handle, timeout_ms=300)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # the 300 ms asked for, not the job's 60 s
     assert caught.value.peer == "ffn:0"
     assert caught.value.status_name == "HM_ERR_TIMEOUT"
     assert "no answer from ffn 0 within 300 ms" in str(caught.value)
@@ -35,15 +35,14 @@ time.sleep(60)  # never responds
 
 
 def test_an_ffn_killed_mid_job_is_a_peer_lost_naming_it(store, job, spawn):
-    job["heartbeat_ms"] = 500
     ffn = spawn(DOUBLING_FFN.format(job=job, rank=0, store=store.address))
     a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
     a.wait(a.push_pull(0))  # the job works
     ffn.kill()
     started = time.monotonic()
     with pytest.raises(hetmesh.PeerLostError) as caught:
-        while time.monotonic() - started < 10:  # the push that finds it gone, or its wait
-            a.wait(a.push_pull(1), timeout_ms=5000)
+        while time.monotonic() - started < 60:  # the push that finds it gone, or its wait
+            a.wait(a.push_pull(1), timeout_ms=30000)
     assert caught.value.peer == "ffn:0"
     assert isinstance(caught.value, ConnectionError)
     assert [p["state"] for p in a.peers()] == ["lost"]
@@ -54,7 +53,7 @@ def test_get_batch_times_out_when_no_attention_instance_sends(store, job, spawn)
     attention = spawn(f"""
 import time, hetmesh
 a = hetmesh.AttentionEngine(rank=0, store={store.address!r}, **{job!r})
-time.sleep(30)
+time.sleep(600)  # silent until killed
 """)
     f = hetmesh.FfnEngine(rank=0, store=store.address, **job)
     with pytest.raises(hetmesh.TimeoutError, match="within 200 ms"):
@@ -78,13 +77,13 @@ def test_a_process_without_the_jobs_secret_is_refused(tmp_path, job):
 def test_a_job_whose_peers_never_come_times_out_in_the_constructor(store, job):
     job["timeout_ms"] = 300
     started = time.monotonic()
-    with pytest.raises(hetmesh.TimeoutError):
+    with pytest.raises(hetmesh.TimeoutError, match="within 300 ms"):
         hetmesh.AttentionEngine(rank=0, store=store.address, **job)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # the 300 ms asked for, not the job's 60 s
 
 
 def test_the_gil_is_free_while_an_engine_waits(store, job):
-    job["timeout_ms"] = 1500
+    job["timeout_ms"] = 8000
     ticks = []
     stop = threading.Event()
 
@@ -97,15 +96,16 @@ def test_the_gil_is_free_while_an_engine_waits(store, job):
     thread.start()
     started = time.monotonic()
     with pytest.raises(hetmesh.TimeoutError):
-        hetmesh.AttentionEngine(rank=0, store=store.address, **job)  # waits 1.5 s for its F
+        hetmesh.AttentionEngine(rank=0, store=store.address, **job)  # waits 8 s for its F
     ended = time.monotonic()
     stop.set()
     thread.join()
     during = [t for t in ticks if started <= t <= ended]
     gaps = [b - a for a, b in zip(during, during[1:])]
-    assert ended - started >= 1.4 and len(during) > 2
-    # Held through the wait, the GIL would stop the other thread for the whole 1.5 s.
-    assert max(gaps) < 0.5, f"the other thread stood still for {max(gaps):.2f} s"
+    assert ended - started >= 7.9 and len(during) > 2
+    # Held through the wait, the GIL would stop the other thread for the whole 8 s; a loaded
+    # machine may stop it for a while, never for half of that.
+    assert max(gaps) < 4, f"the other thread stood still for {max(gaps):.2f} s"
 
 
 def test_an_engine_used_after_finish_says_so(store, job):

@@ -39,20 +39,20 @@ EngineSpec small_spec(int attention, int ffn, Gather gather, TransportKind kind)
   s.f2a_bytes = 2;
   s.gather = gather;
   s.timeout = kTimeout;
+  s.heartbeat = kTimeout;  // measured nowhere here: a loaded machine's pause is no hang
   s.transport.kind = kind;
   return s;
 }
 
 // ---- child roles ----
 
-// Every F answers with out[i] = in[i] + its rank + 1 (bytes), so A can check each partial; after
-// `delay` per batch when given.
-int run_ffn(const EngineSpec& spec, KeyValueStore& store,
-            std::chrono::milliseconds delay = std::chrono::milliseconds(0)) {
+// Every F answers with out[i] = in[i] + its rank + 1 (bytes), so A can check each partial. With
+// `held`, it answers micro-batch N only once the store holds the key "go/N" (the A says when).
+int run_ffn(const EngineSpec& spec, KeyValueStore& store, bool held = false) {
   Device device = PluginRegistry::load().device("cpu:0");
   FfnEngine engine(spec, device, store);
   while (auto batch = engine.get_batch(kTimeout)) {
-    std::this_thread::sleep_for(delay);
+    if (held) store.get(fmt::format("go/{}", batch->micro_batch), kTimeout);
     for (const auto& part : batch->parts) {
       auto* in = static_cast<const uint8_t*>(part.tokens_data);
       auto* out = static_cast<uint8_t*>(part.output);
@@ -104,11 +104,11 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int rounds,
 }
 
 // A device stream ordered after a round trip by stream_wait: its marker, written after the wait,
-// stays unwritten while the F (delayed 300 ms) has not answered, and once it is written the
-// results are there. Then a round trip still outstanding when the engine ends lets its waiting
-// stream go: at finish() (`end` "finish"), or when the engine is destroyed with the stream still
-// waiting (`end` "destroy": the engine waits for the stream to pass before freeing the flag).
-// Prints "stream_wait ok" or what went wrong.
+// stays unwritten while the F (held until this A says "go/0") has not answered, and once it is
+// written the results are there. Then a round trip still outstanding when the engine ends (the F
+// never gets "go/1") lets its waiting stream go: at finish() (`end` "finish"), or when the engine
+// is destroyed with the stream still waiting (`end` "destroy": the engine waits for the stream to
+// pass before freeing the flag). Prints "stream_wait ok" or what went wrong.
 int run_stream_waiter(const EngineSpec& spec, KeyValueStore& store, const std::string& end) {
   Device device = PluginRegistry::load().device("cpu:0");
   auto engine = std::make_unique<AttentionEngine>(spec, device, store);
@@ -124,6 +124,7 @@ int run_stream_waiter(const EngineSpec& spec, KeyValueStore& store, const std::s
     std::cout << "the stream went past stream_wait before the F answered" << std::endl;
     return 3;
   }
+  store.set("go/0", {1});
   stream.synchronize(kTimeout);
   if (static_cast<const uint8_t*>(engine->result(0, 0))[0] != 6) {
     std::cout << "the stream went past stream_wait before the results arrived" << std::endl;
@@ -190,7 +191,7 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
 
 int child_main(int argc, char** argv) {
   // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN GATHER TRANSPORT
-  //   [ROUNDS [AFTER] | DEFECT]                      (LocalJob's arguments, then the test's)
+  //   [ROUNDS [AFTER] | DEFECT | held]               (LocalJob's arguments, then the test's)
   if (argc < 13) return 2;
   std::string role = argv[2];
   int rank = std::stoi(argv[4]);
@@ -204,7 +205,7 @@ int child_main(int argc, char** argv) {
     store = connect_tcp_store(argv[6], kTimeout);
     if (role == "ffn") {
       spec.role = Role::ffn;
-      return run_ffn(spec, *store, std::chrono::milliseconds(argc > 13 ? std::stoi(argv[13]) : 0));
+      return run_ffn(spec, *store, argc > 13 && std::string(argv[13]) == "held");
     }
     spec.role = Role::attention;
     if (argc < 14) return 2;
@@ -342,7 +343,7 @@ TEST(AfdFailureTest, KilledFfnIsAClearErrorForAttention) {
 TEST(AfdStreamWaitTest, AStreamWaitsForTheResultsAndIsLetGoAtTheEnd) {
   for (const char* mode : {"finish", "destroy"}) {
     Job job;
-    ChildProcess& ffn = job.spawn("ffn", 0, 1, 1, "all", TransportKind::ipc, {"300"});
+    ChildProcess& ffn = job.spawn("ffn", 0, 1, 1, "all", TransportKind::ipc, {"held"});
     ChildProcess& waiter = job.spawn("waiter", 0, 1, 1, "all", TransportKind::ipc, {mode});
     auto lines = lines_until_exit(waiter);
     ProcessResult r = waiter.wait(kTimeout);

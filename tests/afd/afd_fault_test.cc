@@ -33,12 +33,19 @@
 namespace hetmesh::afd {
 namespace {
 
-// The engines' bound on every wait in the children: what a stopped peer costs its survivors.
-constexpr std::chrono::milliseconds kChildTimeout{2000};
+// The engines' bound on every wait in the children: what a stopped peer costs its survivors. Both
+// bounds are far beyond any pause of a healthy peer on a loaded machine, which must never look
+// like the fault under test.
+constexpr std::chrono::milliseconds kChildTimeout{10000};
 // Their heartbeat: a peer silent this long is hung, even when no data is due.
-constexpr std::chrono::milliseconds kHeartbeat{1000};
+constexpr std::chrono::milliseconds kHeartbeat{5000};
+// The heartbeat of the replacement cases ("recover"), which do not measure it: their survivors
+// learn of a loss from the replacement or from the dead peer's link. Starting and connecting a
+// replacement keeps a slow machine (the rxe VM: 2 emulated cores) so busy that a survivor can go
+// unheard for over a second; that must not make it look hung.
+constexpr std::chrono::milliseconds kRecoveryHeartbeat{60000};
 // How long the test waits for a child: far beyond any bound the engine promises.
-constexpr std::chrono::milliseconds kWait{30000};
+constexpr std::chrono::milliseconds kWait{60000};
 
 EngineSpec fault_spec(int attention, int ffn, TransportKind kind) {
   EngineSpec s;
@@ -232,6 +239,7 @@ int child_main(int argc, char** argv) {
   try {
     auto store = connect_store(argv[6], kChildTimeout);  // the TCP store, or etcd
     const std::string mode = argc > 13 ? argv[13] : "";
+    if (mode == "recover") spec.heartbeat = kRecoveryHeartbeat;
     if (role == "ffn") {
       spec.role = Role::ffn;
       if (mode == "idle") return idle_ffn(spec, *store);
@@ -541,8 +549,9 @@ TEST(AfdReplacement, AnInstanceThatIsJoiningFollowsAPeersReplacement) {
   dead.kill(SIGKILL);
   dead.wait(kWait);
   ChildProcess& attention = job.start("attention", 0, args);
-  // Time for A to read epoch 1 and dial it (its dial lasts kChildTimeout).
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Time for A to read epoch 1 and dial it (its dial lasts kChildTimeout, leaving the new F
+  // seconds to publish epoch 2 even on a loaded machine).
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
   ChildProcess& ffn = job.start("ffn", 0, args);
   EXPECT_EQ(ffn.read_line(kWait), "epoch 2");
   EXPECT_EQ(attention.read_line(kWait), "epoch 1");

@@ -134,14 +134,14 @@ TEST(CtsSelfTest, AHangingOrCrashingPluginFailsThoseTestsAndTheRunGoesOn) {
   const std::string junit = (scratch_dir() / "supervised.xml").string();
   hetmesh::ProcessResult r = hetmesh::run_process(
       {"/usr/bin/env", "HM_TEST_LIAR_HANG=1", "HM_TEST_LIAR_CRASH=1", HETMESH_CTS_PATH, "--plugin",
-       HETMESH_LIAR_PLUGIN, "--test-timeout", "3", "--junit", junit},
+       HETMESH_LIAR_PLUGIN, "--test-timeout", "20", "--junit", junit},
       std::chrono::minutes(5));
   for (std::string* text : {&r.out, &r.err})
     for (size_t at; (at = text->find("[  SKIPPED ]")) != std::string::npos;)
       text->replace(at, 12, "[  skipped ]");
   EXPECT_EQ(r.signal, 0) << r.describe();
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("HostCallbacksRunInStreamOrder/liar_0: [HM-R31] hung: not done within 3 s"),
+  EXPECT_NE(r.err.find("HostCallbacksRunInStreamOrder/liar_0: [HM-R31] hung: not done within 20 s"),
             std::string::npos)
       << r.err;
   // A signal, or under AddressSanitizer (whose handler takes the signal) its exit status.
@@ -160,7 +160,7 @@ TEST(CtsSelfTest, AHangingOrCrashingPluginFailsThoseTestsAndTheRunGoesOn) {
   EXPECT_NE(r.out.find("verdict: NOT CONFORMANT"), std::string::npos) << r.out;
   std::stringstream xml;
   xml << std::ifstream(junit).rdbuf();
-  EXPECT_NE(xml.str().find("hung: not done within 3 s"), std::string::npos) << xml.str();
+  EXPECT_NE(xml.str().find("hung: not done within 20 s"), std::string::npos) << xml.str();
 }
 
 // A plugin named with --plugin that is refused makes the run NOT CONFORMANT, in the printed
@@ -248,11 +248,12 @@ const Planted kPlanted[] = {
      "Device/DeviceTest.NamedExtensionsHonourTheirVersion/planted_0 [HM-R41]"},
 };
 
-// The whole kit over the planted plugin with `bug` (none: ""). A hung test costs --test-timeout.
+// The whole kit over the planted plugin with `bug` (none: ""). A hung test costs --test-timeout,
+// which no test that passes comes near on a loaded machine.
 hetmesh::ProcessResult run_planted(const std::string& bug) {
   hetmesh::ProcessResult r =
       hetmesh::run_process({"/usr/bin/env", "HM_TEST_PLANT=" + bug, HETMESH_CTS_PATH, "--plugin",
-                            HETMESH_PLANTED_PLUGIN, "--test-timeout", "10"},
+                            HETMESH_PLANTED_PLUGIN, "--test-timeout", "60"},
                            std::chrono::minutes(10));
   for (std::string* text : {&r.out, &r.err})
     for (size_t at; (at = text->find("[  SKIPPED ]")) != std::string::npos;)

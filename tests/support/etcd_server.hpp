@@ -1,6 +1,6 @@
 // A real etcd (Debian etcd-server) for the tests: started on 127.0.0.1 with free ports and a
 // temporary data folder, stopped and removed with this object. Absent etcd skips a test, unless
-// HETMESH_REQUIRE_ETCD is set (the README's test command sets it), which makes it a failure.
+// HM_TEST_REQUIRE_ETCD is set (the README's test command sets it), which makes it a failure.
 #pragma once
 
 #include <hetmesh/core/rendezvous.hpp>
@@ -31,7 +31,7 @@ inline std::string etcd_binary() {
 #define HETMESH_REQUIRE_ETCD_OR_SKIP()                                                   \
   do {                                                                                   \
     if (::hetmesh::test::etcd_binary().empty()) {                                        \
-      if (std::getenv("HETMESH_REQUIRE_ETCD")) FAIL() << "etcd is required but missing"; \
+      if (std::getenv("HM_TEST_REQUIRE_ETCD")) FAIL() << "etcd is required but missing"; \
       GTEST_SKIP() << "no etcd here (Debian etcd-server)";                               \
     }                                                                                    \
   } while (0)

@@ -89,9 +89,9 @@ class LogCapture {
     });
   }
   ~LogCapture() { set_log_sink(previous_); }
-  // Waits (briefly) for a line containing `text`.
+  // Waits for a line containing `text` (as long as no loaded machine takes to log it).
   bool saw(const std::string& text) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < deadline) {
       {
         std::lock_guard lock(mutex_);

@@ -1,5 +1,5 @@
 // For tests that run over every transport: a verbs case is skipped where no RDMA device is
-// usable, unless HETMESH_REQUIRE_TRANSPORTS names verbs (ci/verbs-tests.sh, in the soft-RoCE VM),
+// usable, unless HM_TEST_REQUIRE_TRANSPORTS names verbs (ci/verbs-tests.sh, in the soft-RoCE VM),
 // where an unusable verbs is a failure.
 #pragma once
 
@@ -23,7 +23,7 @@ inline bool verbs_usable() {
 }
 
 inline bool verbs_required() {
-  const char* required = std::getenv("HETMESH_REQUIRE_TRANSPORTS");
+  const char* required = std::getenv("HM_TEST_REQUIRE_TRANSPORTS");
   return required != nullptr && std::string(required).find("verbs") != std::string::npos;
 }
 
@@ -34,7 +34,7 @@ inline bool verbs_required() {
   do {                                                                                          \
     if ((kind) == ::hetmesh::TransportKind::verbs && !::hetmesh::test::verbs_usable()) {        \
       if (!::hetmesh::test::verbs_required())                                                   \
-        GTEST_SKIP() << "no usable RDMA device (set HETMESH_REQUIRE_TRANSPORTS=verbs to fail)"; \
+        GTEST_SKIP() << "no usable RDMA device (set HM_TEST_REQUIRE_TRANSPORTS=verbs to fail)"; \
       FAIL() << "verbs is required but unusable here";                                          \
     }                                                                                           \
   } while (0)

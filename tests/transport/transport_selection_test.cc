@@ -41,7 +41,7 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 bool required(TransportKind kind) {
-  const char* list = std::getenv("HETMESH_REQUIRE_TRANSPORTS");
+  const char* list = std::getenv("HM_TEST_REQUIRE_TRANSPORTS");
   return list && contains(list, to_string(kind));
 }
 
@@ -142,7 +142,7 @@ TEST(ChooseTransport, ThisHostAgreesWithSysfs) {
   bool rdma = sysfs_has_active_rdma_port(&active);
   TransportSelection choice = choose_transport(std::nullopt, /*same_node=*/false);
   if (required(TransportKind::verbs)) {
-    ASSERT_TRUE(rdma) << "HETMESH_REQUIRE_TRANSPORTS names verbs, but sysfs shows no active RDMA "
+    ASSERT_TRUE(rdma) << "HM_TEST_REQUIRE_TRANSPORTS names verbs, but sysfs shows no active RDMA "
                          "port";
   }
   if (rdma) {

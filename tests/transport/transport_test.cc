@@ -81,7 +81,8 @@ struct Side {
       : device(open_device(memory_kind)), memory(device.allocate(kRegionSize)) {
     TransportOptions options;
     options.kind = kind;
-    options.io_timeout = std::chrono::milliseconds(2000);  // a stopped peer fails a send in 2 s
+    // A stopped peer fails a send in 10 s; a slow one on a loaded machine never does.
+    options.io_timeout = std::chrono::milliseconds(10000);
     transport = Transport::create(options);
     region = transport->register_memory(device, memory.data(), kRegionSize);
   }
@@ -163,7 +164,7 @@ void PrintTo(const Param& p, std::ostream* out) {
 }
 
 bool required(TransportKind kind) {
-  const char* list = std::getenv("HETMESH_REQUIRE_TRANSPORTS");
+  const char* list = std::getenv("HM_TEST_REQUIRE_TRANSPORTS");
   return list && std::string(list).find(to_string(kind)) != std::string::npos;
 }
 
@@ -176,7 +177,7 @@ class TransportTest : public testing::TestWithParam<Param> {
       local_ = std::make_unique<Side>(GetParam().kind, GetParam().local);
     } catch (const Error& e) {
       if (e.status() == HM_ERR_NOT_SUPPORTED && !required(GetParam().kind))
-        GTEST_SKIP() << e.what() << " (set HETMESH_REQUIRE_TRANSPORTS to make this a failure)";
+        GTEST_SKIP() << e.what() << " (set HM_TEST_REQUIRE_TRANSPORTS to make this a failure)";
       throw;
     }
     // This process has loaded its plugins already: the variable reaches only the peer.
@@ -332,11 +333,14 @@ TEST_P(TransportTest, RingWritesLandWhileTheReaderDoesNotPoll) {
   }
   send_text("reported");
   ASSERT_EQ(peer_->read_line(kWait), "PONGED");
-  // Our progress thread, if the pong woke it, is done with it by now: the poll below reads it
-  // from the queue or the ring and returns with it, leaving no wake-up asked for.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Polls that do not wait read the pong from the queue or the ring once our progress thread, if
+  // the pong woke it, is done with it, and return with it, leaving no wake-up asked for.
   events_.clear();
-  local_->transport->poll(events_, std::chrono::nanoseconds(0));
+  for (auto give_up = std::chrono::steady_clock::now() + kWait;
+       events_.empty() && std::chrono::steady_clock::now() < give_up;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    local_->transport->poll(events_, std::chrono::nanoseconds(0));
+  }
   ASSERT_EQ(events_.size(), 1u);
   ASSERT_EQ(events_[0].type, TransportEvent::Type::control);
   ASSERT_EQ(std::string(events_[0].payload.begin(), events_[0].payload.end()), "pong reported");

@@ -68,7 +68,7 @@ TEST(RendezvousFailure, MalformedFramesCloseOnlyThatConnection) {
     RawClient raw(server.address());
     ASSERT_TRUE(raw.prove(JobSecret::none()));
     raw.send_bytes(c.frame);
-    EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+    EXPECT_TRUE(raw.closed_by_peer(kWait));
     EXPECT_TRUE(log.saw(c.logged)) << log.all();
     // The server and its other clients carry on.
     EXPECT_EQ(store->try_get("before"), Bytes{1});

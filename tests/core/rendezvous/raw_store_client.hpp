@@ -52,7 +52,7 @@ class RawClient {
     size_t got = 0;
     while (got < out.size()) {
       pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 5000) <= 0) return false;
+      if (poll(&p, 1, static_cast<int>(kWait.count())) <= 0) return false;
       ssize_t n = recv(fd_, out.data() + got, out.size() - got, 0);
       if (n <= 0) return false;
       got += static_cast<size_t>(n);

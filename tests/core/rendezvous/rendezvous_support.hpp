@@ -24,6 +24,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using Bytes = std::vector<uint8_t>;
 
+// The bound on whatever should happen promptly: far beyond it on any loaded machine.
 inline constexpr milliseconds kWait{20000};
 
 inline Bytes bytes(const std::string& text) {
@@ -41,14 +42,14 @@ inline std::string after(const std::string& line, const std::string& prefix) {
 }
 
 // A store named on a helper's command line: the TCP store's "host:port", or
-// "etcd|ENDPOINT|PREFIX" (whose owned keys live on a 2 s lease).
+// "etcd|ENDPOINT|PREFIX" (whose owned keys live on a 5 s lease).
 inline std::unique_ptr<KeyValueStore> connect_spec(const std::string& spec) {
   if (!spec.starts_with("etcd|")) return connect_tcp_store(spec, kWait);
   auto bar = spec.find('|', 5);
   EtcdOptions options;
   options.endpoint = spec.substr(5, bar - 5);
   options.prefix = spec.substr(bar + 1);
-  options.lease_ttl = std::chrono::seconds(2);
+  options.lease_ttl = std::chrono::seconds(5);
   return connect_etcd_store(options, kWait);
 }
 

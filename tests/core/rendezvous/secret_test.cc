@@ -46,7 +46,7 @@ TEST(RendezvousSecret, AClientWithoutTheSecretReadsAndChangesNothing) {
     RawClient raw(server.address());
     EXPECT_FALSE(raw.prove(wrong));
     raw.send_bytes(header(0x564b4d48, 2, 1, 8, 1));
-    EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+    EXPECT_TRUE(raw.closed_by_peer(kWait));
   }
   // A MAC of the server's own label (a reflected answer) is no proof either.
   RawClient reflected(server.address());
@@ -110,7 +110,7 @@ TEST(RendezvousSecret, AConnectionThatDoesNotOpenWithTheHelloIsClosed) {
   raw.send_bytes(
       bytes("GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: "
             "x\r\n\r\n12345678901234567890123456789012"));
-  EXPECT_TRUE(raw.closed_by_peer(milliseconds(3000)));
+  EXPECT_TRUE(raw.closed_by_peer(kWait));
   EXPECT_TRUE(log.saw("did not open with the store's hello")) << log.all();
 }
 
