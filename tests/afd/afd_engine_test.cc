@@ -25,7 +25,7 @@
 namespace hetmesh::afd {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{20000};
+constexpr std::chrono::milliseconds kTimeout{60000};
 
 EngineSpec small_spec(int attention, int ffn, Gather gather, TransportKind kind) {
   EngineSpec s;

@@ -36,16 +36,16 @@ namespace {
 // The engines' bound on every wait in the children: what a stopped peer costs its survivors. Both
 // bounds are far beyond any pause of a healthy peer on a loaded machine, which must never look
 // like the fault under test.
-constexpr std::chrono::milliseconds kChildTimeout{10000};
+constexpr std::chrono::milliseconds kChildTimeout{30000};
 // Their heartbeat: a peer silent this long is hung, even when no data is due.
-constexpr std::chrono::milliseconds kHeartbeat{5000};
+constexpr std::chrono::milliseconds kHeartbeat{10000};
 // The heartbeat of the replacement cases ("recover"), which do not measure it: their survivors
 // learn of a loss from the replacement or from the dead peer's link. Starting and connecting a
 // replacement keeps a slow machine (the rxe VM: 2 emulated cores) so busy that a survivor can go
 // unheard for over a second; that must not make it look hung.
 constexpr std::chrono::milliseconds kRecoveryHeartbeat{60000};
 // How long the test waits for a child: far beyond any bound the engine promises.
-constexpr std::chrono::milliseconds kWait{60000};
+constexpr std::chrono::milliseconds kWait{120000};
 
 EngineSpec fault_spec(int attention, int ffn, TransportKind kind) {
   EngineSpec s;

@@ -25,7 +25,7 @@ using std::chrono::milliseconds;
 using Bytes = std::vector<uint8_t>;
 
 // The bound on whatever should happen promptly: far beyond it on any loaded machine.
-inline constexpr milliseconds kWait{20000};
+inline constexpr milliseconds kWait{60000};
 
 inline Bytes bytes(const std::string& text) {
   return Bytes(text.begin(), text.end());
