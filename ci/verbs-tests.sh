@@ -16,12 +16,13 @@ require_tests() {
   n=$("$1" --gtest_list_tests --gtest_filter="$2" | grep -c '^  ')
   ((n >= $3)) || { echo "verbs-tests: $1 has $n tests matching $2, expected at least $3" >&2; exit 1; }
 }
-# 28 = 7 cases x 4 memory pairings; 5 = the registration fallback steps.
-require_tests "$build/bin/transport_test" '*verbs*' 33
+# 41 = 9 cases x 4 memory pairings + the 5 registration fallback steps.
+require_tests "$build/bin/transport_test" '*verbs*' 41
 require_tests "$build/bin/transport_test" 'RegistrationFallback/*verbs*' 5
 require_tests "$build/bin/transport_selection_test" '*ThisHostAgreesWithSysfs*' 1
 require_tests "$build/bin/afd_engine_test" '*verbs*' 2
 require_tests "$build/bin/afd_fault_test" '*verbs*' 4
+require_tests "$build/bin/afd_queue_test" '*verbs*' 2
 
 echo "== transport suite over verbs (registration fallback order included)"
 "$build/bin/transport_test" --gtest_filter='*verbs*' --gtest_brief=1
@@ -29,8 +30,9 @@ echo "== transport suite over verbs (registration fallback order included)"
 echo "== transport selection: auto must pick verbs (rxe0) for a peer on another node"
 "$build/bin/transport_selection_test" --gtest_brief=1
 
-echo "== AFD engine over verbs"
+echo "== AFD engine over verbs (every layer queued ahead, and an F killed under the queue)"
 "$build/bin/afd_engine_test" --gtest_filter='*verbs*' --gtest_brief=1
+"$build/bin/afd_queue_test" --gtest_filter='*verbs*' --gtest_brief=1
 
 echo "== faults and a replacement over verbs: an F or an A killed mid-run, survivors contained or failing by name, a replacement rejoining"
 "$build/bin/afd_fault_test" --gtest_filter='*verbs*' --gtest_brief=1

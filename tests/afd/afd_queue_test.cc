@@ -3,6 +3,7 @@
 // wait that ends when its engine is finished from another thread, a timed-out wait waited for
 // again, empty pushes from an idle rank, and an F's finish() ending its get_batch.
 #include "child_output.hpp"
+#include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/local_job.hpp>
@@ -25,7 +26,7 @@ namespace {
 constexpr std::chrono::milliseconds kTimeout{60000};
 constexpr int kLayers = 8;  // the engine's default queue depth: every layer queued at once
 
-EngineSpec small_spec(int ffn) {
+EngineSpec small_spec(int ffn, TransportKind kind) {
   EngineSpec s;
   s.ffn = ffn;
   s.micro_batches = 2;
@@ -36,7 +37,7 @@ EngineSpec small_spec(int ffn) {
   s.f2a_bytes = 2;
   s.timeout = kTimeout;
   s.heartbeat = kTimeout;  // measured nowhere here: a loaded machine's pause is no hang
-  s.transport.kind = TransportKind::tcp;
+  s.transport.kind = kind;
   return s;
 }
 
@@ -256,18 +257,19 @@ int run_idle(const EngineSpec& spec, KeyValueStore& store) {
 }
 
 int child_main(int argc, char** argv) {
-  // --role ROLE --rank RANK --store STORE --out DIR FFN [MODE [AT]]   (LocalJob's, then the test's)
-  if (argc < 10) return 2;
+  // --role ROLE --rank RANK --store STORE --out DIR TRANSPORT FFN [MODE [AT]]
+  //   (LocalJob's arguments, then the test's)
+  if (argc < 11) return 2;
   const std::string role = argv[2];
-  EngineSpec spec = small_spec(std::stoi(argv[9]));
+  EngineSpec spec = small_spec(std::stoi(argv[10]), parse_transport_kind(argv[9]));
   spec.rank = std::stoi(argv[4]);
-  const std::string mode = argc > 10 ? argv[10] : "";
+  const std::string mode = argc > 11 ? argv[11] : "";
   set_log_identity(fmt::format("{}:{}", role, spec.rank));
   try {
     auto store = connect_tcp_store(argv[6], kTimeout);
     if (role == "ffn") {
       spec.role = Role::ffn;
-      return run_ffn(spec, *store, mode, argc > 11 ? std::stoi(argv[11]) : -1);
+      return run_ffn(spec, *store, mode, argc > 12 ? std::stoi(argv[12]) : -1);
     }
     spec.role = Role::attention;
     if (mode == "queued") return run_queued(spec, *store);
@@ -285,12 +287,13 @@ int child_main(int argc, char** argv) {
 // ---- the tests ----
 
 struct Job {
+  TransportKind kind = TransportKind::tcp;
   TcpStoreServer store{"127.0.0.1:0"};
   LocalJob instances{{}, store.address(), testing::TempDir()};
 
   ChildProcess& spawn(const std::string& role, int rank, int ffn,
                       std::vector<std::string> extra = {}) {
-    extra.insert(extra.begin(), std::to_string(ffn));
+    extra.insert(extra.begin(), {to_string(kind), std::to_string(ffn)});
     return instances.start(role, rank, extra);
   }
 };
@@ -313,8 +316,12 @@ bool has_line(const std::vector<std::string>& lines, const std::string& text) {
 
 // Every layer of two micro-batches queued at once, two Fs: each wait in order returns its round
 // trip, and the last answers are the layers computed in one process.
-TEST(AfdQueueTest, AHostQueuesEveryLayerAheadAndGetsTheResultsInOrder) {
-  Job job;
+// Over each transport: the order of a queue's posts is the engine's, whatever the transport's.
+class AfdQueueTest : public testing::TestWithParam<TransportKind> {};
+
+TEST_P(AfdQueueTest, AHostQueuesEveryLayerAheadAndGetsTheResultsInOrder) {
+  HETMESH_SKIP_UNLESS_USABLE(GetParam());
+  Job job{GetParam()};
   ChildProcess& f0 = job.spawn("ffn", 0, 2);
   ChildProcess& f1 = job.spawn("ffn", 1, 2);
   ChildProcess& a = job.spawn("attention", 0, 2, {"queued"});
@@ -331,8 +338,9 @@ TEST(AfdQueueTest, AHostQueuesEveryLayerAheadAndGetsTheResultsInOrder) {
 
 // The F dies on receiving layer 3 with every layer queued: the layers before 2 came back, every
 // layer from 3 on fails naming the F, and nothing hangs.
-TEST(AfdQueueTest, AnFfnKilledUnderAFullQueueIsNamedByEveryWaitItOwed) {
-  Job job;
+TEST_P(AfdQueueTest, AnFfnKilledUnderAFullQueueIsNamedByEveryWaitItOwed) {
+  HETMESH_SKIP_UNLESS_USABLE(GetParam());
+  Job job{GetParam()};
   ChildProcess& f = job.spawn("ffn", 0, 1, {"die-at", "3"});
   ChildProcess& a = job.spawn("attention", 0, 1, {"queued"});
   auto lines = lines_until_exit(a);
@@ -348,6 +356,13 @@ TEST(AfdQueueTest, AnFfnKilledUnderAFullQueueIsNamedByEveryWaitItOwed) {
   EXPECT_TRUE(has_line(lines, "ffn 0")) << joined(lines);
   EXPECT_EQ(f.wait(kTimeout).signal, SIGKILL);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, AfdQueueTest,
+                         testing::Values(TransportKind::ipc, TransportKind::tcp,
+                                         TransportKind::verbs),
+                         [](const testing::TestParamInfo<TransportKind>& p) {
+                           return std::string(to_string(p.param));
+                         });
 
 TEST(AfdLifecycleTest, FinishEndsAWaitInAnotherThread) {
   Job job;
