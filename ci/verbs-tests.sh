@@ -22,7 +22,7 @@ require_tests "$build/bin/transport_test" 'RegistrationFallback/*verbs*' 5
 require_tests "$build/bin/transport_selection_test" '*ThisHostAgreesWithSysfs*' 1
 require_tests "$build/bin/afd_engine_test" '*verbs*' 2
 require_tests "$build/bin/afd_fault_test" '*verbs*' 4
-require_tests "$build/bin/afd_queue_test" '*verbs*' 2
+require_tests "$build/bin/afd_queue_test" '*verbs*' 3
 
 echo "== transport suite over verbs (registration fallback order included)"
 "$build/bin/transport_test" --gtest_filter='*verbs*' --gtest_brief=1
@@ -30,7 +30,7 @@ echo "== transport suite over verbs (registration fallback order included)"
 echo "== transport selection: auto must pick verbs (rxe0) for a peer on another node"
 "$build/bin/transport_selection_test" --gtest_brief=1
 
-echo "== AFD engine over verbs (every layer queued ahead, and an F killed under the queue)"
+echo "== AFD engine over verbs (every layer queued ahead, an F killed under the queue, side-band messages)"
 "$build/bin/afd_engine_test" --gtest_filter='*verbs*' --gtest_brief=1
 "$build/bin/afd_queue_test" --gtest_filter='*verbs*' --gtest_brief=1
 

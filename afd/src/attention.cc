@@ -4,6 +4,7 @@
 #include "peer.hpp"
 #include "peer_group.hpp"
 #include "senders.hpp"
+#include "side_band.hpp"
 #include "wire.hpp"
 
 #include <hetmesh/core/log.hpp>
@@ -32,10 +33,11 @@ struct Pending {
   std::string failure;     // the first F lost before it answered: the round trip failed
 };
 
-// A micro-batch for one F's sender.
+// A micro-batch for one F's sender, or the next side-band message to it.
 struct PostJob {
   int mb = 0;
   uint64_t sequence = 0;
+  bool message = false;
 };
 
 }  // namespace
@@ -63,6 +65,7 @@ struct AttentionEngine::State final : PeerHandler {
   // spec.queue_depth of them in flight, posted in order.
   std::vector<Pending> pending;
   std::vector<uint64_t> last_sequence;  // [mb]: the last one pushed
+  SideBand side_band;                   // messages to and from the F instances
   FirstFailure failure;
   // finish() or the destructor: the threads are stopped. Atomic for wait's spin.
   std::atomic<bool> closed{false};
@@ -91,7 +94,8 @@ struct AttentionEngine::State final : PeerHandler {
         f2a_receive(d.allocate(s.f2a_slot_bytes() * s.micro_batches * s.ffn)),
         f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
         pending(static_cast<size_t>(s.micro_batches * s.queue_depth)),
-        last_sequence(static_cast<size_t>(s.micro_batches), 0) {}
+        last_sequence(static_cast<size_t>(s.micro_batches), 0),
+        side_band(Role::attention, s.rank, Role::ffn, s.ffn) {}
 
   Pending& entry(int mb, uint64_t sequence) {
     return pending[static_cast<size_t>(mb * spec.queue_depth) +
@@ -165,13 +169,53 @@ struct AttentionEngine::State final : PeerHandler {
     changed.notify_all();
   }
 
-  void on_rejoined_locked(int) override { changed.notify_all(); }
+  void on_rejoined_locked(int f) override {
+    side_band.restart_locked(f);
+    changed.notify_all();
+  }
 
   // An A's slots in a replaced F are the new process's own: nothing here to let go of.
   bool ready_to_replace_locked(int) override { return true; }
 
   void on_message(int f, const TransportEvent& e) override {
-    if (e.type == TransportEvent::Type::notification) on_result(f, e);
+    if (e.type == TransportEvent::Type::notification) {
+      const std::string from = peer_name(Role::ffn, f);
+      check_slot(e.value, static_cast<uint32_t>(spec.micro_batches * spec.ffn), from);
+      const int mb = static_cast<int>(e.value) / spec.ffn;
+      bool now;
+      {
+        std::lock_guard lock(mutex);
+        now = side_band.admit_locked(f, e.value, receive_header(mb, f)->messages);
+      }
+      if (now) on_result(f, e.value);
+    } else if (auto body = message_body(e.payload)) {
+      std::vector<uint32_t> released;
+      {
+        std::lock_guard lock(mutex);
+        released = side_band.arrived_locked(f, *body);
+      }
+      changed.notify_all();
+      for (uint32_t slot : released)
+        on_result(f, slot);
+    }
+  }
+
+  // F `f`'s sender: the next side-band message to it.
+  void send_side_band(int f) {
+    std::vector<uint8_t> frame;
+    std::shared_ptr<const Link> link;
+    {
+      std::lock_guard lock(mutex);
+      frame = side_band.take_frame_locked(f);
+      const Peer& peer = peers->at(f);
+      if (frame.empty() || failure.has() || peer.lost) return;
+      link = peer.link;
+    }
+    try {
+      link->connection->send_control(frame);
+    } catch (const Error& e) {
+      if (e.status() != kStatusPeerLost) rethrow_for_peer(e, Role::ffn, f);
+    }
   }
 
   // Waits until F `f` is done with micro-batch mb's round trip before `sequence` (its slot is
@@ -193,10 +237,12 @@ struct AttentionEngine::State final : PeerHandler {
     const int mb = job.mb;
     Pending& p = entry(mb, job.sequence);
     try {
+      if (job.message) return send_side_band(f);
       if (!wait_previous(mb, job.sequence, f, stopping)) return;
       if (!wait_ready(p.ready, stopping)) return;
       int64_t ready_at = now_ns();
       std::shared_ptr<const Link> link;
+      uint32_t messages;
       {
         // A job for an F lost meanwhile has nothing to do: the loss settled its share.
         std::lock_guard lock(mutex);
@@ -205,12 +251,14 @@ struct AttentionEngine::State final : PeerHandler {
             p.from[static_cast<size_t>(f)])
           return;
         link = peer.link;
+        messages = side_band.sent_locked(f);
       }
       WireHeader* h = send_header(mb, f);
       *h = make_header(spec, peers->own_epoch(), MessageKind::a2f, mb, p.sequence, p.tokens,
                        uint64_t{p.tokens} * (uint64_t{spec.hidden} * spec.a2f_bytes +
                                              spec.routing_bytes_per_token()));
       h->tag = p.tag;
+      h->messages = messages;
       h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
       h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
       int64_t posted = now_ns();
@@ -256,14 +304,13 @@ struct AttentionEngine::State final : PeerHandler {
     }
   }
 
-  void on_result(int f, const TransportEvent& e) {
+  // F `f`'s answer in `slot` (checked against the slot table by on_message).
+  void on_result(int f, uint32_t slot) {
     std::string from = peer_name(Role::ffn, f);
-    check_slot(e.value, static_cast<uint32_t>(spec.micro_batches * spec.ffn), from);
-    int mb = static_cast<int>(e.value) / spec.ffn;
-    if (static_cast<int>(e.value) % spec.ffn != f)
-      throw Error(kStatusProtocolError,
-                  fmt::format("{} notified slot {}, which belongs to ffn {}", from, e.value,
-                              static_cast<int>(e.value) % spec.ffn));
+    int mb = static_cast<int>(slot) / spec.ffn;
+    if (static_cast<int>(slot) % spec.ffn != f)
+      throw Error(kStatusProtocolError, fmt::format("{} notified slot {}, which belongs to ffn {}",
+                                                    from, slot, static_cast<int>(slot) % spec.ffn));
     WireHeader h = *receive_header(mb, f);
     SlotLimits limits{MessageKind::f2a,
                       static_cast<uint32_t>(spec.ffn),
@@ -335,7 +382,7 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.peers->turn(); });
   s.peers->start_rejoin(std::move(own_store));
   s.senders =
-      start_senders<PostJob>(s.spec, Role::ffn, spec.ffn, s.pending.size(),
+      start_senders<PostJob>(s.spec, Role::ffn, spec.ffn, s.pending.size() + SideBand::kMaxQueued,
                              [&s](int f, const PostJob& job, const std::atomic<bool>& stopping) {
                                s.post(f, job, stopping);
                              });
@@ -590,6 +637,39 @@ bool AttentionEngine::wait_for_peers(std::chrono::milliseconds timeout) {
   });
   s.failure.throw_if_set();
   return all_in;
+}
+
+void AttentionEngine::send_message(int f, std::span<const uint8_t> bytes) {
+  State& s = *state_;
+  if (f < 0 || f >= s.spec.ffn)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("send_message: ffn {} does not exist (0..{})", f, s.spec.ffn - 1));
+  {
+    std::lock_guard lock(s.mutex);
+    s.failure.throw_if_set();
+    if (s.closed)
+      throw Error(kStatusClosed,
+                  fmt::format("attention {}: send_message after finish()", s.spec.rank));
+    if (const Peer& peer = s.peers->at(f); peer.lost)
+      throw Error(kStatusPeerLost,
+                  fmt::format("attention {}: send_message: {}", s.spec.rank, peer.lost_reason));
+    s.side_band.queue_locked(f, bytes);
+  }
+  s.senders[static_cast<size_t>(f)]->push(PostJob{0, 0, true});
+}
+
+std::optional<Message> AttentionEngine::receive_message(std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  s.changed.wait_for(lock, timeout, [&] {
+    return s.side_band.has_message_locked() || s.failure.has() || s.closed;
+  });
+  if (auto message = s.side_band.receive_locked()) return message;
+  s.failure.throw_if_set();
+  if (s.closed)
+    throw Error(kStatusClosed,
+                fmt::format("attention {}: receive_message after finish()", s.spec.rank));
+  return std::nullopt;
 }
 
 std::vector<PeerStatus> AttentionEngine::peers() const {

@@ -4,6 +4,7 @@
 #include "peer.hpp"
 #include "peer_group.hpp"
 #include "senders.hpp"
+#include "side_band.hpp"
 #include "wire.hpp"
 
 #include <hetmesh/core/log.hpp>
@@ -33,6 +34,7 @@ struct RespondJob {
   bool after_event = false;  // wait for the slot's ready event (recorded by respond)
   int64_t compute_start = 0;
   int64_t compute_end = 0;
+  bool message = false;  // instead: the next side-band message to this A
 };
 
 }  // namespace
@@ -58,6 +60,7 @@ struct FfnEngine::State final : PeerHandler {
   int left = 0;  // of them, those that said ControlWord::leave
   FirstFailure failure;
   bool closed = false;            // finish() or the destructor: the threads are stopped
+  SideBand side_band;             // messages to and from the A instances
   std::vector<std::string> lost;  // "attention 1 lost: ...", for FfnEngine::lost_attention
   // ready_batches is not empty, or failure is set: for get_batch's spin.
   std::atomic<bool> news{false};
@@ -73,7 +76,8 @@ struct FfnEngine::State final : PeerHandler {
         a2f_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
         f2a_send(d.allocate(s.f2a_slot_bytes() * s.attention * s.micro_batches)),
         f2a_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
-        arrivals(static_cast<size_t>(s.attention * s.micro_batches)) {
+        arrivals(static_cast<size_t>(s.attention * s.micro_batches)),
+        side_band(Role::ffn, s.rank, Role::attention, s.attention) {
     for (size_t i = 0; i < arrivals.size(); ++i)
       ready_events.push_back(d.create_event(HM_EVENT_DISABLE_TIMING));
   }
@@ -185,14 +189,14 @@ struct FfnEngine::State final : PeerHandler {
     news.store(true, std::memory_order_release);
   }
 
-  void on_request(int a, const TransportEvent& e) {
+  // A `a`'s part in `slot` (checked against the slot table by on_message).
+  void on_request(int a, uint32_t slot_index) {
     std::string from = peer_name(Role::attention, a);
-    check_slot(e.value, static_cast<uint32_t>(spec.attention * spec.micro_batches), from);
-    int mb = static_cast<int>(e.value) % spec.micro_batches;
-    if (static_cast<int>(e.value) / spec.micro_batches != a)
+    int mb = static_cast<int>(slot_index) % spec.micro_batches;
+    if (static_cast<int>(slot_index) / spec.micro_batches != a)
       throw Error(kStatusProtocolError,
-                  fmt::format("{} notified slot {}, which belongs to attention {}", from, e.value,
-                              static_cast<int>(e.value) / spec.micro_batches));
+                  fmt::format("{} notified slot {}, which belongs to attention {}", from,
+                              slot_index, static_cast<int>(slot_index) / spec.micro_batches));
     WireHeader h = reinterpret_cast<const WireHeader*>(a2f_headers.data())[slot(a, mb)];
     SlotLimits limits{MessageKind::a2f,
                       static_cast<uint32_t>(spec.attention),
@@ -233,9 +237,11 @@ struct FfnEngine::State final : PeerHandler {
     const int mb = job.mb;
     const size_t s = slot(a, mb);
     try {
+      if (job.message) return send_side_band(a);
       if (!wait_ready(ReadyWait{job.after_event ? &ready_events[s] : nullptr}, stopping)) return;
       WireHeader* h = reinterpret_cast<WireHeader*>(f2a_headers.data()) + s;
       int64_t received, batch_ready;
+      uint32_t messages;
       std::shared_ptr<const Link> link;
       {
         std::lock_guard lock(mutex);
@@ -248,10 +254,12 @@ struct FfnEngine::State final : PeerHandler {
         }
         received = arrivals[s].received;
         batch_ready = arrivals[s].batch_ready;
+        messages = side_band.sent_locked(a);
         link = peer.link;
       }
       *h = make_header(spec, peers->own_epoch(), MessageKind::f2a, mb, job.sequence, job.tokens,
                        uint64_t{job.tokens} * spec.hidden * spec.f2a_bytes);
+      h->messages = messages;
       h->stamps[kReceived] = static_cast<uint64_t>(received);
       h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
       h->stamps[kComputeStart] = static_cast<uint64_t>(job.compute_start);
@@ -344,8 +352,27 @@ struct FfnEngine::State final : PeerHandler {
     if (released) changed.notify_all();
   }
 
+  // A `a`'s sender: the next side-band message to it.
+  void send_side_band(int a) {
+    std::vector<uint8_t> frame;
+    std::shared_ptr<const Link> link;
+    {
+      std::lock_guard lock(mutex);
+      frame = side_band.take_frame_locked(a);
+      const Peer& peer = peers->at(a);
+      if (frame.empty() || failure.has() || peer.lost) return;
+      link = peer.link;
+    }
+    try {
+      link->connection->send_control(frame);
+    } catch (const Error& e) {
+      if (e.status() != kStatusPeerLost) rethrow_for_peer(e, Role::attention, a);
+    }
+  }
+
   // A's replacement starts afresh: its slots' sequences start again, and gather-all waits for it.
   void on_rejoined_locked(int a) override {
+    side_band.restart_locked(a);
     const Peer& peer = peers->at(a);
     if (peer.lost || peer.left) --gone;
     if (peer.left) --left;
@@ -367,7 +394,24 @@ struct FfnEngine::State final : PeerHandler {
 
   void on_message(int a, const TransportEvent& e) override {
     if (e.type == TransportEvent::Type::notification) {
-      on_request(a, e);
+      check_slot(e.value, static_cast<uint32_t>(spec.attention * spec.micro_batches),
+                 peer_name(Role::attention, a));
+      bool now;
+      {
+        std::lock_guard lock(mutex);
+        now = side_band.admit_locked(
+            a, e.value, reinterpret_cast<const WireHeader*>(a2f_headers.data())[e.value].messages);
+      }
+      if (now) on_request(a, e.value);
+    } else if (auto body = message_body(e.payload)) {
+      std::vector<uint32_t> released;
+      {
+        std::lock_guard lock(mutex);
+        released = side_band.arrived_locked(a, *body);
+      }
+      changed.notify_all();
+      for (uint32_t slot_index : released)
+        on_request(a, slot_index);
     } else if (decode_control(e.payload) == ControlWord::leave) {
       std::lock_guard lock(mutex);
       Peer& peer = peers->at(a);
@@ -399,7 +443,8 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.peers->turn(); });
   s.peers->start_rejoin(std::move(own_store));
   s.senders = start_senders<RespondJob>(
-      s.spec, Role::attention, spec.attention, static_cast<size_t>(spec.micro_batches),
+      s.spec, Role::attention, spec.attention,
+      static_cast<size_t>(spec.micro_batches) + SideBand::kMaxQueued,
       [&s](int a, const RespondJob& job, const std::atomic<bool>& stopping) {
         s.respond_to(a, job, stopping);
       });
@@ -426,6 +471,42 @@ void FfnEngine::finish() {
   s.close();
   std::lock_guard lock(s.mutex);
   s.failure.throw_if_set();
+}
+
+void FfnEngine::send_message(int a, std::span<const uint8_t> bytes) {
+  State& s = *state_;
+  if (a < 0 || a >= s.spec.attention)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("send_message: attention {} does not exist "
+                                                     "(0..{})",
+                                                     a, s.spec.attention - 1));
+  {
+    std::lock_guard lock(s.mutex);
+    s.failure.throw_if_set();
+    if (s.closed)
+      throw Error(kStatusClosed, fmt::format("ffn {}: send_message after finish()", s.spec.rank));
+    if (const Peer& peer = s.peers->at(a); peer.lost || peer.left)
+      throw Error(
+          kStatusPeerLost,
+          fmt::format("ffn {}: send_message: {}", s.spec.rank,
+                      peer.lost ? peer.lost_reason : peer_name(Role::attention, a) + " has left"));
+    s.side_band.queue_locked(a, bytes);
+  }
+  RespondJob job;
+  job.message = true;
+  s.senders[static_cast<size_t>(a)]->push(job);
+}
+
+std::optional<Message> FfnEngine::receive_message(std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  s.changed.wait_for(lock, timeout, [&] {
+    return s.side_band.has_message_locked() || s.failure.has() || s.closed;
+  });
+  if (auto message = s.side_band.receive_locked()) return message;
+  s.failure.throw_if_set();
+  if (s.closed)
+    throw Error(kStatusClosed, fmt::format("ffn {}: receive_message after finish()", s.spec.rank));
+  return std::nullopt;
 }
 
 std::vector<std::string> FfnEngine::lost_attention() const {

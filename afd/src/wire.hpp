@@ -19,7 +19,8 @@
 namespace hetmesh::afd {
 
 constexpr uint32_t kWireMagic = 0x46414d48;  // "HMAF"
-constexpr uint16_t kWireVersion = 2;         // 2: the sender's epoch and the application's tag
+constexpr uint16_t kWireVersion =
+    3;  // 2: the sender's epoch and the application's tag; 3: messages
 enum class MessageKind : uint16_t { a2f = 1, f2a = 2 };
 
 // The control messages between engines, on a connection's control channel beside the slots.
@@ -72,7 +73,10 @@ struct WireHeader {
   uint64_t payload_bytes;  // tokens (and for A2F, routing) bytes at the start of the slot
   uint64_t stamps[kStampCount];
   uint64_t tag;  // A2F: the application's value for the micro-batch (push_pull), e.g. a layer
-  uint8_t padding[128 - 56 - 8 * kStampCount];
+  // Side-band messages the sender had sent this receiver before this header (low 32 bits): the
+  // receiver handles the header only once they are in (side_band.hpp).
+  uint32_t messages;
+  uint8_t padding[128 - 60 - 8 * kStampCount];
 };
 static_assert(sizeof(WireHeader) == 128);
 

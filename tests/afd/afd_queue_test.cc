@@ -1,5 +1,6 @@
 // The AFD engine as a framework embeds it, with real processes meeting through a real TCP store:
-// a host that queues a stage's layers ahead on a stream (and an F killed under that queue), a
+// a host that queues a stage's layers ahead on a stream (and an F killed under that queue),
+// side-band messages kept in order with the data, a
 // wait that ends when its engine is finished from another thread, a timed-out wait waited for
 // again, empty pushes from an idle rank, and an F's finish() ending its get_batch.
 #include "child_output.hpp"
@@ -74,6 +75,16 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, const std::string& mod
   }
   if (mode == "die-at") store.get("queued", kTimeout);  // every layer is pushed: none refused
   while (auto batch = engine.get_batch(kTimeout)) {
+    if (mode == "messages") {
+      // The A's message for this step was sent before its push: it is here already.
+      auto message = engine.receive_message(std::chrono::milliseconds(0));
+      std::string text =
+          message ? std::string(message->bytes.begin(), message->bytes.end()) : "nothing";
+      std::cout << fmt::format("before part {}: {}", batch->parts[0].tag, text) << std::endl;
+      std::string answer = fmt::format("answer {}", batch->parts[0].tag);
+      engine.send_message(batch->parts[0].rank,
+                          {reinterpret_cast<const uint8_t*>(answer.data()), answer.size()});
+    }
     if (mode == "held") store.get(fmt::format("go/{}", batch->micro_batch), kTimeout);
     for (const auto& part : batch->parts) {
       if (mode == "die-at" && part.tag == static_cast<uint64_t>(at)) raise(SIGKILL);
@@ -248,6 +259,27 @@ int run_empty_push(const EngineSpec& spec, KeyValueStore& store) {
   return 0;
 }
 
+// Each step sends the F a message, then pushes; after the wait, the F's message sent before its
+// answer is here already.
+int run_messages(const EngineSpec& spec, KeyValueStore& store) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  AttentionEngine engine(spec, device, store);
+  for (int step = 0; step < 4; ++step) {
+    std::string text = fmt::format("step {}", step);
+    engine.send_message(0, {reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+    AttentionEngine::Push push;
+    push.tag = static_cast<uint64_t>(step);
+    engine.wait(engine.push_pull(0, spec.tokens, push), kTimeout);
+    auto message = engine.receive_message(std::chrono::milliseconds(0));
+    std::cout << fmt::format("after step {}: {}", step,
+                             message ? std::string(message->bytes.begin(), message->bytes.end())
+                                     : "nothing")
+              << std::endl;
+  }
+  engine.finish();
+  return 0;
+}
+
 // Joins, then waits until the F has finished (its get_batch test), and ends.
 int run_idle(const EngineSpec& spec, KeyValueStore& store) {
   Device device = PluginRegistry::load().device("cpu:0");
@@ -277,6 +309,7 @@ int child_main(int argc, char** argv) {
     if (mode == "wait-again") return run_wait_again(spec, *store);
     if (mode == "empty") return run_empty_push(spec, *store);
     if (mode == "idle") return run_idle(spec, *store);
+    if (mode == "messages") return run_messages(spec, *store);
     return 2;
   } catch (const Error& e) {
     std::cout << "error " << status_name(e.status()) << ": " << e.what() << std::endl;
@@ -355,6 +388,25 @@ TEST_P(AfdQueueTest, AnFfnKilledUnderAFullQueueIsNamedByEveryWaitItOwed) {
           << joined(lines);
   EXPECT_TRUE(has_line(lines, "ffn 0")) << joined(lines);
   EXPECT_EQ(f.wait(kTimeout).signal, SIGKILL);
+}
+
+// The transports order control messages only among themselves (verbs: a socket beside the QP),
+// yet a message sent before a push is there before the push's part, both ways.
+TEST_P(AfdQueueTest, SideBandMessagesArriveBeforeTheDataSentAfterThem) {
+  HETMESH_SKIP_UNLESS_USABLE(GetParam());
+  Job job{GetParam()};
+  ChildProcess& f = job.spawn("ffn", 0, 1, {"messages"});
+  ChildProcess& a = job.spawn("attention", 0, 1, {"messages"});
+  auto a_lines = lines_until_exit(a);
+  EXPECT_EQ(a.wait(kTimeout).exit_code, 0) << joined(a_lines);
+  auto f_lines = lines_until_exit(f);
+  EXPECT_EQ(f.wait(kTimeout).exit_code, 0) << joined(f_lines);
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_TRUE(has_line(f_lines, fmt::format("before part {}: step {}", step, step)))
+        << joined(f_lines);
+    EXPECT_TRUE(has_line(a_lines, fmt::format("after step {}: answer {}", step, step)))
+        << joined(a_lines);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, AfdQueueTest,

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,14 @@ struct PushOptions {
   int64_t attention_start_ns = 0;  // for the metrics: when this micro-batch's attention began
 };
 
+// A side-band message from a peer (send_message): a few KiB of the application's, e.g. a step's
+// token counts.
+struct Message {
+  Role role = Role::ffn;  // the sender's
+  int rank = 0;
+  std::vector<uint8_t> bytes;
+};
+
 // A peer as an engine sees it now.
 struct PeerStatus {
   Role role = Role::ffn;
@@ -246,6 +255,16 @@ class AttentionEngine {
   // Waits until every F is in the job (none lost: each lost one was replaced). Returns false if
   // that did not happen within `timeout`; throws the error that ended the engine.
   bool wait_for_peers(std::chrono::milliseconds timeout);
+
+  // Sends F `ffn` a side-band message (at most 60 KiB), without a slot. It goes out in order with
+  // this A's pushes to that F: the F receives it (receive_message) before it gets any part pushed
+  // after this call. Does not wait; throws Error(kStatusPeerLost) while that F is lost, and
+  // Error(INVALID_ARGUMENT) when 64 messages to it are queued behind pushes not ready yet.
+  void send_message(int ffn, std::span<const uint8_t> bytes);
+  // The next message from any F, in arrival order (each F's in the order it sent them), or nullopt
+  // if none came within `timeout` (0: do not wait). Throws the error that ended the engine, or
+  // Error(kStatusClosed) once finished, when no message is left.
+  std::optional<Message> receive_message(std::chrono::milliseconds timeout);
   // Every F as this engine sees it now, and what it saw happen to them.
   std::vector<PeerStatus> peers() const;
   PeerHistory peer_history() const;
@@ -318,6 +337,11 @@ class FfnEngine {
   // stream; nullptr: the outputs are already there) has completed. The engine records an event of
   // its own on `after` during the call; the stream need only live through the call.
   void respond(const Batch& batch, const Stream* after = nullptr, int64_t compute_start_ns = 0);
+
+  // As AttentionEngine's: a message to A `attention` goes out in order with this F's answers to
+  // it (A receives it before the results of any respond() called after this call).
+  void send_message(int attention, std::span<const uint8_t> bytes);
+  std::optional<Message> receive_message(std::chrono::milliseconds timeout);
 
   // The attention instances this F lost and served on without, with why: "attention 1 lost: ...",
   // every loss since the start (a replaced A's too).

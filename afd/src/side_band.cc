@@ -1,0 +1,103 @@
+// Side-band messages: their frames, the outbox and inbox, and the order kept with the data
+// (side_band.hpp).
+#include "side_band.hpp"
+
+#include "peer.hpp"
+
+#include <hetmesh/core/error.hpp>
+
+#include <fmt/format.h>
+
+namespace hetmesh::afd {
+
+namespace {
+// Control words are short ASCII ("hb", "leave", "quit"); a message's frame starts with a byte no
+// word does.
+constexpr uint8_t kMessageTag = 0x01;
+
+// `count` has reached `wanted`, counting modulo 2^32.
+bool reached(uint32_t count, uint32_t wanted) {
+  return static_cast<int32_t>(count - wanted) >= 0;
+}
+}  // namespace
+
+std::vector<uint8_t> message_frame(std::span<const uint8_t> body) {
+  std::vector<uint8_t> frame;
+  frame.reserve(body.size() + 1);
+  frame.push_back(kMessageTag);
+  frame.insert(frame.end(), body.begin(), body.end());
+  return frame;
+}
+
+std::optional<std::span<const uint8_t>> message_body(std::span<const uint8_t> frame) {
+  if (frame.empty() || frame[0] != kMessageTag) return std::nullopt;
+  return frame.subspan(1);
+}
+
+SideBand::SideBand(Role self, int self_rank, Role peer_role, int peers)
+    : self_(self),
+      self_rank_(self_rank),
+      peer_role_(peer_role),
+      outbox_(static_cast<size_t>(peers)),
+      sent_(static_cast<size_t>(peers), 0),
+      received_(static_cast<size_t>(peers), 0),
+      held_(static_cast<size_t>(peers)) {}
+
+void SideBand::queue_locked(int peer, std::span<const uint8_t> body) {
+  if (body.size() > kMaxMessageBytes)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: send_message of {} bytes to {}: the most a message holds is {}",
+                            peer_name(self_, self_rank_), body.size(), peer_name(peer_role_, peer),
+                            kMaxMessageBytes));
+  auto& queue = outbox_[static_cast<size_t>(peer)];
+  if (queue.size() == kMaxQueued)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: {} messages to {} wait for their sender already (the pushes "
+                            "queued before them are not ready yet)",
+                            peer_name(self_, self_rank_), kMaxQueued, peer_name(peer_role_, peer)));
+  queue.push_back(message_frame(body));
+}
+
+std::vector<uint8_t> SideBand::take_frame_locked(int peer) {
+  auto& queue = outbox_[static_cast<size_t>(peer)];
+  if (queue.empty()) return {};  // dropped: the peer was replaced meanwhile
+  std::vector<uint8_t> frame = std::move(queue.front());
+  queue.pop_front();
+  ++sent_[static_cast<size_t>(peer)];
+  return frame;
+}
+
+bool SideBand::admit_locked(int peer, uint32_t slot, uint32_t messages_before) {
+  auto& held = held_[static_cast<size_t>(peer)];
+  if (held.empty() && reached(received_[static_cast<size_t>(peer)], messages_before)) return true;
+  held.push_back({slot, messages_before});
+  return false;
+}
+
+std::vector<uint32_t> SideBand::arrived_locked(int peer, std::span<const uint8_t> body) {
+  const auto p = static_cast<size_t>(peer);
+  inbox_.push_back(Message{peer_role_, peer, {body.begin(), body.end()}});
+  ++received_[p];
+  std::vector<uint32_t> released;
+  while (!held_[p].empty() && reached(received_[p], held_[p].front().messages_before)) {
+    released.push_back(held_[p].front().slot);
+    held_[p].pop_front();
+  }
+  return released;
+}
+
+std::optional<Message> SideBand::receive_locked() {
+  if (inbox_.empty()) return std::nullopt;
+  Message message = std::move(inbox_.front());
+  inbox_.pop_front();
+  return message;
+}
+
+void SideBand::restart_locked(int peer) {
+  const auto p = static_cast<size_t>(peer);
+  outbox_[p].clear();
+  held_[p].clear();
+  sent_[p] = received_[p] = 0;
+}
+
+}  // namespace hetmesh::afd
