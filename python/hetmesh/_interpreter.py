@@ -60,8 +60,7 @@ def import_torch():
     try:
         import torch
     except ImportError as e:
-        fix = ("install torch for it (Debian: python3-torch)" if _same_interpreter()
-               else "that interpreter has torch where this one may not")
-        raise ImportError(f"{e}: torch is not importable in {sys.executable}; {how_to_run()}; "
-                          f"{fix}", name=e.name, path=e.path) from e
+        fix = ": install torch for it (Debian: python3-torch)" if _same_interpreter() else ""
+        raise ImportError(f"{e} in {sys.executable}; {how_to_run()}{fix}", name=e.name,
+                          path=e.path) from e
     return torch
