@@ -16,9 +16,9 @@ namespace hetmesh::afd {
 
 namespace {
 
-// One micro-batch slot's round trip in progress.
+// One round trip of a micro-batch in progress: an entry of the micro-batch's queue.
 struct Pending {
-  bool busy = false;  // pushed and not yet waited for (the slot's credit is taken)
+  bool busy = false;  // pushed and not yet waited for (the entry's credit is taken)
   int posted = 0;     // F instances whose writes have started
   uint64_t sequence = 0;
   uint32_t tokens = 0;
@@ -53,15 +53,19 @@ struct AttentionEngine::State final : PeerHandler {
   // complete): the engine's end waits for them, so no stream still reads a flag it frees.
   std::vector<Event> stream_waits;
   std::optional<HostBuffer> ready_flags;  // [mb] words a compute stream writes, likewise
-  std::vector<Event> ready_events;        // [mb], recorded on the caller's stream by push_pull
+  std::vector<Event> ready_events;        // [mb][queue], recorded on the caller's stream
   PublishedRegions mine;
   std::shared_ptr<Region> a2f_send_region, a2f_header_region;
 
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<Pending> pending;  // [mb]
+  // [mb][queue]: round trip `sequence` of micro-batch mb is entry(mb, sequence); up to
+  // spec.queue_depth of them in flight, posted in order.
+  std::vector<Pending> pending;
+  std::vector<uint64_t> last_sequence;  // [mb]: the last one pushed
   FirstFailure failure;
-  bool closed = false;               // finish() or the destructor: the threads are stopped
+  // finish() or the destructor: the threads are stopped. Atomic for wait's spin.
+  std::atomic<bool> closed{false};
   std::atomic<bool> failed{false};   // failure is set, for wait's spin
   SpinPolicy wait_spin;              // the waiting caller's
   std::unique_ptr<PeerGroup> peers;  // the F instances
@@ -70,14 +74,38 @@ struct AttentionEngine::State final : PeerHandler {
 
   void close(ControlWord word);
 
+  // A queue of 1..64 round trips per micro-batch; micro-batches fit a handle's low byte.
+  static const EngineSpec& checked(const EngineSpec& s) {
+    if (s.queue_depth < 1 || s.queue_depth > 64 || s.micro_batches < 1 || s.micro_batches > 255)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("engine spec: queue_depth {} (1..64) or micro_batches {} (1..255)",
+                              s.queue_depth, s.micro_batches));
+    return s;
+  }
+
   State(const EngineSpec& s, const Device& d)
-      : spec(s),
+      : spec(checked(s)),
         device(d),
         a2f_send(d.allocate(s.a2f_slot_bytes() * s.micro_batches)),
         a2f_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
         f2a_receive(d.allocate(s.f2a_slot_bytes() * s.micro_batches * s.ffn)),
         f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
-        pending(static_cast<size_t>(s.micro_batches)) {}
+        pending(static_cast<size_t>(s.micro_batches * s.queue_depth)),
+        last_sequence(static_cast<size_t>(s.micro_batches), 0) {}
+
+  Pending& entry(int mb, uint64_t sequence) {
+    return pending[static_cast<size_t>(mb * spec.queue_depth) +
+                   static_cast<size_t>(sequence % static_cast<uint64_t>(spec.queue_depth))];
+  }
+
+  // F `f` is done with micro-batch mb's round trip before `sequence` (answered it or was lost, or
+  // it was never pushed): its slot for mb is free for `sequence`. Caller holds mutex.
+  bool previous_settled_locked(int mb, uint64_t sequence, int f) {
+    if (sequence <= 1) return true;
+    const Pending& previous = entry(mb, sequence - 1);
+    return !previous.busy || previous.sequence != sequence - 1 ||
+           previous.from[static_cast<size_t>(f)];
+  }
 
   WireHeader* send_header(int mb, int f) {
     return reinterpret_cast<WireHeader*>(a2f_headers.data()) + mb * spec.ffn + f;
@@ -98,14 +126,21 @@ struct AttentionEngine::State final : PeerHandler {
     changed.notify_all();
   }
 
+  // Raises micro-batch mb's arrival flag to `sequence` (cyclic: never lowers it, as a loss may
+  // settle a queue's entries out of order). Caller holds mutex.
+  void raise_arrival_flag_locked(int mb, uint64_t sequence) {
+    if (!arrival_flags) return;
+    std::atomic_ref<uint32_t> flag(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb]);
+    const auto value = static_cast<uint32_t>(sequence);
+    if (static_cast<int32_t>(value - flag.load(std::memory_order_relaxed)) > 0)
+      flag.store(value, std::memory_order_release);
+  }
+
   // The engine failed or is closing: no round trip still pending will settle, so a device stream
   // waiting on one's arrival flag is let go (the host's wait() reports why). Caller holds mutex.
   void release_arrival_flags_locked() {
-    if (!arrival_flags) return;
-    for (int mb = 0; mb < spec.micro_batches; ++mb)
-      if (const Pending& p = pending[static_cast<size_t>(mb)]; p.busy)
-        std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
-            .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
+    for (const Pending& p : pending)
+      if (p.busy) raise_arrival_flag_locked(p.trip.micro_batch, p.sequence);
   }
 
   // Micro-batch mb's round trip is settled by every F (answered or lost). Caller holds mutex.
@@ -114,21 +149,18 @@ struct AttentionEngine::State final : PeerHandler {
     p.completed.store(p.sequence, std::memory_order_release);
     // Set even for a failed round trip: a device stream waiting on the flag must not hang; the
     // host's wait() reports the failure.
-    if (arrival_flags)
-      std::atomic_ref<uint32_t>(reinterpret_cast<uint32_t*>(arrival_flags->data())[mb])
-          .store(static_cast<uint32_t>(p.sequence), std::memory_order_release);
+    raise_arrival_flag_locked(mb, p.sequence);
   }
 
   // F `f` is lost: every round trip still waiting for its answer fails (once the other F
   // instances have answered).
   void on_lost_locked(int f, const std::string& reason) override {
     const int64_t now = now_ns();
-    for (int mb = 0; mb < spec.micro_batches; ++mb) {
-      Pending& p = pending[static_cast<size_t>(mb)];
+    for (Pending& p : pending) {
       if (!p.busy || p.from[static_cast<size_t>(f)]) continue;
       p.from[static_cast<size_t>(f)] = true;
       if (p.failure.empty()) p.failure = reason;
-      if (++p.settled == spec.ffn) complete(mb, p, now);
+      if (++p.settled == spec.ffn) complete(p.trip.micro_batch, p, now);
     }
     changed.notify_all();
   }
@@ -142,13 +174,26 @@ struct AttentionEngine::State final : PeerHandler {
     if (e.type == TransportEvent::Type::notification) on_result(f, e);
   }
 
-  // F `f`'s sender: once micro-batch mb is ready, its tokens, routing, then the header that
-  // notifies. The fields of pending[mb] read here were set by push_pull before the job was queued
-  // and stay put until every F has answered, which needs this post first.
+  // Waits until F `f` is done with micro-batch mb's round trip before `sequence` (its slot is
+  // free); false if the engine stops or fails first.
+  bool wait_previous(int mb, uint64_t sequence, int f, const std::atomic<bool>& stopping) {
+    std::unique_lock lock(mutex);
+    while (!previous_settled_locked(mb, sequence, f)) {
+      if (stopping.load(std::memory_order_acquire) || failure.has()) return false;
+      changed.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+
+  // F `f`'s sender: once F is done with micro-batch mb's previous round trip and this one is
+  // ready, its tokens, routing, then the header that notifies. The fields of the entry read here
+  // were set by push_pull before the job was queued and stay put until every F has answered, which
+  // needs this post first.
   void post(int f, const PostJob& job, const std::atomic<bool>& stopping) {
     const int mb = job.mb;
-    Pending& p = pending[static_cast<size_t>(mb)];
+    Pending& p = entry(mb, job.sequence);
     try {
+      if (!wait_previous(mb, job.sequence, f, stopping)) return;
       if (!wait_ready(p.ready, stopping)) return;
       int64_t ready_at = now_ns();
       std::shared_ptr<const Link> link;
@@ -185,7 +230,8 @@ struct AttentionEngine::State final : PeerHandler {
       try {
         Connection& c = *link->connection;
         const RemoteRegion& payload = link->region("a2f_payload");
-        if (token_bytes == routing_offset()) {  // a full micro-batch: routing follows the tokens
+        if (token_bytes == 0) {  // an idle rank's empty push: the header alone
+        } else if (token_bytes == routing_offset()) {  // full: routing follows the tokens
           c.write(*a2f_send_region, mb * slot, payload, remote_slot * slot,
                   token_bytes + routing_bytes, std::nullopt, 0);
         } else {
@@ -230,17 +276,18 @@ struct AttentionEngine::State final : PeerHandler {
     validate(h, limits, static_cast<uint32_t>(f), peers->at(f).link->epoch,
              static_cast<uint32_t>(mb), from.c_str());
     int64_t now = now_ns();
-    bool complete;
     {
       std::lock_guard lock(mutex);
-      Pending& p = pending[static_cast<size_t>(mb)];
+      Pending& p = entry(mb, h.sequence);
       if (!p.busy || h.sequence != p.sequence || p.from[static_cast<size_t>(f)] ||
           h.tokens != p.tokens)
         throw Error(kStatusProtocolError,
-                    fmt::format("{} answered micro-batch {} sequence {} ({} tokens), but A expects "
-                                "sequence {} ({} tokens{})",
-                                from, mb, h.sequence, h.tokens, p.sequence, p.tokens,
-                                p.from[static_cast<size_t>(f)] ? ", already answered" : ""));
+                    fmt::format("{} answered micro-batch {} sequence {} ({} tokens), which A {}",
+                                from, mb, h.sequence, h.tokens,
+                                !p.busy || h.sequence != p.sequence ? "has not sent"
+                                : p.from[static_cast<size_t>(f)]
+                                    ? "had answered already"
+                                    : fmt::format("sent with {} tokens", p.tokens)));
       p.from[static_cast<size_t>(f)] = true;
       auto& per = p.trip.ffn[static_cast<size_t>(f)];
       per.received_at_a = now;
@@ -249,10 +296,10 @@ struct AttentionEngine::State final : PeerHandler {
       per.f_compute_start = static_cast<int64_t>(h.stamps[kComputeStart]);
       per.f_compute_end = static_cast<int64_t>(h.stamps[kComputeEnd]);
       per.f_posted = static_cast<int64_t>(h.stamps[kPosted]);
-      complete = ++p.settled == spec.ffn;
-      if (complete) this->complete(mb, p, now);
+      if (++p.settled == spec.ffn) complete(mb, p, now);
     }
-    if (complete) changed.notify_all();
+    // Also for a sender waiting for this F's answer before it posts the next round trip.
+    changed.notify_all();
   }
 };
 
@@ -265,7 +312,7 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
     s.ready_flags.emplace(device, 4 * static_cast<uint64_t>(spec.micro_batches));
     std::memset(s.ready_flags->data(), 0, s.ready_flags->size());
   }
-  for (int mb = 0; mb < spec.micro_batches; ++mb)
+  for (size_t i = 0; i < s.pending.size(); ++i)
     s.ready_events.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
   s.transport = Transport::create(transport_options(spec, device));
   s.a2f_send_region = s.transport->register_memory(device, s.a2f_send.data(), s.a2f_send.size());
@@ -279,14 +326,16 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   s.peers = std::make_unique<PeerGroup>(
       s.spec, Role::ffn, *s.transport,
       join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn), s.mutex, s);
-  for (Pending& p : s.pending) {
+  for (size_t i = 0; i < s.pending.size(); ++i) {
+    Pending& p = s.pending[i];
     p.from.assign(static_cast<size_t>(spec.ffn), false);
     p.trip.ffn.resize(static_cast<size_t>(spec.ffn));
+    p.trip.micro_batch = static_cast<int>(i) / spec.queue_depth;
   }
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.peers->turn(); });
   s.peers->start_rejoin(std::move(own_store));
   s.senders =
-      start_senders<PostJob>(s.spec, Role::ffn, spec.ffn,
+      start_senders<PostJob>(s.spec, Role::ffn, spec.ffn, s.pending.size(),
                              [&s](int f, const PostJob& job, const std::atomic<bool>& stopping) {
                                s.post(f, job, stopping);
                              });
@@ -305,6 +354,7 @@ void AttentionEngine::State::close(ControlWord word) {
     closed = true;
     release_arrival_flags_locked();
   }
+  changed.notify_all();  // a wait() in another thread ends now, saying why
   for (auto& sender : senders)
     sender->stop();
   peers->stop_rejoin();
@@ -406,18 +456,19 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   if (mb < 0 || mb >= s.spec.micro_batches)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("micro-batch {} does not exist (0..{})", mb, s.spec.micro_batches - 1));
-  if (tokens == 0 || tokens > s.spec.tokens)
+  if (tokens > s.spec.tokens)
     throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("{} tokens do not fit the slot (1..{})", tokens, s.spec.tokens));
+                fmt::format("{} tokens do not fit the slot (0..{})", tokens, s.spec.tokens));
   if (ready.flag && !s.ready_flags)
     throw Error(HM_ERR_NOT_SUPPORTED,
                 "push_pull: a ready flag needs a device with stream memory operations");
   uint64_t sequence;
+  Pending* entry;
   {
     std::lock_guard lock(s.mutex);
     s.failure.throw_if_set();
     if (s.closed)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
+      throw Error(kStatusClosed,
                   fmt::format("attention {}: push_pull after finish()", s.spec.rank));
     for (const Peer& f : s.peers->all())
       if (f.lost)
@@ -425,13 +476,15 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
                     fmt::format("attention {}: push_pull of micro-batch {}: {}; no replacement "
                                 "has joined yet (wait_for_peers(), then push again, or drop it)",
                                 s.spec.rank, mb, f.lost_reason));
-    Pending& p = s.pending[static_cast<size_t>(mb)];
+    sequence = s.last_sequence[static_cast<size_t>(mb)] + 1;
+    Pending& p = s.entry(mb, sequence);
     if (p.busy)
       throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("micro-batch {} is still in flight (sequence {}): wait for it first",
-                              mb, p.sequence));
+                  fmt::format("micro-batch {} has {} round trip(s) in flight, the most its queue "
+                              "holds (queue_depth): wait for sequence {} first",
+                              mb, s.spec.queue_depth, p.sequence));
     // Reset in place: the vectors keep their size, so nothing is allocated.
-    sequence = p.sequence + 1;
+    s.last_sequence[static_cast<size_t>(mb)] = sequence;
     p.busy = true;
     p.posted = 0;
     p.sequence = sequence;
@@ -441,23 +494,23 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
     p.failure.clear();
     std::fill(p.from.begin(), p.from.end(), false);
     std::fill(p.trip.ffn.begin(), p.trip.ffn.end(), RoundTrip::PerFfn{});
-    p.trip.micro_batch = mb;
     p.trip.sequence = sequence;
     p.trip.attention_start = push.attention_start_ns;
     p.trip.push_start = now_ns();
     p.trip.ready = p.trip.posted = p.trip.completed = p.trip.wait_returned = 0;
+    entry = &p;
   }
-  // The slot's event is free (its last record was waited for before the slot's previous round
-  // trip completed), and no sender reads p.ready before the jobs below are queued. Recording the
-  // event is all the engine keeps of the caller's stream.
-  Pending& p = s.pending[static_cast<size_t>(mb)];
-  Event& event = s.ready_events[static_cast<size_t>(mb)];
+  // The entry's event is free (its last record was waited for before its previous round trip
+  // completed), and no sender reads p.ready before the jobs below are queued. Recording the event
+  // is all the engine keeps of the caller's stream.
+  Pending& p = *entry;
+  Event& event = s.ready_events[static_cast<size_t>(&p - s.pending.data())];
   try {
     if (ready.stream != nullptr) event.record(*ready.stream);
   } catch (const Error&) {
     std::lock_guard lock(s.mutex);
-    p.busy = false;  // nothing was sent: the slot is free again
-    p.sequence = sequence - 1;
+    p.busy = false;  // nothing was sent: the entry is free again
+    s.last_sequence[static_cast<size_t>(mb)] = sequence - 1;
     throw;
   }
   p.ready = ReadyWait{ready.stream ? &event : nullptr,
@@ -474,12 +527,17 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
   int mb = static_cast<int>(handle & 0xff);
   uint64_t sequence = handle >> 8;
   if (mb >= s.spec.micro_batches) throw Error(HM_ERR_INVALID_ARGUMENT, "not a push_pull handle");
-  Pending& p = s.pending[static_cast<size_t>(mb)];
+  Pending& p = s.entry(mb, sequence);
+  auto ended = [&] {
+    return Error(kStatusClosed,
+                 fmt::format("attention {}: the engine was finished while waiting for micro-batch "
+                             "{} (sequence {})",
+                             s.spec.rank, mb, sequence));
+  };
   {
     std::lock_guard lock(s.mutex);
     if (s.closed)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("attention {}: wait after finish()", s.spec.rank));
+      throw Error(kStatusClosed, fmt::format("attention {}: wait after finish()", s.spec.rank));
     if (!p.busy || p.sequence != sequence)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("handle for micro-batch {} sequence {} was already waited for", mb,
@@ -488,12 +546,13 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
   TimedWait measured(s.wait_spin);
   measured.spin([&] {
     return p.completed.load(std::memory_order_acquire) == sequence ||
-           s.failed.load(std::memory_order_acquire);
+           s.failed.load(std::memory_order_acquire) || s.closed.load(std::memory_order_acquire);
   });
   std::unique_lock lock(s.mutex);
-  bool done =
-      s.changed.wait_for(lock, timeout, [&] { return p.settled == s.spec.ffn || s.failure.has(); });
+  bool done = s.changed.wait_for(
+      lock, timeout, [&] { return p.settled == s.spec.ffn || s.failure.has() || s.closed; });
   s.failure.throw_if_set();
+  if (done && p.settled != s.spec.ffn) throw ended();
   if (done && !p.failure.empty()) {
     p.busy = false;  // every F settled: nothing of this round trip is in flight any more
     throw Error(kStatusPeerLost,
@@ -502,19 +561,18 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
                             s.spec.rank, mb, sequence, p.failure));
   }
   if (!done) {
+    // Not the engine's end: the round trip stays in flight, to be waited for again (or the F
+    // named here is lost, and the wait says so).
     std::string missing;
     for (int f = 0; f < s.spec.ffn; ++f)
       if (!p.from[static_cast<size_t>(f)])
         missing += (missing.empty() ? "" : ", ") + peer_name(Role::ffn, f);
-    std::string reason = fmt::format(
-        "attention {}: micro-batch {} (sequence {}): no answer from {} within "
-        "{} ms{}",
-        s.spec.rank, mb, sequence, missing, timeout.count(),
-        p.posted > 0 ? "" : " (never posted: its readiness signal did not come)");
-    // The engine cannot go on with a round trip it gave up on (its slot is still in flight), and
-    // an A that gave up must not say ControlWord::leave as if it had ended well.
-    if (s.failure.set(HM_ERR_TIMEOUT, reason)) s.failed.store(true, std::memory_order_release);
-    throw Error(HM_ERR_TIMEOUT, reason);
+    throw Error(
+        HM_ERR_TIMEOUT,
+        fmt::format("attention {}: micro-batch {} (sequence {}): no answer from {} within "
+                    "{} ms{}; it is still in flight: wait for it again",
+                    s.spec.rank, mb, sequence, missing, timeout.count(),
+                    p.posted > 0 ? "" : " (never posted: its readiness signal did not come)"));
   }
   p.busy = false;
   p.trip.wait_returned = now_ns();

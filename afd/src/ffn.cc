@@ -57,6 +57,7 @@ struct FfnEngine::State final : PeerHandler {
   int gone = 0;  // attention instances that left or were lost: no more parts from them
   int left = 0;  // of them, those that said ControlWord::leave
   FirstFailure failure;
+  bool closed = false;            // finish() or the destructor: the threads are stopped
   std::vector<std::string> lost;  // "attention 1 lost: ...", for FfnEngine::lost_attention
   // ready_batches is not empty, or failure is set: for get_batch's spin.
   std::atomic<bool> news{false};
@@ -75,6 +76,20 @@ struct FfnEngine::State final : PeerHandler {
         arrivals(static_cast<size_t>(s.attention * s.micro_batches)) {
     for (size_t i = 0; i < arrivals.size(); ++i)
       ready_events.push_back(d.create_event(HM_EVENT_DISABLE_TIMING));
+  }
+
+  void close() {
+    {
+      std::lock_guard lock(mutex);
+      if (closed) return;
+      closed = true;
+      news.store(true, std::memory_order_release);
+    }
+    changed.notify_all();  // a get_batch() in another thread ends now, saying why
+    for (auto& sender : senders)
+      sender->stop();
+    peers->stop_rejoin();
+    comm->stop();
   }
 
   size_t slot(int a, int mb) const { return static_cast<size_t>(a * spec.micro_batches + mb); }
@@ -245,9 +260,10 @@ struct FfnEngine::State final : PeerHandler {
       // A's slot for (mb, this F).
       uint64_t remote_slot = static_cast<uint64_t>(mb * spec.ffn + spec.rank);
       try {
-        link->connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
-                                link->region("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
-                                h->payload_bytes, std::nullopt, 0);
+        if (h->payload_bytes > 0)  // an empty part's answer is the header alone
+          link->connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
+                                  link->region("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
+                                  h->payload_bytes, std::nullopt, 0);
         {
           // The credit goes back before the notifying write: once A sees it, A may send this
           // slot's next sequence at once, and the comm thread must find the slot free.
@@ -383,7 +399,7 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.peers->turn(); });
   s.peers->start_rejoin(std::move(own_store));
   s.senders = start_senders<RespondJob>(
-      s.spec, Role::attention, spec.attention,
+      s.spec, Role::attention, spec.attention, static_cast<size_t>(spec.micro_batches),
       [&s](int a, const RespondJob& job, const std::atomic<bool>& stopping) {
         s.respond_to(a, job, stopping);
       });
@@ -392,10 +408,24 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
 }
 
 FfnEngine::~FfnEngine() {
-  for (auto& sender : state_->senders)
-    sender->stop();
-  state_->peers->stop_rejoin();
-  state_->comm->stop();
+  state_->close();
+}
+
+void FfnEngine::finish() {
+  State& s = *state_;
+  {
+    std::lock_guard lock(s.mutex);
+    if (s.closed) return;
+  }
+  // The answers respond() queued go out first: a finish() after the last respond() loses none.
+  const auto deadline = Clock::now() + s.spec.timeout;
+  for (size_t a = 0; a < s.senders.size(); ++a)
+    if (!s.senders[a]->drain(deadline))
+      log(LogLevel::warn, "ffn {}: the answers queued for {} did not go out within {} ms",
+          s.spec.rank, peer_name(Role::attention, static_cast<int>(a)), s.spec.timeout.count());
+  s.close();
+  std::lock_guard lock(s.mutex);
+  s.failure.throw_if_set();
 }
 
 std::vector<std::string> FfnEngine::lost_attention() const {
@@ -427,6 +457,8 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   measured.spin([&] { return s.news.load(std::memory_order_acquire); });
   const auto deadline = Clock::now() + timeout;
   std::unique_lock lock(s.mutex);
+  if (s.closed)
+    throw Error(kStatusClosed, fmt::format("ffn {}: get_batch after finish()", s.spec.rank));
   // Lost As whose replacement has claimed its epoch, by rank and the lost epoch: while one of
   // them is not in yet, the As that left do not end the job.
   std::vector<std::pair<int, uint64_t>> coming;
@@ -437,9 +469,13 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   for (;;) {
     const bool woke = s.changed.wait_until(lock, deadline, [&] {
       return !s.ready_batches.empty() || s.failure.has() || (s.all_done() && !awaiting()) ||
-             s.every_one_quit();
+             s.every_one_quit() || s.closed;
     });
     s.failure.throw_if_set();
+    if (s.closed)
+      throw Error(
+          kStatusClosed,
+          fmt::format("ffn {}: the engine was finished while get_batch waited", s.spec.rank));
     if (!s.ready_batches.empty()) {
       Batch batch = std::move(s.ready_batches.front());
       s.ready_batches.pop_front();
@@ -500,6 +536,8 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
   {
     std::lock_guard lock(s.mutex);
     s.failure.throw_if_set();
+    if (s.closed)
+      throw Error(kStatusClosed, fmt::format("ffn {}: respond after finish()", s.spec.rank));
     if (batch.micro_batch < 0 || batch.micro_batch >= s.spec.micro_batches)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("respond: micro-batch {} does not exist", batch.micro_batch));

@@ -9,7 +9,7 @@ namespace hetmesh::afd {
 
 Heartbeat::Heartbeat(const EngineSpec& spec, Role peer_role, size_t peers)
     : timeout_(spec.heartbeat),
-      grace_(spec.timeout),
+      grace_(spec.join_deadline()),
       peer_role_(peer_role),
       last_heard_(peers, Clock::now()),
       heard_once_(peers, false),

@@ -64,7 +64,7 @@ Instance::Instance(const JobConfig& config, Role role, int rank, const InstanceO
                                 ? config_.devices.attention.at(static_cast<size_t>(rank))
                                 : config_.devices.ffn.at(static_cast<size_t>(rank)));
   spec_ = placed(std::move(spec_), options.place);
-  store_ = connect_store(store, config_.job.timeout, secret_);
+  store_ = connect_store(store, config_.job.join_timeout, secret_);
 }
 
 Instance::~Instance() {

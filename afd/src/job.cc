@@ -37,7 +37,10 @@ EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
   spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
   spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
   spec.gather = c.job.gather;
+  spec.queue_depth = c.job.queue_depth;
   spec.timeout = c.job.timeout;
+  spec.join_timeout = c.job.join_timeout;
+  spec.io_timeout = c.job.io_timeout;
   spec.heartbeat = c.job.heartbeat;
   spec.gather_window = c.job.gather_window;
   return spec;

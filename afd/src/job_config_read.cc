@@ -27,6 +27,7 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kMaxInstances = 1024;
 constexpr int64_t kMaxLayers = 1024;
 constexpr int64_t kMaxMicroBatches = 64;
+constexpr int64_t kMaxQueueDepth = 64;
 constexpr int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;     // a day; keeps deadlines representable
 constexpr uint64_t kMaxMicroBatchBytes = 4ULL << 30;      // tokens x hidden x dtype, one direction
 constexpr int64_t kMaxTopK = 1024;                        // experts per token; routing is 8 B each
@@ -270,18 +271,24 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   TomlSection root(reporter, document, kTables);
   JobConfig c;
 
-  static constexpr std::array<std::string_view, 8> kJob = {
-      "attention", "ffn",        "micro_batches", "layers",
-      "gather",    "timeout_ms", "heartbeat_ms",  "gather_window_ms"};
+  static constexpr std::array<std::string_view, 11> kJob = {
+      "attention",     "ffn",          "micro_batches",   "queue_depth",
+      "layers",        "gather",       "timeout_ms",      "join_timeout_ms",
+      "io_timeout_ms", "heartbeat_ms", "gather_window_ms"};
   TomlSection job = root.table("job", kJob);
   c.job.attention = job.small_integer("attention", c.job.attention, 1, kMaxInstances);
   c.job.ffn = job.small_integer("ffn", c.job.ffn, 1, kMaxInstances);
   c.job.micro_batches =
       job.small_integer("micro_batches", c.job.micro_batches, 1, kMaxMicroBatches);
+  c.job.queue_depth = job.small_integer("queue_depth", c.job.queue_depth, 1, kMaxQueueDepth);
   c.job.layers = job.small_integer("layers", c.job.layers, 1, kMaxLayers);
   c.job.gather = job.enumeration("gather", c.job.gather, kGatherNames);
   c.job.timeout =
       std::chrono::milliseconds(job.integer("timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
+  c.job.join_timeout = std::chrono::milliseconds(
+      job.integer("join_timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
+  c.job.io_timeout = std::chrono::milliseconds(
+      job.integer("io_timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
   c.job.heartbeat = std::chrono::milliseconds(
       job.integer("heartbeat_ms", c.job.heartbeat.count(), 100, kMaxTimeoutMs));
   c.job.gather_window = std::chrono::milliseconds(

@@ -53,16 +53,17 @@ std::shared_ptr<const Link> connect_peer(const EngineSpec& spec, Transport& tran
                                          const std::map<std::string, uint64_t>& expected) {
   const std::string name = peer_name(peer_role, rank);
   const std::string self = peer_name(spec.role, spec.rank);
-  auto endpoint = membership.fetch(to_string(peer_role), rank, epoch, "endpoint", spec.timeout);
+  auto endpoint =
+      membership.fetch(to_string(peer_role), rank, epoch, "endpoint", spec.join_deadline());
   auto regions = decode_regions(
-      membership.fetch(to_string(peer_role), rank, epoch, "regions", spec.timeout), name);
+      membership.fetch(to_string(peer_role), rank, epoch, "regions", spec.join_deadline()), name);
   for (const auto& [region, bytes] : expected)
     if (!regions.contains(region))
       throw Error(kStatusProtocolError, fmt::format("{}: {} (epoch {}) published no region '{}'",
                                                     self, name, epoch, region));
   auto link = std::make_shared<Link>();
   link->epoch = epoch;
-  link->connection = transport.connect(endpoint, spec.timeout);
+  link->connection = transport.connect(endpoint, spec.join_deadline());
   for (const auto& [region, descriptor] : regions) {
     auto size = expected.find(region);
     if (size == expected.end()) continue;  // not one this engine writes to
@@ -88,7 +89,7 @@ Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions
   for (int rank = 0; rank < peer_count; ++rank) {
     Peer peer;
     peer.rank = rank;
-    uint64_t epoch = membership.current_epoch(to_string(peer_role), rank, spec.timeout);
+    uint64_t epoch = membership.current_epoch(to_string(peer_role), rank, spec.join_deadline());
     while (!peer.link) {
       try {
         peer.link = connect_peer(spec, transport, membership, peer_role, rank, epoch, expected);
@@ -129,7 +130,7 @@ Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions
 
 TransportOptions transport_options(const EngineSpec& spec, const Device& device) {
   TransportOptions options = spec.transport;
-  options.io_timeout = spec.timeout;
+  options.io_timeout = spec.io_timeout.value_or(spec.timeout);
   if (options.rdma_device == "auto") {
     const std::string pci = device.properties().pci_bus_id;
     std::optional<std::string> nic;

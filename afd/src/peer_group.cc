@@ -194,7 +194,7 @@ void PeerGroup::apply_changes() {
 
 void PeerGroup::rejoin_loop(std::unique_ptr<KeyValueStore> store) {
   Membership membership(*store, spec_.job, to_string(spec_.role), spec_.rank);
-  MemberWatch watch(*store, spec_.job, spec_.timeout);
+  MemberWatch watch(*store, spec_.job, spec_.join_deadline());
   bool store_lost = false;
   while (!stopping_.load(std::memory_order_acquire)) {
     std::optional<Incarnation> who;
@@ -235,8 +235,8 @@ void PeerGroup::replace(Membership& membership, const Incarnation& who) {
     changes_.push_back({who.rank, who.epoch, nullptr});
   }
   // Until the old incarnation is marked lost and the engine lets go of what it held, bounded so
-  // that the replacement's own connect (spec.timeout) still finds this side.
-  const auto deadline = Clock::now() + spec_.timeout / 2;
+  // that the replacement's own connect (spec.join_deadline()) still finds this side.
+  const auto deadline = Clock::now() + spec_.join_deadline() / 2;
   for (;;) {
     {
       std::lock_guard lock(mutex_);
@@ -250,7 +250,7 @@ void PeerGroup::replace(Membership& membership, const Incarnation& who) {
           "{}: {} still held parts of its lost incarnation after {} ms; replacing "
           "it regardless",
           peer_name(spec_.role, spec_.rank), peer_name(peer_role_, who.rank),
-          (spec_.timeout / 2).count());
+          (spec_.join_deadline() / 2).count());
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

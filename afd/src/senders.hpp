@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -59,6 +60,12 @@ class PeerSender {
     if (wake) wake_.notify_one();
   }
 
+  // Waits until every job queued so far has run; false if that took past `deadline`.
+  bool drain(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    return idle_.wait_until(lock, deadline, [&] { return ran_ == tail_; });
+  }
+
   // Stops after the job in progress; queued jobs are dropped.
   void stop() {
     {
@@ -91,15 +98,21 @@ class PeerSender {
         ++head_;
       }
       run_(job, stopping_);
+      {
+        std::lock_guard lock(mutex_);
+        ++ran_;
+      }
+      idle_.notify_all();
     }
   }
 
   std::string name_;
   Run run_;
   std::mutex mutex_;
-  std::condition_variable wake_;
+  std::condition_variable wake_, idle_;
   std::vector<Job> ring_;
   uint64_t head_ = 0, tail_ = 0;     // under mutex_
+  uint64_t ran_ = 0;                 // jobs run to their end, under mutex_
   std::atomic<uint64_t> pushed_{0};  // tail_, read without the lock while spinning
   bool sleeping_ = false;            // under mutex_
   std::atomic<bool> stopping_{false};
@@ -124,14 +137,14 @@ bool wait_ready(const ReadyWait& ready, const std::atomic<bool>& stopping);
 int sender_cpu(const std::vector<int>& comm_cpus, size_t index);
 
 // A sender per peer of `peer_role` (`peers` of them), named "attention 0 to ffn 1", pinned as
-// sender_cpu() says, each running `run(peer, job, stopping)`.
+// sender_cpu() says, each running `run(peer, job, stopping)` and holding up to `capacity` jobs.
 template <typename Job, typename Run>
 std::vector<std::unique_ptr<PeerSender<Job>>> start_senders(const EngineSpec& spec, Role peer_role,
-                                                            int peers, Run run) {
+                                                            int peers, size_t capacity, Run run) {
   std::vector<std::unique_ptr<PeerSender<Job>>> senders;
   for (int peer = 0; peer < peers; ++peer)
     senders.push_back(std::make_unique<PeerSender<Job>>(
-        static_cast<size_t>(spec.micro_batches),
+        capacity,
         fmt::format("{} to {}", peer_name(spec.role, spec.rank), peer_name(peer_role, peer)),
         sender_cpu(spec.comm_cpus, static_cast<size_t>(peer)),
         [run, peer](const Job& job, const std::atomic<bool>& stopping) {

@@ -105,8 +105,8 @@ inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t sou
     bad(fmt::format("epoch {} from the sender's incarnation {}", h.epoch, epoch));
   if (h.micro_batch != micro_batch)
     bad(fmt::format("micro-batch {} in the slot of micro-batch {}", h.micro_batch, micro_batch));
-  if (h.tokens == 0 || h.tokens > limits.max_tokens)
-    bad(fmt::format("{} tokens (slot holds 1..{})", h.tokens, limits.max_tokens));
+  if (h.tokens > limits.max_tokens)
+    bad(fmt::format("{} tokens (slot holds 0..{})", h.tokens, limits.max_tokens));
   if (h.hidden != limits.hidden)
     bad(fmt::format("hidden {} (job has {})", h.hidden, limits.hidden));
   if (h.top_k != limits.top_k) bad(fmt::format("top_k {} (job has {})", h.top_k, limits.top_k));

@@ -34,6 +34,8 @@ const char* status_name(hm_status status) {
       return "JOB_FAILED";
     case kStatusNotAuthorized:
       return "NOT_AUTHORIZED";
+    case kStatusClosed:
+      return "CLOSED";
     default:
       return "HM_STATUS_UNKNOWN";
   }

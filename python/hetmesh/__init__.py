@@ -24,6 +24,7 @@ import weakref
 
 from ._interpreter import BUILT_FOR, import_torch, native_module
 from ._errors import (
+    ClosedError,
     DeviceError,
     Error,
     InvalidArgumentError,
@@ -52,7 +53,7 @@ refused_plugins = _native.refused_plugins
 write_secret = _native.write_secret
 
 __all__ = [
-    "AttentionEngine", "Batch", "Config", "DeviceError", "Error", "FfnEngine",
+    "AttentionEngine", "Batch", "ClosedError", "Config", "DeviceError", "Error", "FfnEngine",
     "InvalidArgumentError", "JobFailedError", "NotAuthorizedError", "NotSupportedError",
     "OutOfMemoryError", "Part", "PeerLostError", "ProtocolError", "RoundTrip", "Slot",
     "StoreServer", "Stream", "TimeoutError", "as_tensor", "config", "devices", "import_torch",
@@ -64,9 +65,12 @@ _KEYS = {
     "attention": ("job", "attention"),
     "ffn": ("job", "ffn"),
     "micro_batches": ("job", "micro_batches"),
+    "queue_depth": ("job", "queue_depth"),
     "layers": ("job", "layers"),
     "gather": ("job", "gather"),
     "timeout_ms": ("job", "timeout_ms"),
+    "join_timeout_ms": ("job", "join_timeout_ms"),
+    "io_timeout_ms": ("job", "io_timeout_ms"),
     "heartbeat_ms": ("job", "heartbeat_ms"),
     "gather_window_ms": ("job", "gather_window_ms"),
     "tokens": ("model", "tokens"),

@@ -61,6 +61,10 @@ class NotAuthorizedError(Error, PermissionError):
     """A peer or the store refused: this side lacks the job's secret."""
 
 
+class ClosedError(Error):
+    """The engine was finished or closed: by an earlier call, or by another thread during this one."""
+
+
 _BY_STATUS = {
     1: InvalidArgumentError,
     2: NotSupportedError,
@@ -75,6 +79,7 @@ _BY_STATUS = {
     1001: ProtocolError,
     1002: JobFailedError,
     1003: NotAuthorizedError,
+    1004: ClosedError,
 }
 
 # "ffn 1 lost: ...", "attention 0 hung: ...", "no answer from ffn 1 within ...", "no answer from

@@ -114,17 +114,20 @@ def test_an_engine_used_after_finish_says_so(store, job):
     serve(store, job)
     a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
     a.finish()
-    with pytest.raises(hetmesh.InvalidArgumentError, match="push_pull after finish"):
+    with pytest.raises(hetmesh.ClosedError, match="push_pull after finish"):
         a.push_pull(0)
 
 
-def test_a_second_push_of_a_busy_micro_batch_is_refused(store, job, spawn):
+def test_a_push_beyond_a_full_queue_is_refused(store, job, spawn):
+    job["queue_depth"] = 2
     ffn = spawn(DOUBLING_FFN.format(job=job, rank=0, store=store.address))
     a = hetmesh.AttentionEngine(rank=0, store=store.address, **job)
-    handle = a.push_pull(0)
-    with pytest.raises(hetmesh.InvalidArgumentError, match="micro-batch 0"):
+    handles = [a.push_pull(0), a.push_pull(0)]  # the second queues behind the first
+    with pytest.raises(hetmesh.InvalidArgumentError,
+                       match=r"micro-batch 0 has 2 round trip\(s\) in flight.*queue_depth"):
         a.push_pull(0)
-    a.wait(handle)
+    for handle in handles:
+        a.wait(handle)
     a.finish()
     assert ffn.finish()[0] == 0
 

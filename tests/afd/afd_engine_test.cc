@@ -373,7 +373,7 @@ TEST_P(AfdHeaderTest, MalformedHeaderIsRefusedByFfn) {
 
 INSTANTIATE_TEST_SUITE_P(
     Defects, AfdHeaderTest,
-    testing::Values(std::pair{"tokens", "refused header: 1008 tokens (slot holds 1..8)"},
+    testing::Values(std::pair{"tokens", "refused header: 1008 tokens (slot holds 0..8)"},
                     std::pair{"payload", "refused header: payload of"},
                     std::pair{"magic", "refused header: magic 12345678"},
                     std::pair{"slot", "notified slot 999, but only 2 slots exist"}),

@@ -168,6 +168,30 @@ TEST(ConfigTest, WrongTypeNamesWhatWasFound) {
   EXPECT_EQ(error_of("model = 5\n"), "job.toml:1:1: [model]: expected a table, got integer 5");
 }
 
+// Joining, waiting for data and a stalled write each have their own bound; the first two
+// default to the wait's, so a file that gives only timeout_ms means what it meant before.
+TEST(ConfigTest, JoinAndIoTimeoutsDefaultToTheWaitTimeout) {
+  JobConfig c = parse_config("[job]\ntimeout_ms = 2500\n", "job.toml");
+  EXPECT_EQ(c.job.join_timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.job.io_timeout, std::chrono::milliseconds(2500));
+  c = parse_config("[job]\ntimeout_ms = 2500\njoin_timeout_ms = 600000\nio_timeout_ms = 700\n",
+                   "job.toml");
+  EXPECT_EQ(c.job.timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.job.join_timeout, std::chrono::milliseconds(600000));
+  EXPECT_EQ(c.job.io_timeout, std::chrono::milliseconds(700));
+  EngineSpec spec = engine_spec(c, Role::attention, 0);
+  EXPECT_EQ(spec.join_deadline(), std::chrono::milliseconds(600000));
+  EXPECT_EQ(spec.io_timeout, std::chrono::milliseconds(700));
+  EXPECT_EQ(spec.queue_depth, 8);
+  EXPECT_EQ(engine_spec(parse_config("[job]\nqueue_depth = 3\n", "job.toml"), Role::attention, 0)
+                .queue_depth,
+            3);
+  EXPECT_EQ(error_of("[job]\nqueue_depth = 65\n"),
+            "job.toml:2:1: [job] queue_depth: expected an integer in 1..64, got 65");
+  EXPECT_EQ(error_of("[job]\njoin_timeout_ms = 0\n"),
+            "job.toml:2:1: [job] join_timeout_ms: expected an integer in 1..86400000, got 0");
+}
+
 TEST(ConfigTest, OutOfRangeValues) {
   EXPECT_EQ(error_of("[job]\nffn = 1\n\n[model]\nhidden = -5\n", "2a2f.toml"),
             "2a2f.toml:5:1: [model] hidden: expected a positive integer, got -5");

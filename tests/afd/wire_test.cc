@@ -82,7 +82,10 @@ TEST(WireValidate, HonestHeaderIsAccepted) {
             std::string::npos);
   EXPECT_NE(refusal(header(129, 129 * limits.bytes_per_token), limits).find("129 tokens"),
             std::string::npos);
-  EXPECT_NE(refusal(header(0, 0), limits).find("0 tokens"), std::string::npos);
+  // An idle rank's empty push: the header alone.
+  EXPECT_EQ(refusal(header(0, 0), limits), "accepted");
+  EXPECT_NE(refusal(header(0, 1), limits).find("payload of 1 bytes for 0 tokens"),
+            std::string::npos);
 }
 
 TEST(EngineSpecSizes, OverflowThrowsInsteadOfWrapping) {

@@ -113,11 +113,11 @@ void wait_for_replacement(KeyValueStore& store, const std::string& text, const J
   const std::string role = one.attention.empty() ? "ffn" : "attention";
   const int rank = one.attention.empty() ? one.ffn.at(0) : one.attention.at(0);
   Membership membership(store, afd::EngineSpec{}.job, self_role, self_rank);
-  const auto deadline = std::chrono::steady_clock::now() + c.job.timeout;
-  while (membership.current_epoch(role, rank, c.job.timeout) < 2) {
+  const auto deadline = std::chrono::steady_clock::now() + c.job.join_timeout;
+  while (membership.current_epoch(role, rank, c.job.join_timeout) < 2) {
     if (std::chrono::steady_clock::now() > deadline)
       throw Error(HM_ERR_TIMEOUT, fmt::format("--replace {}: no replacement joined within {} ms",
-                                              text, c.job.timeout.count()));
+                                              text, c.job.join_timeout.count()));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -150,9 +150,9 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   auto await_replacement = [&](const Error& e) {
     if (e.status() != kStatusPeerLost) throw e;
     ++retried;
-    if (!engine.wait_for_peers(c.job.timeout))
+    if (!engine.wait_for_peers(c.job.join_timeout))
       throw Error(HM_ERR_TIMEOUT, fmt::format("{}; no replacement joined within {} ms", e.what(),
-                                              c.job.timeout.count()));
+                                              c.job.join_timeout.count()));
   };
   auto push = [&](int mb, afd::ReadySignal ready, int64_t start) {
     for (;;) {
@@ -191,7 +191,7 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
     // Every A reaches halfway before attention 0's progress line sets off the kill: one still
     // joining would find the F it connects to dead.
     if (halfway)
-      barrier(store, "demo-halfway", c.job.attention, c.job.timeout, afd::EngineSpec{}.job);
+      barrier(store, "demo-halfway", c.job.attention, c.job.join_timeout, afd::EngineSpec{}.job);
     if (o.rank == 0) std::printf("progress %d %d\n", layer + 1, shape.layers), std::fflush(stdout);
     if (halfway) wait_for_replacement(store, o.replace, c, "attention", o.rank);
   }
@@ -268,8 +268,8 @@ bool run_instances(afd::Launcher& launcher, const JobConfig& c,
   };
   // A healthy job ends well within this; a failing one ends at its first failure, and an instance
   // that stays stopped (SIGSTOP) beyond the timeout is killed as failed.
-  run.limit =
-      std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * (c.job.layers + 2));
+  run.limit = c.job.join_timeout * 2 + std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           c.job.timeout * (c.job.layers + 1));
   run.stopped_limit = c.job.timeout + std::chrono::milliseconds(500);
   const afd::Launcher::Outcome outcome = launcher.run(run);
   if (int signal = outcome.interrupted; signal != 0) {

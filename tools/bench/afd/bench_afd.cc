@@ -66,7 +66,8 @@ bool run_instances(afd::Launcher& launcher, const JobConfig& c, const AfdBenchOp
   run.job = job_id(prefix + "attention");
   run.role_prefix = prefix;
   run.args = {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup)};
-  run.limit = std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * 10);
+  run.limit = c.job.join_timeout +
+              std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * 10);
   run.stopped_limit = c.job.timeout + std::chrono::milliseconds(500);
   const afd::Launcher::Outcome outcome = launcher.run(run);
   if (outcome.interrupted != 0) return false;

@@ -62,7 +62,8 @@ afd::JobConfig job_of(const FaultOptions& o) {
   c.job.attention = o.attention;
   c.job.ffn = o.ffn;
   c.job.micro_batches = 3;
-  c.job.timeout = c.job.heartbeat = std::chrono::milliseconds(o.timeout_ms);
+  c.job.timeout = c.job.join_timeout = c.job.io_timeout = c.job.heartbeat =
+      std::chrono::milliseconds(o.timeout_ms);
   c.model.tokens = 16;
   c.model.hidden = 256;
   c.model.top_k = 2;

@@ -4,8 +4,10 @@
 //
 // Every buffer is allocated and registered at construction: per micro-batch, A owns one send slot
 // and one receive slot per F; F owns one receive slot and one send slot per (A, micro-batch). A
-// slot is reused only after its previous round trip completed (that is the credit), and every
-// header is bounds-checked against the slot table on receipt. The hot path allocates nothing.
+// micro-batch may have several round trips queued (a stage's next layers, pushed before the
+// answers are in): they go out in order, each only once every F answered the one before (that is
+// the credit), and every header is bounds-checked against the slot table on receipt. The hot path
+// allocates nothing.
 //
 // Threads: each engine runs one comm thread that polls the transport, and one sender thread per
 // peer that waits for a micro-batch's readiness and posts its writes to that peer, so the writes
@@ -63,8 +65,19 @@ struct EngineSpec {
   uint32_t top_k = 8;
   uint32_t a2f_bytes = 1;  // bytes per hidden element, A to F (fp8 = 1)
   uint32_t f2a_bytes = 2;  // bytes per hidden element, F to A (bf16 = 2)
+  // Round trips a micro-batch may have in flight at once (pushed, not yet waited for): the host
+  // can push a micro-batch's next layer before the previous answer is in (push_pull).
+  int queue_depth = 8;
   Gather gather = Gather::all;
+  // The bound on the engine's own waits for data: the destructor's, and the default the
+  // launcher's callers use for wait() and get_batch().
   std::chrono::milliseconds timeout{10000};
+  // How long joining may take: the store's answers, every peer's registration and connection (an
+  // A and an F that load their weights minutes apart); a replacement's rejoin too. And the
+  // transport's bound on a write whose bytes stop moving (TransportOptions::io_timeout). Unset:
+  // `timeout`.
+  std::optional<std::chrono::milliseconds> join_timeout, io_timeout;
+  std::chrono::milliseconds join_deadline() const { return join_timeout.value_or(timeout); }
   // A peer silent this long (no data, no heartbeat) is hung: the engine fails naming it, even
   // when no data is due. The comm thread sends each peer a heartbeat every quarter of it.
   std::chrono::milliseconds heartbeat{5000};
@@ -189,12 +202,15 @@ class AttentionEngine {
   // Allocates and registers every slot on `device`, publishes them through `store`, connects to
   // every F and waits for the world (bounded by spec.timeout).
   AttentionEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store);
-  // Without finish(), the F instances are told this A ended after a failure ("quit").
+  // Without finish(), the F instances are told this A ended after a failure ("quit"). No other
+  // thread may be inside a call of the engine when it is destroyed (finish() first ends them).
   ~AttentionEngine();
 
   // This A is done: every F is told so ("leave"; an F's get_batch ends once every A has left or
-  // was lost) and the engine stops; push_pull and wait are refused from then on. Call it after
-  // the last wait. An engine that had failed says "quit" instead, and finish() throws its error.
+  // was lost) and the engine stops; push_pull and wait are refused from then on
+  // (Error(kStatusClosed)), and a wait() in another thread ends at once with that error. Call it
+  // after the last wait: round trips still in flight are abandoned. An engine that had failed says
+  // "quit" instead, and finish() throws its error.
   void finish();
 
   // Where the caller (or its compute stream) puts micro-batch `mb`'s tokens ([tokens][hidden] in
@@ -208,17 +224,24 @@ class AttentionEngine {
   using Push = PushOptions;
 
   using Handle = uint64_t;
-  // Sends micro-batch `mb` (its first `tokens` rows) to every F once ready; the results arrive
-  // in result(mb, *). Throws Error(INVALID_ARGUMENT) if mb's previous round trip has not been
-  // waited for, and Error(kStatusPeerLost) naming the F while an F is lost and not replaced yet
-  // (nothing is sent: wait_for_peers(), then push again, or drop the micro-batch).
+  // Sends micro-batch `mb` (its first `tokens` rows, 0 for an idle rank) to every F once ready;
+  // the results arrive in result(mb, *). Does not wait: up to spec.queue_depth round trips of mb
+  // may be in flight, and each goes to an F only once that F answered the one before, so a host
+  // can push a stage's next layers ahead. The slots are shared by a micro-batch's queue: a queued
+  // push's readiness (its stream event or flag) must come after the previous answer was read and
+  // the new tokens written, as it does on one stream that waits for the answer (stream_wait)
+  // before computing the next layer. Throws Error(INVALID_ARGUMENT) when mb's queue is full, and
+  // Error(kStatusPeerLost) naming the F while an F is lost and not replaced yet (nothing is sent:
+  // wait_for_peers(), then push again, or drop the micro-batch).
   Handle push_pull(int micro_batch, uint32_t tokens, const Push& push = {});
-  // Waits until every F has answered, and returns the round trip's timestamps. If an F was lost
-  // before it answered, waits for the others' answers, then throws Error(kStatusPeerLost) naming
-  // that F: the micro-batch failed, and its slot is free (its tokens and routing are still in
-  // tokens(mb) and routing(mb)), to push again once wait_for_peers() is true, or to drop. Throws
-  // Error(TIMEOUT) naming the F that did not answer within `timeout` (the engine cannot go on
-  // after that), or the error that ended the engine.
+  // Waits until every F has answered, and returns the round trip's timestamps; handles may be
+  // waited for in any order. If an F was lost before it answered, waits for the others' answers,
+  // then throws Error(kStatusPeerLost) naming that F: the round trip failed, and its entry is free
+  // (its tokens and routing are still in tokens(mb) and routing(mb) unless a later push of mb
+  // overwrote them), to push again once wait_for_peers() is true, or to drop. Throws
+  // Error(TIMEOUT) naming the F that did not answer within `timeout`: the round trip is still in
+  // flight, to be waited for again. Throws Error(kStatusClosed) when finish() ends the engine
+  // meanwhile, and the error that ended the engine.
   RoundTrip wait(Handle handle, std::chrono::milliseconds timeout);
   // Waits until every F is in the job (none lost: each lost one was replaced). Returns false if
   // that did not happen within `timeout`; throws the error that ended the engine.
@@ -273,7 +296,15 @@ struct Batch {
 class FfnEngine {
  public:
   FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore& store);
+  // As finish(), without waiting for queued answers to go out. No other thread may be inside a
+  // call of the engine when it is destroyed (finish() first ends them).
   ~FfnEngine();
+
+  // This F is done: the answers respond() queued go out (within spec.timeout), then the engine
+  // stops; get_batch and respond are refused from then on (Error(kStatusClosed)), and a get_batch
+  // in another thread ends at once with that error. The As still running see this F lost. Throws
+  // the error that ended the engine, if one did.
+  void finish();
 
   // The next micro-batch: complete from every A still in the job (Gather::all), or one A's part
   // as soon as it arrives (Gather::eager). An A that is lost (gone without saying "leave", or

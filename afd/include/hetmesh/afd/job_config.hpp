@@ -52,7 +52,13 @@ struct JobSection {
   int micro_batches = 3;                     // in flight per A at once, 1..64
   int layers = 4;                            // demo model layers, 1..1024
   Gather gather = Gather::all;               // "all" | "eager"
-  std::chrono::milliseconds timeout{10000};  // timeout_ms: bound on every wait, >= 1
+  int queue_depth = 8;                       // round trips in flight per micro-batch, 1..64
+  std::chrono::milliseconds timeout{10000};  // timeout_ms: bound on every wait for data, >= 1
+  // join_timeout_ms: how long joining the job may take (the store, every peer's registration and
+  // connection); io_timeout_ms: a transport write whose bytes stop moving this long fails. Both
+  // default to timeout_ms.
+  std::chrono::milliseconds join_timeout{10000};
+  std::chrono::milliseconds io_timeout{10000};
   // heartbeat_ms: a peer silent this long (no data, no heartbeat) is hung, even when no data is
   // due; >= 100. Heartbeats go out every quarter of it. An F contains a hung A as a lost one.
   std::chrono::milliseconds heartbeat{5000};

@@ -17,6 +17,7 @@ constexpr hm_status kStatusPeerLost = 1000;       // a transport peer died, clos
 constexpr hm_status kStatusProtocolError = 1001;  // a peer sent something malformed
 constexpr hm_status kStatusJobFailed = 1002;  // another instance of the job failed (rendezvous.hpp)
 constexpr hm_status kStatusNotAuthorized = 1003;  // a peer refused: this side lacks the job secret
+constexpr hm_status kStatusClosed = 1004;  // the engine was finished or closed during the call
 
 // "HM_ERR_TIMEOUT" etc.; "HM_STATUS_<n>" for codes this build does not know.
 const char* status_name(hm_status status);
