@@ -55,12 +55,6 @@ Engine& engine_of(Context& c) {
     return c.instance->ffn();
 }
 
-// TEMPORARY until FfnEngine::finish() lands on main: without it, the engine ends with its memory.
-template <typename Engine>
-void finish_engine_of(Context& c) {
-  if constexpr (requires(Engine & e) { e.finish(); }) engine_of<Engine>(c).finish();
-}
-
 // A timeout in milliseconds from Python: None is the job's; inf is "forever" (capped at a year,
 // which every clock sum below holds); negative or NaN is refused.
 milliseconds timeout_or(const std::optional<double>& timeout_ms, const Context& c) {
@@ -229,17 +223,17 @@ class PyEngine : public SlotOwner {
   PyEngine(const PyEngine&) = delete;
   PyEngine& operator=(const PyEngine&) = delete;
 
-  // The context for one call; throws once the engine was closed.
+  // The context for one call; throws Error(kStatusClosed) once the engine was closed.
   std::shared_ptr<Context> live() const {
     if (!context_)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
+      throw Error(kStatusClosed,
                   fmt::format("{} engine {} was {}: its calls and slots are refused (tensors "
                               "taken from its slots before stay valid)",
                               afd::to_string(kRole), rank_, closed_why_));
     return context_;
   }
   std::shared_ptr<const void> memory() const override { return live(); }
-  static void finish_engine(Context& c) { finish_engine_of<Engine>(c); }
+  static void finish_engine(Context& c) { engine_of<Engine>(c).finish(); }
   bool is_open() const { return context_ != nullptr; }
 
   // finish() once: the C++ engine's finish, idempotent here so close() after it adds nothing.
@@ -265,7 +259,7 @@ class PyEngine : public SlotOwner {
     if (finishing) {
       try {
         finish_engine(*c);
-      } catch (const Error&) {  // it had failed: its peers heard "quit"
+      } catch (const Error&) {  // it had failed: its peers heard so
       }
     }
     c.reset();

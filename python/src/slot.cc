@@ -101,7 +101,7 @@ Slot::Slot(void* data, SlotLayout layout, const Device& device, py::object owner
 
 std::shared_ptr<const void> Slot::memory() const {
   if (owner_.is_none())
-    throw Error(HM_ERR_INVALID_ARGUMENT, "this slot's engine is gone (garbage-collected)");
+    throw Error(kStatusClosed, "this slot's engine is gone (garbage-collected)");
   return engine_->memory();
 }
 

@@ -35,7 +35,7 @@ struct SlotLayout {
 class SlotOwner {
  public:
   // A reference that keeps the engine's memory (and what it needs) while a tensor uses it.
-  // Throws Error(INVALID_ARGUMENT) once the engine was closed.
+  // Throws Error(kStatusClosed) once the engine was closed.
   virtual std::shared_ptr<const void> memory() const = 0;
 
  protected:

@@ -3,6 +3,8 @@ calls are refused by name, tensors taken from its slots before keep their memory
 close() does nothing."""
 
 import gc
+import threading
+import time
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ CLOSED = r"engine 0 was closed"
 def refused(slot):
     for use in (slot.__dlpack__, slot.__dlpack_device__, lambda: slot.data_ptr,
                 lambda: slot.shape, lambda: torch.from_dlpack(slot)):
-        with pytest.raises(hetmesh.InvalidArgumentError, match=CLOSED):
+        with pytest.raises(hetmesh.ClosedError, match=CLOSED):
             use()
     assert repr(slot) == "hetmesh.Slot(closed)"
     return True
@@ -33,9 +35,9 @@ def test_an_attention_engine_closed_by_its_with_block(store, job, spawn):
     assert code == 0, err
     assert "served 1" in out
     assert a.closed and refused(slot)
-    with pytest.raises(hetmesh.InvalidArgumentError, match=CLOSED):
+    with pytest.raises(hetmesh.ClosedError, match=CLOSED):
         a.tokens(0)
-    with pytest.raises(hetmesh.InvalidArgumentError, match=CLOSED):
+    with pytest.raises(hetmesh.ClosedError, match=CLOSED):
         a.push_pull(0)
     gc.collect()
     assert torch.equal(tokens, torch.full_like(tokens, 3))  # its memory is still there
@@ -60,11 +62,11 @@ print("done", flush=True)
         f.respond(batch)
         assert f.get_batch() is None  # the A left
     assert f.closed and refused(slot) and refused(tokens_slot)
-    with pytest.raises(hetmesh.InvalidArgumentError, match=CLOSED):
+    with pytest.raises(hetmesh.ClosedError, match=CLOSED):
         part.tokens
-    with pytest.raises(hetmesh.InvalidArgumentError, match=CLOSED):
+    with pytest.raises(hetmesh.ClosedError, match=CLOSED):
         f.get_batch()
-    with pytest.raises(hetmesh.InvalidArgumentError, match=CLOSED):
+    with pytest.raises(hetmesh.ClosedError, match=CLOSED):
         f.respond(batch)
     assert torch.equal(tokens, torch.full_like(tokens, 2))  # its memory is still there
     f.close()
@@ -81,3 +83,28 @@ def test_close_ends_an_engine_its_slots_did_not_keep(store, job, spawn):
     code, out, err = ffn.finish()  # the F heard "leave" from close(), while `a` and `slot` live
     assert code == 0, err
     assert refused(slot)
+
+
+def test_close_in_another_thread_ends_a_get_batch_at_once(store, job, spawn):
+    attention = spawn(f"""
+import time, hetmesh
+a = hetmesh.AttentionEngine(rank=0, store={store.address!r}, **{job!r})
+time.sleep(600)  # never pushes
+""")
+    f = hetmesh.FfnEngine(rank=0, store=store.address, **job)
+    ended = []
+
+    def wait():
+        try:
+            f.get_batch()  # the job's 60 s, unless the close ends it
+        except hetmesh.ClosedError as e:
+            ended.append(e)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)  # inside get_batch, most likely; either way it must end with ClosedError
+    started = time.monotonic()
+    f.close()
+    thread.join(30)
+    assert ended and time.monotonic() - started < 20
+    attention.kill()
