@@ -1,8 +1,10 @@
 """A PyTorch attention + MoE model split across processes with hetmesh: attention instances (A)
 in some processes, FFN instances (F) holding the experts in others, three micro-batches in flight.
 
-    PYTHONPATH=<build>/python python3 examples/python/moe_layer.py              # 2A2F on cpu:0
-    PYTHONPATH=<build>/python python3 examples/python/moe_layer.py --attention-device cuda:0
+    <build>/python/hetmesh-python examples/python/moe_layer.py              # 2A2F on cpu:0
+    <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda:0
+
+(hetmesh-python is the interpreter the package was built for, with the package on its path.)
 
 The launcher (no --role) hosts the job's store, writes the job's secret, starts every instance as
 a process of its own, then computes the same model in one process and checks that each A's final
@@ -21,9 +23,9 @@ import subprocess
 import sys
 import tempfile
 
-import torch
+import hetmesh  # before torch: an interpreter without torch hears which one hetmesh is for
 
-import hetmesh
+torch = hetmesh.import_torch()
 
 JOB = dict(attention=2, ffn=2, micro_batches=3, layers=2, tokens=16, hidden=64, experts=4,
            top_k=2, a2f_dtype="bf16", f2a_dtype="bf16", timeout_ms=30000)

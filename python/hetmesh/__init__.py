@@ -10,6 +10,9 @@
 Every slot (A's tokens, experts, weights and results; F's parts and outputs) is a hetmesh.Slot with
 __dlpack__ and __dlpack_device__. Calls that wait release the GIL. Errors are hetmesh.Error
 subclasses (hetmesh/_errors.py). See docs/python.md.
+
+Run programs with the interpreter the package was built for (hetmesh.BUILT_FOR, e.g. through the
+hetmesh-python launcher beside the package): its native module is for that Python only.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import difflib
 import os
 import weakref
 
-from . import _native
+from ._interpreter import BUILT_FOR, import_torch, native_module
 from ._errors import (
     ClosedError,
     DeviceError,
@@ -34,6 +37,7 @@ from ._errors import (
     TimeoutError,
 )
 
+_native = native_module()
 __version__ = _native.__version__
 
 Batch = _native.Batch
@@ -52,8 +56,8 @@ __all__ = [
     "AttentionEngine", "Batch", "ClosedError", "Config", "DeviceError", "Error", "FfnEngine",
     "InvalidArgumentError", "JobFailedError", "NotAuthorizedError", "NotSupportedError",
     "OutOfMemoryError", "Part", "PeerLostError", "ProtocolError", "RoundTrip", "Slot",
-    "StoreServer", "Stream", "TimeoutError", "as_tensor", "config", "devices", "now_ns",
-    "refused_plugins", "write_secret",
+    "StoreServer", "Stream", "TimeoutError", "as_tensor", "config", "devices", "import_torch",
+    "now_ns", "refused_plugins", "write_secret", "BUILT_FOR",
 ]
 
 # Keyword arguments of the engines and config(), and the [section] key each one sets.
@@ -92,11 +96,20 @@ def _toml_value(name: str, value) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# Keyword-built configs default the A2F dtype to bf16, not the file's fp8: fp8 needs a torch with
+# float8_e4m3fn to be computed on (as_tensor), and a file states its dtypes for every process.
+_KEYWORD_DEFAULTS = {"a2f_dtype": "bf16"}
+
+# Per-instance arguments of the engines, which a config does not hold.
+_ENGINE_ARGUMENTS = ("rank", "store", "secret_file", "device", "job")
+
+
 def config(path: str | os.PathLike | None = None, **job) -> Config:
     """A job config: the TOML file at `path`, or one made of keyword arguments (attention, ffn,
     micro_batches, tokens, hidden, top_k, a2f_dtype, f2a_dtype, attention_devices, ffn_devices,
     transport, timeout_ms, ...), validated as a whole by the same reader as `hetmesh demo`'s.
-    Not both: a file is what every process of a job shares."""
+    Not both: a file is what every process of a job shares. From keywords, a2f_dtype defaults to
+    "bf16" (a file's default is "fp8")."""
     if path is not None:
         if job:
             raise TypeError(
@@ -104,7 +117,10 @@ def config(path: str | os.PathLike | None = None, **job) -> Config:
                 f"{', '.join(sorted(job))})")
         return Config.load(os.fspath(path))
     sections: dict[str, list[str]] = {}
-    for name, value in job.items():
+    for name, value in {**_KEYWORD_DEFAULTS, **job}.items():
+        if name in _ENGINE_ARGUMENTS:
+            raise TypeError(f"hetmesh: {name}= is an argument of the engines "
+                            f"(AttentionEngine(..., {name}=...)), not of the job's config")
         if name not in _KEYS:
             near = difflib.get_close_matches(name, _KEYS, n=1)
             hint = f" (did you mean {near[0]}?)" if near else ""
@@ -136,20 +152,28 @@ def _shut_down_live_engines() -> None:
 
 
 class _Engine:
-    """What both engines take and do in Python: the job as a Config, a file or keywords; a
-    `with` block; shut down at the interpreter's exit if still alive."""
+    """What both engines take and do in Python: the job as a Config, a file or keywords; close()
+    and a `with` block; shut down at the interpreter's exit if still alive."""
 
     def __init__(self, config=None, *, rank: int = 0, store: str = "", secret_file: str = "",
-                 device: str = "", **job):
-        super().__init__(_engine_config(config, job), rank, store, os.fspath(secret_file),
-                         device)
+                 device: str = "", job: str = "", **settings):
+        if not isinstance(job, str) or "/" in job:
+            raise TypeError(f"hetmesh: job={job!r}: expected a name without '/'")
+        super().__init__(_engine_config(config, settings), rank, store, os.fspath(secret_file),
+                         device, job)
         _live_engines.add(self)
+
+    def close(self) -> None:
+        """Ends the engine: finish() (an engine that had failed ends as failed, without raising:
+        the call that saw its failure raised it), then its slots and calls are refused. Its memory
+        goes now, or with the last tensor taken from its slots, which stay valid. Idempotent."""
+        self._close(True)
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, value, traceback):
-        return None
+        self.close()
 
 
 class AttentionEngine(_Engine, _native.AttentionEngine):
@@ -165,7 +189,12 @@ class AttentionEngine(_Engine, _native.AttentionEngine):
 
     def __exit__(self, kind, value, traceback):
         if kind is None:
-            self.finish()  # the Fs hear "leave"; after an exception they hear "quit" when it goes
+            try:
+                self.finish()  # the Fs hear "leave"; an engine that failed raises its error
+            finally:
+                self._close(False)
+        else:
+            self._close(False)  # the Fs hear "quit", once no tensor of its slots holds it
 
 
 class FfnEngine(_Engine, _native.FfnEngine):
@@ -181,12 +210,17 @@ class FfnEngine(_Engine, _native.FfnEngine):
             yield batch
 
 
-def as_tensor(slot: Slot):
-    """The torch tensor over `slot`'s memory (no copy); an fp8 slot as torch.float8_e4m3fn where
-    this torch has it, else as uint8."""
-    import torch
-
-    tensor = torch.from_dlpack(slot)
-    if slot.dtype == "fp8" and hasattr(torch, "float8_e4m3fn"):
-        tensor = tensor.view(torch.float8_e4m3fn)
-    return tensor
+def as_tensor(slot: Slot, *, raw: bool = False):
+    """The torch tensor over `slot`'s memory (no copy); an fp8 slot as torch.float8_e4m3fn.
+    A torch without float8_e4m3fn cannot compute on fp8: that is an error (a uint8 view would
+    take 1.7 as 1, silently), unless raw=True asks for the bytes as uint8."""
+    torch = import_torch()
+    if slot.dtype == "fp8" and not raw:
+        if not hasattr(torch, "float8_e4m3fn"):
+            raise NotSupportedError(
+                f"hetmesh.as_tensor: this slot holds fp8, and torch {torch.__version__} has no "
+                f"float8_e4m3fn: use a2f_dtype=\"bf16\" (the default from keywords) or a torch "
+                f"with float8_e4m3fn (2.1 or later); as_tensor(slot, raw=True) gives its bytes",
+                2, "HM_ERR_NOT_SUPPORTED")
+        return torch.from_dlpack(slot).view(torch.float8_e4m3fn)
+    return torch.from_dlpack(slot)

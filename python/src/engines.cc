@@ -1,7 +1,8 @@
 // hetmesh._native.AttentionEngine, FfnEngine, Batch, Part, RoundTrip and Stream: the AFD engines
 // (afd/engine.hpp) for Python. Each engine owns what it runs on (its plugins, device and store
 // connection), in an order that lets the engine go first; every slot it hands out is a DLPack
-// view (slot.hpp) that keeps the engine alive. Every call that can wait releases the GIL.
+// view (slot.hpp) whose tensors keep the engine's memory, and which close() ends. Every call that
+// can wait releases the GIL.
 #include "engines.hpp"
 
 #include "slot.hpp"
@@ -18,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace hetmesh::python {
@@ -37,13 +39,20 @@ struct Context {
   const Device& device() const { return instance->device(); }
 };
 
-std::unique_ptr<Context> make_context(const afd::JobConfig& config, afd::Role role, int rank,
-                                      const std::string& store, const std::string& secret_file,
-                                      const std::string& device) {
-  auto c = std::make_unique<Context>();
+std::shared_ptr<Context> make_context(const afd::JobConfig& config, afd::Role role, int rank,
+                                      const afd::InstanceOptions& options) {
+  auto c = std::make_shared<Context>();
   py::gil_scoped_release unlocked;  // loading plugins and reaching the store may take a while
-  c->instance = afd::open_instance(config, role, rank, {store, {}, device, secret_file});
+  c->instance = afd::open_instance(config, role, rank, options);
   return c;
+}
+
+template <typename Engine>
+Engine& engine_of(Context& c) {
+  if constexpr (std::is_same_v<Engine, afd::AttentionEngine>)
+    return c.instance->attention();
+  else
+    return c.instance->ffn();
 }
 
 // A timeout in milliseconds from Python: None is the job's; inf is "forever" (capped at a year,
@@ -74,33 +83,42 @@ void check_routing_alignment(const void* routing, const afd::EngineSpec& spec) {
                             spec.tokens, spec.hidden, spec.a2f_bytes));
 }
 
-Slot experts_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
-                  py::object owner) {
+// Where a slot is and whose it is: the Python engine and its C++ side.
+struct Owner {
+  const Context& context;
+  py::object object;
+  const SlotOwner& engine;
+};
+
+Slot experts_slot(void* routing, uint32_t tokens, const Owner& o) {
+  const afd::EngineSpec& spec = o.context.spec();
   check_routing_alignment(routing, spec);
-  return Slot(routing, {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::int32}, device,
-              std::move(owner));
+  return Slot(routing, {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::int32},
+              o.context.device(), o.object, o.engine);
 }
-Slot weights_slot(void* routing, uint32_t tokens, const afd::EngineSpec& spec, const Device& device,
-                  py::object owner) {
+Slot weights_slot(void* routing, uint32_t tokens, const Owner& o) {
+  const afd::EngineSpec& spec = o.context.spec();
   check_routing_alignment(routing, spec);
   return Slot(static_cast<char*>(routing) + sizeof(int32_t),
-              {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::fp32}, device,
-              std::move(owner));
+              {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::fp32},
+              o.context.device(), o.object, o.engine);
 }
-Slot rows_slot(void* data, uint32_t tokens, const afd::EngineSpec& spec, afd::Dtype dtype,
-               const Device& device, py::object owner) {
-  return Slot(data, {{tokens, spec.hidden}, {}, element_of(dtype)}, device, std::move(owner));
+Slot rows_slot(void* data, uint32_t tokens, afd::Dtype dtype, const Owner& o) {
+  return Slot(data, {{tokens, o.context.spec().hidden}, {}, element_of(dtype)}, o.context.device(),
+              o.object, o.engine);
 }
 
-// A stream of the engine's device, for push_pull/respond readiness. Keeps the engine (and so its
-// device) alive.
+// A stream of the engine's device, for push_pull/respond readiness. Keeps the engine's Python
+// object (for the exit hook) and what the stream runs on, past the engine's close().
 struct PyStream {
+  std::shared_ptr<Context> context;  // declared first: goes after the stream
   Stream stream;
   py::object owner;
 };
 
-PyStream make_stream(py::object owner, const Device& device) {
-  return PyStream{device.create_stream(), std::move(owner)};
+PyStream make_stream(py::object owner, std::shared_ptr<Context> context) {
+  Stream stream = context->device().create_stream();
+  return PyStream{std::move(context), std::move(stream), std::move(owner)};
 }
 
 // The vendor's handle behind a stream (a cudaStream_t for the cuda plugin), so a framework can
@@ -186,49 +204,100 @@ py::object native_handle(const PyStream& s) {
 
 // An engine of role `kRole` and what it runs on, for Python. The context (its afd::Instance) is
 // made before the engine, which it ends first; every wait and the destruction run without the GIL.
+// Each call holds the context while it runs, so a close() meanwhile (another thread) frees nothing
+// under it; every tensor exported from a slot holds it too (SlotOwner::memory).
 template <typename Engine, afd::Role kRole>
-class PyEngine {
+class PyEngine : public SlotOwner {
  public:
-  PyEngine(const afd::JobConfig& config, int rank, const std::string& store,
-           const std::string& secret_file, const std::string& device)
-      : context_(make_context(config, kRole, rank, store, secret_file, device)) {
+  using EngineType = Engine;
+
+  PyEngine(const afd::JobConfig& config, int rank, const afd::InstanceOptions& options)
+      : context_(make_context(config, kRole, rank, options)), weak_(context_), rank_(rank) {
     py::gil_scoped_release unlocked;  // waits for every peer
-    engine();
+    engine_of<Engine>(*context_);
   }
   ~PyEngine() {
     py::gil_scoped_release unlocked;  // tells the peers, joins the engine's threads
     context_.reset();
   }
-  Engine& engine() {
-    if (shut_down_)
-      throw Error(HM_ERR_INVALID_ARGUMENT, "the engine was shut down (the interpreter is exiting)");
-    if constexpr (kRole == afd::Role::attention)
-      return context_->instance->attention();
-    else
-      return context_->instance->ffn();
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
+
+  // The context for one call; throws Error(kStatusClosed) once the engine was closed.
+  std::shared_ptr<Context> live() const {
+    if (!context_)
+      throw Error(kStatusClosed,
+                  fmt::format("{} engine {} was {}: its calls and slots are refused (tensors "
+                              "taken from its slots before stay valid)",
+                              afd::to_string(kRole), rank_, closed_why_));
+    return context_;
   }
-  Context& context() { return *context_; }
-  // At the interpreter's exit (the package's atexit hook): the engine tells its peers and stops
-  // its threads while everything it uses still exists. Its memory goes with it.
-  void shutdown() {
+  std::shared_ptr<const void> memory() const override { return live(); }
+  static void finish_engine(Context& c) { engine_of<Engine>(c).finish(); }
+  bool is_open() const { return context_ != nullptr; }
+
+  // finish() once: the C++ engine's finish, idempotent here so close() after it adds nothing.
+  void finish() {
+    std::shared_ptr<Context> c = live();
+    if (finished_) return;
+    finished_ = true;
     py::gil_scoped_release unlocked;
-    shut_down_ = true;
-    context_->instance->close();
+    finish_engine(*c);
+  }
+
+  // Ends the engine for Python: with `finish`, finish() first (a failed A's raises nothing: the
+  // call that saw its failure raised it; it says "quit"); without (an A after an exception), its
+  // peers hear "quit" when its memory goes. The memory goes now, or with the last tensor
+  // exported from a slot. Idempotent.
+  void close(bool finish) {
+    if (!context_) return;
+    std::shared_ptr<Context> c = std::move(context_);  // from now on, slots and calls are refused
+    closed_why_ = "closed (close(), or the end of its with-block)";
+    const bool finishing = finish && !finished_;
+    finished_ = finished_ || finish;
+    py::gil_scoped_release unlocked;
+    if (finishing) {
+      try {
+        finish_engine(*c);
+      } catch (const Error&) {  // it had failed: its peers heard so
+      }
+    }
+    c.reset();
+  }
+
+  // At the interpreter's exit (the package's atexit hook): an engine still running tells its
+  // peers and stops its threads while everything it uses still exists; its memory goes with it.
+  void shutdown() {
+    std::shared_ptr<Context> c = weak_.lock();
+    context_.reset();
+    if (closed_why_.empty()) closed_why_ = "shut down (the interpreter is exiting)";
+    if (!c || finished_) return;
+    py::gil_scoped_release unlocked;
+    c->instance->close();
   }
 
  private:
-  std::unique_ptr<Context> context_;
-  bool shut_down_ = false;
+  std::shared_ptr<Context> context_;  // null once closed
+  std::weak_ptr<Context> weak_;       // what the exit hook ends, even past close()
+  int rank_;
+  bool finished_ = false;
+  std::string closed_why_;
 };
 
 using PyAttention = PyEngine<afd::AttentionEngine, afd::Role::attention>;
 using PyFfn = PyEngine<afd::FfnEngine, afd::Role::ffn>;
 
+afd::AttentionEngine& attention_of(Context& c) {
+  return engine_of<afd::AttentionEngine>(c);
+}
+afd::FfnEngine& ffn_of(Context& c) {
+  return engine_of<afd::FfnEngine>(c);
+}
+
 // One A's part of a micro-batch, as an F sees it.
 struct PyPart {
   afd::Batch::FromAttention part;
   py::object engine;  // the PyFfn whose memory the slots are in
-  const Context* context = nullptr;
 };
 
 struct PyBatch {
@@ -253,6 +322,51 @@ py::list peers_of(Engine& engine) {
   for (const afd::PeerStatus& p : engine.peers())
     out.append(peer_dict(p));
   return out;
+}
+
+// A part's slot: `make` gets the part, its engine's context and the Owner to build the slot with.
+template <typename Make>
+auto part_slot(Make make) {
+  return [make](const PyPart& p) {
+    const auto& f = p.engine.cast<const PyFfn&>();
+    std::shared_ptr<Context> c = f.live();
+    return make(p.part, *c, Owner{*c, p.engine, f});
+  };
+}
+
+// The constructor both engines share: the job's config, and how this instance finds its job.
+template <typename Py>
+auto engine_init() {
+  return py::init([](const afd::JobConfig& config, int rank, const std::string& store,
+                     const std::string& secret_file, const std::string& device,
+                     const std::string& job) {
+    return std::make_unique<Py>(config, rank,
+                                afd::InstanceOptions{store, {}, device, secret_file, job});
+  });
+}
+
+// What both engines offer alike.
+template <typename Py, typename Class>
+void bind_common(Class& cls) {
+  cls.def("finish", &Py::finish)
+      .def("_close", &Py::close, py::arg("finish"))
+      .def("_shutdown", &Py::shutdown)
+      .def(
+          "create_stream",
+          [](py::object self) { return make_stream(self, self.cast<const Py&>().live()); },
+          "A stream of this engine's device, for push_pull/respond(stream=...).")
+      .def("peers",
+           [](const Py& e) { return peers_of(engine_of<typename Py::EngineType>(*e.live())); })
+      .def_property_readonly(
+          "epoch",
+          [](const Py& e) { return engine_of<typename Py::EngineType>(*e.live()).epoch(); })
+      .def_property_readonly("rank", [](const Py& e) { return e.live()->spec().rank; })
+      .def_property_readonly("device", [](const Py& e) { return e.live()->device().selector(); })
+      .def_property_readonly("config", [](const Py& e) { return e.live()->config(); })
+      .def_property_readonly(
+          "job", [](const Py& e) { return e.live()->spec().job; },
+          "The job's rendezvous namespace in its store.")
+      .def_property_readonly("closed", [](const Py& e) { return !e.is_open(); });
 }
 
 }  // namespace
@@ -283,84 +397,87 @@ void bind_engines(py::module_& m) {
       .def_readonly("completed", &afd::RoundTrip::completed)
       .def_readonly("wait_returned", &afd::RoundTrip::wait_returned);
 
-  py::class_<PyAttention>(m, "AttentionEngine")
-      .def(py::init<const afd::JobConfig&, int, const std::string&, const std::string&,
-                    const std::string&>(),
-           py::arg("config"), py::arg("rank"), py::arg("store"), py::arg("secret_file"),
-           py::arg("device"))
+  py::class_<PyAttention> attention(m, "AttentionEngine");
+  attention
+      .def(engine_init<PyAttention>(), py::arg("config"), py::arg("rank"), py::arg("store"),
+           py::arg("secret_file"), py::arg("device"), py::arg("job"))
       .def(
           "tokens",
           [](py::object self, int mb) {
-            auto& a = self.cast<PyAttention&>();
-            const afd::EngineSpec& spec = a.context().spec();
-            check_micro_batch(mb, spec);
-            return rows_slot(a.engine().tokens(mb), spec.tokens, spec,
-                             a.context().config().model.a2f_dtype, a.context().device(), self);
+            const auto& a = self.cast<const PyAttention&>();
+            std::shared_ptr<Context> c = a.live();
+            check_micro_batch(mb, c->spec());
+            return rows_slot(attention_of(*c).tokens(mb), c->spec().tokens,
+                             c->config().model.a2f_dtype, Owner{*c, self, a});
           },
           py::arg("micro_batch"), "[tokens, hidden] in the A2F dtype: what push_pull sends.")
       .def(
           "experts",
           [](py::object self, int mb) {
-            auto& a = self.cast<PyAttention&>();
-            check_micro_batch(mb, a.context().spec());
-            return experts_slot(a.engine().routing(mb), a.context().spec().tokens,
-                                a.context().spec(), a.context().device(), self);
+            const auto& a = self.cast<const PyAttention&>();
+            std::shared_ptr<Context> c = a.live();
+            check_micro_batch(mb, c->spec());
+            return experts_slot(attention_of(*c).routing(mb), c->spec().tokens, Owner{*c, self, a});
           },
           py::arg("micro_batch"), "[tokens, top_k] int32: each token's experts.")
       .def(
           "weights",
           [](py::object self, int mb) {
-            auto& a = self.cast<PyAttention&>();
-            check_micro_batch(mb, a.context().spec());
-            return weights_slot(a.engine().routing(mb), a.context().spec().tokens,
-                                a.context().spec(), a.context().device(), self);
+            const auto& a = self.cast<const PyAttention&>();
+            std::shared_ptr<Context> c = a.live();
+            check_micro_batch(mb, c->spec());
+            return weights_slot(attention_of(*c).routing(mb), c->spec().tokens, Owner{*c, self, a});
           },
           py::arg("micro_batch"), "[tokens, top_k] float32: each token's expert weights.")
       .def(
           "result",
           [](py::object self, int mb, int ffn) {
-            auto& a = self.cast<PyAttention&>();
-            const afd::EngineSpec& spec = a.context().spec();
+            const auto& a = self.cast<const PyAttention&>();
+            std::shared_ptr<Context> c = a.live();
+            const afd::EngineSpec& spec = c->spec();
             check_micro_batch(mb, spec);
             if (ffn < 0 || ffn >= spec.ffn)
               throw Error(HM_ERR_INVALID_ARGUMENT,
                           fmt::format("ffn {}: the job has {} FFN instance(s)", ffn, spec.ffn));
-            return rows_slot(a.engine().result(mb, ffn), spec.tokens, spec,
-                             a.context().config().model.f2a_dtype, a.context().device(), self);
+            return rows_slot(attention_of(*c).result(mb, ffn), spec.tokens,
+                             c->config().model.f2a_dtype, Owner{*c, self, a});
           },
           py::arg("micro_batch"), py::arg("ffn"),
           "[tokens, hidden] in the F2A dtype: where F `ffn`'s partial result lands.")
       .def(
           "push_pull",
-          [](PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
+          [](const PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
              const py::object& stream, int64_t attention_start_ns) {
+            std::shared_ptr<Context> c = a.live();
             afd::PushOptions push;
-            push.ready.stream = stream_of(stream, a.context());
+            push.ready.stream = stream_of(stream, *c);
             push.tag = tag;
             push.attention_start_ns = attention_start_ns;
             py::gil_scoped_release unlocked;
-            return a.engine().push_pull(mb, tokens.value_or(a.context().spec().tokens), push);
+            return attention_of(*c).push_pull(mb, tokens.value_or(c->spec().tokens), push);
           },
           py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
           py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0)
       .def(
           "wait",
-          [](PyAttention& a, afd::AttentionEngine::Handle handle,
+          [](const PyAttention& a, afd::AttentionEngine::Handle handle,
              std::optional<double> timeout_ms) {
-            milliseconds timeout = timeout_or(timeout_ms, a.context());
+            std::shared_ptr<Context> c = a.live();
+            milliseconds timeout = timeout_or(timeout_ms, *c);
             py::gil_scoped_release unlocked;
-            return a.engine().wait(handle, timeout);
+            return attention_of(*c).wait(handle, timeout);
           },
           py::arg("handle"), py::arg("timeout_ms") = py::none())
       .def(
           "stream_wait",
-          [](PyAttention& a, afd::AttentionEngine::Handle handle, const py::object& stream) {
-            const Stream* on = stream_of(stream, a.context());
+          [](const PyAttention& a, afd::AttentionEngine::Handle handle, const py::object& stream) {
+            std::shared_ptr<Context> c = a.live();
+            const Stream* on = stream_of(stream, *c);
             if (on == nullptr)
               throw Error(HM_ERR_INVALID_ARGUMENT,
                           "stream_wait: name the stream that is to wait (engine.create_stream() "
                           "or a framework's stream)");
-            a.engine().stream_wait(handle, *on);
+            attention_of(*c).stream_wait(handle, *on);
           },
           py::arg("handle"), py::arg("stream"),
           "Later work on `stream` waits, without the host, until the round trip of `handle` has "
@@ -368,45 +485,32 @@ void bind_engines(py::module_& m) {
           "says which.")
       .def(
           "wait_for_peers",
-          [](PyAttention& a, std::optional<double> timeout_ms) {
-            milliseconds timeout = timeout_or(timeout_ms, a.context());
+          [](const PyAttention& a, std::optional<double> timeout_ms) {
+            std::shared_ptr<Context> c = a.live();
+            milliseconds timeout = timeout_or(timeout_ms, *c);
             py::gil_scoped_release unlocked;
-            return a.engine().wait_for_peers(timeout);
+            return attention_of(*c).wait_for_peers(timeout);
           },
           py::arg("timeout_ms") = py::none())
       .def(
-          "finish", [](PyAttention& a) { a.engine().finish(); },
-          py::call_guard<py::gil_scoped_release>())
-      .def("peers", [](PyAttention& a) { return peers_of(a.engine()); })
-      .def(
           "_round_trips_from_cpp",
-          [](PyAttention& a, int mb, int count) {
+          [](const PyAttention& a, int mb, int count) {
             // The baseline of python/hetmesh/bench.py: the same push_pull + wait as Python's
             // loop, from C++, timed the same way (each round trip alone in flight).
-            check_micro_batch(mb, a.context().spec());
+            std::shared_ptr<Context> c = a.live();
+            check_micro_batch(mb, c->spec());
             std::vector<int64_t> ns(static_cast<size_t>(std::max(count, 0)));
             py::gil_scoped_release unlocked;
+            afd::AttentionEngine& engine = attention_of(*c);
             for (int64_t& sample : ns) {
               int64_t start = afd::now_ns();
-              a.engine().wait(a.engine().push_pull(mb, a.context().spec().tokens),
-                              a.context().config().job.timeout);
+              engine.wait(engine.push_pull(mb, c->spec().tokens), c->config().job.timeout);
               sample = afd::now_ns() - start;
             }
             return ns;
           },
-          py::arg("micro_batch"), py::arg("count"))
-      .def(
-          "create_stream",
-          [](py::object self) {
-            return make_stream(self, self.cast<PyAttention&>().context().device());
-          },
-          "A stream of this engine's device, for push_pull(stream=...).")
-      .def("_shutdown", &PyAttention::shutdown)
-      .def_property_readonly("epoch", [](PyAttention& a) { return a.engine().epoch(); })
-      .def_property_readonly("rank", [](PyAttention& a) { return a.context().spec().rank; })
-      .def_property_readonly("device",
-                             [](PyAttention& a) { return a.context().device().selector(); })
-      .def_property_readonly("config", [](PyAttention& a) { return a.context().config(); });
+          py::arg("micro_batch"), py::arg("count"));
+  bind_common<PyAttention>(attention);
 
   py::class_<PyPart>(m, "Part", gc_visible<PyPart, &PyPart::engine>(),
                      "One attention instance's part of a micro-batch.")
@@ -418,78 +522,65 @@ void bind_engines(py::module_& m) {
           "count", [](const PyPart& p) { return p.part.tokens; }, "the tokens this A sent")
       .def_property_readonly(
           "tokens",
-          [](const PyPart& p) {
-            return rows_slot(p.part.tokens_data, p.part.tokens, p.context->spec(),
-                             p.context->config().model.a2f_dtype, p.context->device(), p.engine);
-          })
-      .def_property_readonly("experts",
-                             [](const PyPart& p) {
-                               return experts_slot(p.part.routing_data, p.part.tokens,
-                                                   p.context->spec(), p.context->device(),
-                                                   p.engine);
-                             })
-      .def_property_readonly("weights",
-                             [](const PyPart& p) {
-                               return weights_slot(p.part.routing_data, p.part.tokens,
-                                                   p.context->spec(), p.context->device(),
-                                                   p.engine);
-                             })
-      .def_property_readonly("output", [](const PyPart& p) {
-        return rows_slot(p.part.output, p.part.tokens, p.context->spec(),
-                         p.context->config().model.f2a_dtype, p.context->device(), p.engine);
-      });
+          part_slot([](const afd::Batch::FromAttention& part, const Context& c, const Owner& o) {
+            return rows_slot(part.tokens_data, part.tokens, c.config().model.a2f_dtype, o);
+          }))
+      .def_property_readonly("experts", part_slot([](const afd::Batch::FromAttention& part,
+                                                     const Context&, const Owner& o) {
+                               return experts_slot(part.routing_data, part.tokens, o);
+                             }))
+      .def_property_readonly("weights", part_slot([](const afd::Batch::FromAttention& part,
+                                                     const Context&, const Owner& o) {
+                               return weights_slot(part.routing_data, part.tokens, o);
+                             }))
+      .def_property_readonly(
+          "output",
+          part_slot([](const afd::Batch::FromAttention& part, const Context& c, const Owner& o) {
+            return rows_slot(part.output, part.tokens, c.config().model.f2a_dtype, o);
+          }));
 
   py::class_<PyBatch>(m, "Batch", gc_visible<PyBatch, &PyBatch::parts>(),
                       "A micro-batch as an FFN instance got it.")
       .def_property_readonly("micro_batch", [](const PyBatch& b) { return b.batch.micro_batch; })
       .def_readonly("parts", &PyBatch::parts);
 
-  py::class_<PyFfn>(m, "FfnEngine")
-      .def(py::init<const afd::JobConfig&, int, const std::string&, const std::string&,
-                    const std::string&>(),
-           py::arg("config"), py::arg("rank"), py::arg("store"), py::arg("secret_file"),
-           py::arg("device"))
+  py::class_<PyFfn> ffn(m, "FfnEngine");
+  ffn.def(engine_init<PyFfn>(), py::arg("config"), py::arg("rank"), py::arg("store"),
+          py::arg("secret_file"), py::arg("device"), py::arg("job"))
       .def(
           "get_batch",
           [](py::object self, std::optional<double> timeout_ms) -> std::optional<PyBatch> {
-            auto& f = self.cast<PyFfn&>();
-            milliseconds timeout = timeout_or(timeout_ms, f.context());
+            const auto& f = self.cast<const PyFfn&>();
+            std::shared_ptr<Context> c = f.live();
+            milliseconds timeout = timeout_or(timeout_ms, *c);
             std::optional<afd::Batch> batch;
             {
               py::gil_scoped_release unlocked;
-              batch = f.engine().get_batch(timeout);
+              batch = ffn_of(*c).get_batch(timeout);
             }
             if (!batch) return std::nullopt;
             py::list parts;
             for (const auto& part : batch->parts)
-              parts.append(PyPart{part, self, &f.context()});
+              parts.append(PyPart{part, self});
             return PyBatch{std::move(*batch), std::move(parts), &f};
           },
           py::arg("timeout_ms") = py::none(),
           "The next micro-batch, or None once every attention instance has left.")
       .def(
           "respond",
-          [](PyFfn& f, const PyBatch& b, const py::object& stream, int64_t compute_start_ns) {
+          [](const PyFfn& f, const PyBatch& b, const py::object& stream, int64_t compute_start_ns) {
             if (b.engine != &f)
               throw Error(HM_ERR_INVALID_ARGUMENT,
                           "respond: this batch came from another FfnEngine's get_batch");
-            const Stream* after = stream_of(stream, f.context());
+            std::shared_ptr<Context> c = f.live();
+            const Stream* after = stream_of(stream, *c);
             py::gil_scoped_release unlocked;
-            f.engine().respond(b.batch, after, compute_start_ns);
+            ffn_of(*c).respond(b.batch, after, compute_start_ns);
           },
           py::arg("batch"), py::kw_only(), py::arg("stream") = py::none(),
           py::arg("compute_start_ns") = 0)
-      .def("lost_attention", [](PyFfn& f) { return f.engine().lost_attention(); })
-      .def("peers", [](PyFfn& f) { return peers_of(f.engine()); })
-      .def(
-          "create_stream",
-          [](py::object self) { return make_stream(self, self.cast<PyFfn&>().context().device()); },
-          "A stream of this engine's device, for respond(stream=...).")
-      .def("_shutdown", &PyFfn::shutdown)
-      .def_property_readonly("epoch", [](PyFfn& f) { return f.engine().epoch(); })
-      .def_property_readonly("rank", [](PyFfn& f) { return f.context().spec().rank; })
-      .def_property_readonly("device", [](PyFfn& f) { return f.context().device().selector(); })
-      .def_property_readonly("config", [](PyFfn& f) { return f.context().config(); });
+      .def("lost_attention", [](const PyFfn& f) { return ffn_of(*f.live()).lost_attention(); });
+  bind_common<PyFfn>(ffn);
 
   m.def("now_ns", &afd::now_ns, "The engines' clock (steady, ns).");
 }

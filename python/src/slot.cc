@@ -30,22 +30,35 @@ DLDataType dl_type(Element element) {
   return {kDLUInt, 8, 1};
 }
 
-// What a consumer owns once it took a capsule: the tensor, its shape and strides, and a reference
-// to the slot's owner, dropped by the deleter (which may run on any thread, with or without the
+// What a consumer owns once it took a capsule: the tensor, its shape and strides, the engine's
+// memory and a reference to the slot's owner (so an engine not closed runs on, and the exit hook
+// still reaches it), dropped by the deleter (which may run on any thread, with or without the
 // interpreter's lock).
 struct Exported {
   DLManagedTensor tensor{};
   std::vector<int64_t> shape, strides;
+  std::shared_ptr<const void> memory;
   PyObject* owner = nullptr;
 };
 
 void delete_exported(DLManagedTensor* tensor) {
   auto* exported = static_cast<Exported*>(tensor->manager_ctx);
-  if (!Py_IsInitialized()) {  // a framework freed it after the interpreter ended: nothing to drop
+  if (!Py_IsInitialized()) {
+    // A framework freed it after the interpreter ended: what the engine ran on may be gone too,
+    // so its memory is left to the process's end.
+    new std::shared_ptr<const void>(std::move(exported->memory));
     delete exported;
     return;
   }
   PyGILState_STATE gil = PyGILState_Ensure();
+  {
+    // The last tensor of a closed engine frees its memory, and ends it if it was still running
+    // (an A closed after an exception): that waits on the engine's threads, which never need
+    // the interpreter.
+    PyThreadState* state = PyEval_SaveThread();
+    exported->memory.reset();
+    PyEval_RestoreThread(state);
+  }
   Py_XDECREF(exported->owner);
   PyGILState_Release(gil);
   delete exported;
@@ -77,15 +90,28 @@ Element element_of(afd::Dtype dtype) {
   return Element::fp8;
 }
 
-Slot::Slot(void* data, SlotLayout layout, const Device& device, py::object owner)
-    : data_(data), layout_(std::move(layout)), owner_(std::move(owner)) {
+Slot::Slot(void* data, SlotLayout layout, const Device& device, py::object owner,
+           const SlotOwner& engine)
+    : data_(data), layout_(std::move(layout)), owner_(std::move(owner)), engine_(&engine) {
   if (device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY))
     device_ = {kDLCPU, 0};
   else
     device_ = {static_cast<DLDeviceType>(device.properties().dlpack_device_type), device.index()};
 }
 
+std::shared_ptr<const void> Slot::memory() const {
+  if (owner_.is_none())
+    throw Error(kStatusClosed, "this slot's engine is gone (garbage-collected)");
+  return engine_->memory();
+}
+
+uintptr_t Slot::data_ptr() const {
+  memory();
+  return reinterpret_cast<uintptr_t>(data_);
+}
+
 py::capsule Slot::dlpack(const py::object& /*stream*/) const {
+  std::shared_ptr<const void> memory = this->memory();
   if (device_.device_type == kDLExtDev)
     throw Error(HM_ERR_NOT_SUPPORTED,
                 "this slot is in memory that neither the host nor a DLPack framework can address "
@@ -103,6 +129,7 @@ py::capsule Slot::dlpack(const py::object& /*stream*/) const {
   t.byte_offset = 0;
   exported->tensor.manager_ctx = exported.get();
   exported->tensor.deleter = delete_exported;
+  exported->memory = std::move(memory);
   exported->owner = owner_.ptr();
   Py_INCREF(exported->owner);
   Exported* raw = exported.release();
@@ -115,10 +142,12 @@ py::capsule Slot::dlpack(const py::object& /*stream*/) const {
 }
 
 py::tuple Slot::dlpack_device() const {
+  memory();
   return py::make_tuple(static_cast<int>(device_.device_type), device_.device_id);
 }
 
 py::tuple Slot::shape() const {
+  memory();
   py::tuple t(layout_.shape.size());
   for (size_t i = 0; i < layout_.shape.size(); ++i)
     t[i] = layout_.shape[i];
@@ -126,6 +155,7 @@ py::tuple Slot::shape() const {
 }
 
 py::tuple Slot::strides() const {
+  memory();
   std::vector<int64_t> strides = layout_.strides;
   if (strides.empty()) {  // row-major
     strides.assign(layout_.shape.size(), 1);
@@ -139,6 +169,7 @@ py::tuple Slot::strides() const {
 }
 
 std::string Slot::dtype() const {
+  memory();
   switch (layout_.element) {
     case Element::fp8:
       return "fp8";
@@ -157,6 +188,7 @@ std::string Slot::dtype() const {
 }
 
 uint64_t Slot::nbytes() const {
+  memory();
   uint64_t elements = 1;
   for (int64_t n : layout_.shape)
     elements *= static_cast<uint64_t>(n);
@@ -164,9 +196,13 @@ uint64_t Slot::nbytes() const {
 }
 
 std::string Slot::repr() const {
-  return fmt::format("hetmesh.Slot(shape=({}), dtype={}, device=({}, {}), data_ptr={:#x})",
-                     fmt::join(layout_.shape, ", "), dtype(), static_cast<int>(device_.device_type),
-                     device_.device_id, data_ptr());
+  try {
+    return fmt::format("hetmesh.Slot(shape=({}), dtype={}, device=({}, {}), data_ptr={:#x})",
+                       fmt::join(layout_.shape, ", "), dtype(),
+                       static_cast<int>(device_.device_type), device_.device_id, data_ptr());
+  } catch (const Error&) {
+    return "hetmesh.Slot(closed)";
+  }
 }
 
 void bind_slot(py::module_& m) {

@@ -1,8 +1,8 @@
 // A slot of an engine's registered memory, seen from Python: an object with __dlpack__ and
 // __dlpack_device__ (the DLPack exchange protocol), so that torch.from_dlpack and
 // numpy.from_dlpack make a tensor over the slot's own bytes, with no copy. Each exported tensor
-// holds a reference to the slot's owner (the engine, or the batch), so the memory outlives every
-// tensor made from it.
+// holds the engine's memory (SlotOwner::memory), so that memory outlives every tensor made from
+// it, even past the engine's close(); a slot of a closed engine refuses every use.
 #pragma once
 
 #include <hetmesh/afd/job_config.hpp>
@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,23 @@ struct SlotLayout {
   Element element = Element::fp8;
 };
 
+// The engine a slot's memory belongs to.
+class SlotOwner {
+ public:
+  // A reference that keeps the engine's memory (and what it needs) while a tensor uses it.
+  // Throws Error(kStatusClosed) once the engine was closed.
+  virtual std::shared_ptr<const void> memory() const = 0;
+
+ protected:
+  ~SlotOwner() = default;
+};
+
 class Slot {
  public:
-  // `data` lies in memory of `device` that stays valid while `owner` lives.
-  Slot(void* data, SlotLayout layout, const Device& device, py::object owner);
+  // `data` lies in memory of `device` that `engine` (the C++ side of the Python object `owner`)
+  // holds until it is closed.
+  Slot(void* data, SlotLayout layout, const Device& device, py::object owner,
+       const SlotOwner& engine);
 
   // A new DLPack capsule ("dltensor") over the slot. `stream` is the consumer's stream; the slot
   // is ready when the call that handed it out returned (wait, get_batch), so it is not waited on.
@@ -42,7 +56,7 @@ class Slot {
   // asic_stub's), else the plugin's own DLPack type with its device index.
   py::tuple dlpack_device() const;
 
-  uintptr_t data_ptr() const { return reinterpret_cast<uintptr_t>(data_); }
+  uintptr_t data_ptr() const;
   py::tuple shape() const;
   py::tuple strides() const;
   // "fp8", "bfloat16", "float16", "float32", "int32", "uint32"
@@ -51,10 +65,14 @@ class Slot {
   std::string repr() const;
 
  private:
+  // The engine's memory, or the error that its engine was closed.
+  std::shared_ptr<const void> memory() const;
+
   void* data_;
   SlotLayout layout_;
   DLDevice device_{};
-  py::object owner_;
+  py::object owner_;  // keeps engine_ valid; None once the garbage collector cleared it
+  const SlotOwner* engine_;
   friend void bind_slot(py::module_& m);
 };
 

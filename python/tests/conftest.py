@@ -1,6 +1,7 @@
 """Shared fixtures: a store per test, a small job, and instances in processes of their own."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -9,6 +10,9 @@ import threading
 import pytest
 
 import hetmesh
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+BUILD_PYTHON = os.path.dirname(os.path.dirname(hetmesh.__file__))  # <build>/python
 
 # A job small enough for a 2-core machine: every test's engines use it unless they say otherwise.
 # Its bounds are far beyond what a loaded machine takes (a peer in a process of its own imports
@@ -93,3 +97,20 @@ def serve(store, job, rank=0):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+@pytest.fixture(scope="session")
+def other_python(tmp_path_factory):
+    """A folder whose python3 is another interpreter (a copy of this one's binary, so not the one
+    hetmesh was built for) without site-packages, so without torch."""
+    folder = tmp_path_factory.mktemp("other-python")
+    binary = folder / "python3.bin"
+    shutil.copy(os.path.realpath(sys.executable), binary)
+    script = folder / "python3"
+    script.write_text(f'#!/bin/sh\nPYTHONHOME={sys.base_prefix} exec {binary} -S "$@"\n')
+    script.chmod(0o755)
+    return folder
+
+
+def environment(other_python, **extra):
+    return {**os.environ, "PATH": f"{other_python}:{os.environ['PATH']}", **extra}

@@ -47,6 +47,8 @@ def test_an_ffn_killed_mid_job_is_a_peer_lost_naming_it(store, job, spawn):
     assert isinstance(caught.value, ConnectionError)
     assert [p["state"] for p in a.peers()] == ["lost"]
     assert not a.wait_for_peers(timeout_ms=100)  # no replacement is coming
+    a.close()  # an engine that failed closes without raising its failure again
+    assert a.closed
 
 
 def test_get_batch_times_out_when_no_attention_instance_sends(store, job, spawn):

@@ -28,6 +28,8 @@ struct InstanceOptions {
   std::string device;       // its device instead of the config's ("cuda:1"); "": the config's
   std::string secret_file;  // the job's secret; "": the config's [rendezvous] secret_file, else
                             // the file the launcher handed it (HETMESH_JOB_SECRET_FILE), else none
+  std::string job;  // the job's rendezvous namespace (EngineSpec::job); "": "hetmesh". Two jobs
+                    // that share one store need one each
 };
 
 // What instance (role, rank) of a job runs on, set up in order: the config's plugins loaded, its
