@@ -366,7 +366,36 @@ void bind_common(Class& cls) {
       .def_property_readonly(
           "job", [](const Py& e) { return e.live()->spec().job; },
           "The job's rendezvous namespace in its store.")
-      .def_property_readonly("closed", [](const Py& e) { return !e.is_open(); });
+      .def_property_readonly("closed", [](const Py& e) { return !e.is_open(); })
+      .def(
+          "send_message",
+          [](const Py& e, int peer, const py::bytes& data) {
+            std::shared_ptr<Context> c = e.live();
+            std::string_view bytes = data;
+            engine_of<typename Py::EngineType>(*c).send_message(
+                peer, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+          },
+          py::arg("peer"), py::arg("data"),
+          "Sends the peer of that rank (an F from an A, an A from an F) a side-band message of at "
+          "most 60 KiB, in order with this engine's data to it.")
+      .def(
+          "receive_message",
+          [](const Py& e, std::optional<double> timeout_ms) -> py::object {
+            std::shared_ptr<Context> c = e.live();
+            milliseconds timeout = timeout_or(timeout_ms, *c);
+            std::optional<afd::Message> message;
+            {
+              py::gil_scoped_release unlocked;
+              message = engine_of<typename Py::EngineType>(*c).receive_message(timeout);
+            }
+            if (!message) return py::none();
+            return py::make_tuple(afd::to_string(message->role), message->rank,
+                                  py::bytes(reinterpret_cast<const char*>(message->bytes.data()),
+                                            message->bytes.size()));
+          },
+          py::arg("timeout_ms") = py::none(),
+          "The next side-band message from a peer as (role, rank, bytes), or None if none came "
+          "within timeout_ms (0: do not wait).");
 }
 
 }  // namespace
