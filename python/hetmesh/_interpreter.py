@@ -45,6 +45,13 @@ def how_to_run() -> str:
 
 def native_module():
     """hetmesh._native, or an ImportError that names the interpreter it is for."""
+    # torch first, where there is one: a CUDA wheel of torch imported after hetmesh's transport
+    # library had loaded aborted the process ("free(): invalid pointer", torch 2.11+cu130 on the
+    # GPU machine), while the other order works; a program that imports hetmesh first must not die.
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     try:
         return importlib.import_module("._native", __package__)
     except ImportError as e:
