@@ -3,6 +3,7 @@
 // keys and prefixes every failure with "<file>:<line>:<column>: [table] key: ".
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/bounded_file.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/toml_reader.hpp>
 
@@ -11,12 +12,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <charconv>
-#include <cstdio>
-#include <cstring>
 #include <limits>
-#include <memory>
 #include <optional>
 
 namespace hetmesh::afd {
@@ -32,6 +29,8 @@ constexpr uint64_t kMaxMicroBatchBytes = 4ULL << 30;      // tokens x hidden x d
 constexpr int64_t kMaxTopK = 1024;                        // experts per token; routing is 8 B each
 constexpr uint64_t kMaxInstanceSlotBytes = 256ULL << 30;  // every slot of one A or F instance
 constexpr int64_t kMaxCpu = 1023;                         // CPU_SETSIZE - 1
+// A config is a page of text; a file past this is not one (or is /dev/zero).
+constexpr size_t kMaxConfigBytes = 4 << 20;
 
 // The names in the file, indexed by the enums' values.
 constexpr std::array<std::string_view, 4> kDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
@@ -409,19 +408,7 @@ JobConfig parse_config(std::string_view text, const std::string& source_name) {
 }
 
 JobConfig load_config(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("cannot read config {}: {}", path, std::strerror(errno)));
-  std::string text;
-  char buffer[65536];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, file.get())) > 0)
-    text.append(buffer, n);
-  if (std::ferror(file.get()))  // e.g. EISDIR: fopen succeeds on a folder, reading fails
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("cannot read config {}: {}", path, std::strerror(errno)));
-  return parse_config(text, path);
+  return parse_config(read_bounded_file(path, "config", kMaxConfigBytes), path);
 }
 
 }  // namespace hetmesh::afd

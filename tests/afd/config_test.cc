@@ -346,7 +346,7 @@ TEST(ConfigTest, MissingFileNamesThePathAndTheReason) {
     FAIL() << "loaded a folder";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "cannot read config " + dir.path().string() + ": Is a directory");
+              "config " + dir.path().string() + " is a directory, not a regular file");
   }
 }
 
