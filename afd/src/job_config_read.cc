@@ -187,7 +187,29 @@ std::string read_plugin_options(const TomlReporter& reporter, const std::string&
   return fmt::format("{}", fmt::join(items, ";"));
 }
 
-PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& root) {
+// The plugins a job's options may be for: those its devices are on, and those of its [plugins]
+// paths (named, as the loader keys their options, by the file name: libhetmesh-device-NAME.so).
+std::vector<std::string> plugins_of_job(const DevicesSection& devices,
+                                        const std::vector<std::string>& paths) {
+  std::vector<std::string> names;
+  auto add = [&](std::string name) {
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      names.push_back(std::move(name));
+  };
+  for (const auto* role : {&devices.attention, &devices.ffn})
+    for (const std::string& selector : *role)
+      add(selector.substr(0, selector.find(':')));
+  constexpr std::string_view kPrefix = HM_DEVICE_PLUGIN_PREFIX, kSuffix = ".so";
+  for (const std::string& path : paths) {
+    std::string_view file = std::string_view(path).substr(path.rfind('/') + 1);
+    if (file.starts_with(kPrefix) && file.ends_with(kSuffix))
+      add(std::string(file.substr(kPrefix.size(), file.size() - kPrefix.size() - kSuffix.size())));
+  }
+  return names;
+}
+
+PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& root,
+                            const DevicesSection& devices) {
   static constexpr std::array<std::string_view, 2> kKeys = {"paths", "options"};
   TomlSection s = root.table("plugins", kKeys);
   PluginsSection out;
@@ -211,6 +233,17 @@ PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& roo
                                               "([a-z0-9_], at most 32 characters)",
                                               name));
     out.options[name] = read_plugin_options(reporter, name, key, value);
+    // Options for a plugin that no device of the job is on would be given to nobody: most often
+    // a misspelt name.
+    const std::vector<std::string> known = plugins_of_job(devices, out.paths);
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::vector<std::string_view> candidates(known.begin(), known.end());
+      reporter.fail(key.source(),
+                    fmt::format("[plugins.options] {}: no device of this job is on a plugin of "
+                                "that name, so nothing would read these options{}; the job's "
+                                "plugins are {} (from [devices] and [plugins] paths)",
+                                name, toml_did_you_mean(name, candidates), fmt::join(known, ", ")));
+    }
   }
   return out;
 }
@@ -303,7 +336,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.devices.attention = read_selectors(devices, "attention", c.job.attention, "A");
   c.devices.ffn = read_selectors(devices, "ffn", c.job.ffn, "F");
 
-  c.plugins = read_plugins(reporter, root);
+  c.plugins = read_plugins(reporter, root, c.devices);
 
   static constexpr std::array<std::string_view, 6> kTransport = {
       "kind", "listen_host", "rdma_device", "gid_index", "staging_slots", "staging_slot_kib"};
