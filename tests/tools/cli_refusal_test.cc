@@ -31,13 +31,14 @@ struct CliRun {
   double seconds = 0;
 };
 
-// Runs `hetmesh` with `args`, with "NAME=value" `environment` added.
+// Runs `hetmesh` with `args` (or, `bare`, the command `args`), with "NAME=value" `environment`
+// added.
 CliRun run_cli(const std::vector<std::string>& args,
                const std::vector<std::string>& environment = {},
-               std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+               std::chrono::milliseconds limit = std::chrono::seconds(60), bool bare = false) {
   std::vector<std::string> argv = {"/usr/bin/env"};
   argv.insert(argv.end(), environment.begin(), environment.end());
-  argv.push_back(HETMESH_CLI);
+  if (!bare) argv.push_back(HETMESH_CLI);
   argv.insert(argv.end(), args.begin(), args.end());
   auto start = Clock::now();
   CliRun run{run_process(argv, limit), 0};
@@ -150,6 +151,17 @@ TEST(CliRefusal, TemporaryFolderThatIsAFileIsNamed) {
   CliRun run = run_cli({"demo"}, {"TMPDIR=" + dir.file("file")});
   expect_refused(run, {fmt::format("the temporary folder {} (from TMPDIR={}) is not a folder",
                                    dir.file("file"), dir.file("file"))});
+}
+
+// Out of descriptors (a real RLIMIT_NOFILE of 10, set by the shell before exec): the error names
+// what was being created, for whom, and what to do, not a bare "pipe: Too many open files".
+TEST(CliRefusal, RunningOutOfDescriptorsNamesWhatAndWhatToDo) {
+  CliRun run =
+      run_cli({"/bin/sh", "-c", std::string("ulimit -n 10 && exec ") + HETMESH_CLI + " demo"}, {},
+              std::chrono::seconds(60), /*bare=*/true);
+  expect_refused(run, {"hetmesh: error: starting ", ": creating its ",
+                       "Too many open files (this process is out of file descriptors: raise its "
+                       "limit, ulimit -n)"});
 }
 
 TEST(CliRefusal, AnyExceptionIsPrintedNotAborted) {
