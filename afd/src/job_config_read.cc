@@ -3,6 +3,7 @@
 // keys and prefixes every failure with "<file>:<line>:<column>: [table] key: ".
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/bounded_file.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/toml_reader.hpp>
 
@@ -11,12 +12,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <charconv>
-#include <cstdio>
-#include <cstring>
 #include <limits>
-#include <memory>
 #include <optional>
 
 namespace hetmesh::afd {
@@ -33,6 +30,8 @@ constexpr uint64_t kMaxMicroBatchBytes = 4ULL << 30;      // tokens x hidden x d
 constexpr int64_t kMaxTopK = 1024;                        // experts per token; routing is 8 B each
 constexpr uint64_t kMaxInstanceSlotBytes = 256ULL << 30;  // every slot of one A or F instance
 constexpr int64_t kMaxCpu = 1023;                         // CPU_SETSIZE - 1
+// A config is a page of text; a file past this is not one (or is /dev/zero).
+constexpr size_t kMaxConfigBytes = 4 << 20;
 
 // The names in the file, indexed by the enums' values.
 constexpr std::array<std::string_view, 4> kDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
@@ -189,7 +188,29 @@ std::string read_plugin_options(const TomlReporter& reporter, const std::string&
   return fmt::format("{}", fmt::join(items, ";"));
 }
 
-PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& root) {
+// The plugins a job's options may be for: those its devices are on, and those of its [plugins]
+// paths (named, as the loader keys their options, by the file name: libhetmesh-device-NAME.so).
+std::vector<std::string> plugins_of_job(const DevicesSection& devices,
+                                        const std::vector<std::string>& paths) {
+  std::vector<std::string> names;
+  auto add = [&](std::string name) {
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      names.push_back(std::move(name));
+  };
+  for (const auto* role : {&devices.attention, &devices.ffn})
+    for (const std::string& selector : *role)
+      add(selector.substr(0, selector.find(':')));
+  constexpr std::string_view kPrefix = HM_DEVICE_PLUGIN_PREFIX, kSuffix = ".so";
+  for (const std::string& path : paths) {
+    std::string_view file = std::string_view(path).substr(path.rfind('/') + 1);
+    if (file.starts_with(kPrefix) && file.ends_with(kSuffix))
+      add(std::string(file.substr(kPrefix.size(), file.size() - kPrefix.size() - kSuffix.size())));
+  }
+  return names;
+}
+
+PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& root,
+                            const DevicesSection& devices) {
   static constexpr std::array<std::string_view, 2> kKeys = {"paths", "options"};
   TomlSection s = root.table("plugins", kKeys);
   PluginsSection out;
@@ -213,6 +234,17 @@ PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& roo
                                               "([a-z0-9_], at most 32 characters)",
                                               name));
     out.options[name] = read_plugin_options(reporter, name, key, value);
+    // Options for a plugin that no device of the job is on would be given to nobody: most often
+    // a misspelt name.
+    const std::vector<std::string> known = plugins_of_job(devices, out.paths);
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::vector<std::string_view> candidates(known.begin(), known.end());
+      reporter.fail(key.source(),
+                    fmt::format("[plugins.options] {}: no device of this job is on a plugin of "
+                                "that name, so nothing would read these options{}; the job's "
+                                "plugins are {} (from [devices] and [plugins] paths)",
+                                name, toml_did_you_mean(name, candidates), fmt::join(known, ", ")));
+    }
   }
   return out;
 }
@@ -311,7 +343,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.devices.attention = read_selectors(devices, "attention", c.job.attention, "A");
   c.devices.ffn = read_selectors(devices, "ffn", c.job.ffn, "F");
 
-  c.plugins = read_plugins(reporter, root);
+  c.plugins = read_plugins(reporter, root, c.devices);
 
   static constexpr std::array<std::string_view, 6> kTransport = {
       "kind", "listen_host", "rdma_device", "gid_index", "staging_slots", "staging_slot_kib"};
@@ -416,19 +448,7 @@ JobConfig parse_config(std::string_view text, const std::string& source_name) {
 }
 
 JobConfig load_config(const std::string& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("cannot read config {}: {}", path, std::strerror(errno)));
-  std::string text;
-  char buffer[65536];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, file.get())) > 0)
-    text.append(buffer, n);
-  if (std::ferror(file.get()))  // e.g. EISDIR: fopen succeeds on a folder, reading fails
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("cannot read config {}: {}", path, std::strerror(errno)));
-  return parse_config(text, path);
+  return parse_config(read_bounded_file(path, "config", kMaxConfigBytes), path);
 }
 
 }  // namespace hetmesh::afd

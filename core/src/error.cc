@@ -1,5 +1,8 @@
 #include <hetmesh/core/error.hpp>
 
+#include <cerrno>
+#include <cstring>
+
 namespace hetmesh {
 
 const char* status_name(hm_status status) {
@@ -38,6 +41,20 @@ const char* status_name(hm_status status) {
       return "CLOSED";
     default:
       return "HM_STATUS_UNKNOWN";
+  }
+}
+
+std::string describe_errno(int error) {
+  std::string text = std::strerror(error);
+  switch (error) {
+    case EMFILE:
+      return text + " (this process is out of file descriptors: raise its limit, ulimit -n)";
+    case ENFILE:
+      return text + " (the system is out of file descriptors: raise fs.file-max, or close some)";
+    case ENOMEM:
+      return text + " (out of memory)";
+    default:
+      return text;
   }
 }
 

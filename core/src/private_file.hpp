@@ -10,8 +10,9 @@
 namespace hetmesh {
 
 // The contents of `path`, at most `max_bytes` of them (more is an error), without one trailing
-// newline. Throws Error(INVALID_ARGUMENT) "<what> <path>: <why>": missing, not a regular file (a
-// symbolic link is not followed), readable by others, another user's, or too long.
+// newline, read as read_bounded_file reads (bounded_file.hpp). Throws Error(INVALID_ARGUMENT)
+// naming `what` and the path: missing, not a regular file (a symbolic link is not followed),
+// readable by others, another user's, or too long.
 std::string read_private_file(const std::string& path, std::string_view what, size_t max_bytes);
 
 }  // namespace hetmesh

@@ -246,7 +246,7 @@ Fd connect_with_retry(const std::vector<Address>& candidates, milliseconds timeo
     if (!retry || Clock::now() >= *deadline)
       throw Error(retry ? HM_ERR_TIMEOUT : kStatusPeerLost,
                   fmt::format("cannot connect to {} within {} ms: {}", what, timeout.count(),
-                              std::strerror(error)));
+                              describe_errno(error)));
     std::this_thread::sleep_for(retry_every);
   }
 }
@@ -257,7 +257,8 @@ Fd listen_on(const Address& address, std::string_view what) {
   Fd fd(::socket(address.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   auto fail = [&](hm_status status, const char* step) {
     int error = errno;
-    throw Error(status, fmt::format("cannot listen on {}: {}{}", what, step, std::strerror(error)));
+    throw Error(status,
+                fmt::format("cannot listen on {}: {}{}", what, step, describe_errno(error)));
   };
   if (!fd) fail(HM_ERR_BACKEND, "socket: ");
   int one = 1;

@@ -49,7 +49,8 @@ Gate::Gate(Fd listener, std::string name, MakeOpening make, Admit admit, GateLim
       admit_(std::move(admit)),
       limits_(limits) {
   wake_ = Fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake_) throw Error(HM_ERR_BACKEND, fmt::format("{}: eventfd: {}", name_, strerror(errno)));
+  if (!wake_)
+    throw Error(HM_ERR_BACKEND, fmt::format("{}: eventfd: {}", name_, describe_errno(errno)));
   spare_ = open_spare();
   thread_ = std::thread([this] { serve(); });
 }

@@ -42,11 +42,14 @@ namespace {
 // EPIPE (send with MSG_NOSIGNAL) instead of a SIGPIPE that would kill this process.
 struct Pipe {
   int read = -1, write = -1;
-  explicit Pipe(bool socket = false) {
+  // `program` and `what` name it in an error: "starting hetmesh: creating its stdout pipe: ...".
+  Pipe(const std::string& program, const char* what, bool socket = false) {
     int fds[2];
     int rc =
         socket ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : pipe2(fds, O_CLOEXEC);
-    if (rc != 0) throw Error(HM_ERR_BACKEND, fmt::format("pipe: {}", std::strerror(errno)));
+    if (rc != 0)
+      throw Error(HM_ERR_BACKEND, fmt::format("starting {}: creating its {}: {}", program, what,
+                                              describe_errno(errno)));
     read = fds[0];
     write = fds[1];
   }
@@ -86,10 +89,13 @@ pid_t spawn(const std::vector<std::string>& argv, const int (&fds)[3]) {
   for (const auto& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  Pipe report;  // close-on-exec: stays silent when exec succeeds, carries errno when it fails
+  Pipe report(argv[0], "exec report pipe");  // close-on-exec: stays silent when exec succeeds,
+                                             // carries errno when it fails
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) throw Error(HM_ERR_BACKEND, fmt::format("fork: {}", std::strerror(errno)));
+  if (pid < 0)
+    throw Error(HM_ERR_BACKEND,
+                fmt::format("starting {}: fork: {}", argv[0], describe_errno(errno)));
   if (pid == 0) exec_child(args.data(), fds, parent, report.write);
   report.close_write();
   int error = 0;
@@ -108,7 +114,8 @@ pid_t spawn(const std::vector<std::string>& argv, const int (&fds)[3]) {
 ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
                           const std::string& input) {
   if (argv.empty()) throw Error(HM_ERR_INVALID_ARGUMENT, "run_process: empty argv");
-  Pipe in(/*socket=*/true), out, err;
+  Pipe in(argv[0], "stdin socket", /*socket=*/true), out(argv[0], "stdout pipe"),
+      err(argv[0], "stderr pipe");
   pid_t pid = spawn(argv, {in.read, out.write, err.write});
   in.close_read();
   out.close_write();
@@ -157,7 +164,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, std::chrono::mil
 
 ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
   if (argv.empty()) throw Error(HM_ERR_INVALID_ARGUMENT, "ChildProcess: empty argv");
-  Pipe in(/*socket=*/true), out;
+  Pipe in(argv[0], "stdin socket", /*socket=*/true), out(argv[0], "stdout pipe");
   pid_ = spawn(argv, {in.read, out.write, -1});
   stdin_ = std::exchange(in.write, -1);
   stdout_ = std::exchange(out.read, -1);

@@ -2,7 +2,9 @@
 //
 // Requests go over a small pool of connections: a get() blocked on one connection does not hold
 // up other threads' calls (a barrier needs them), and a connection that failed mid-request is
-// dropped, never reused out of step. Every request's round trip is bounded by a deadline.
+// dropped, never reused out of step. Every request's round trip is bounded by a deadline. A new
+// connection's hello is checked as its first bytes arrive, within kHelloTimeout, so something
+// else on the store's port is named at once, not at the join's deadline.
 #include "store_wire.hpp"
 
 #include <hetmesh/core/rendezvous.hpp>
@@ -10,9 +12,14 @@
 
 #include <fmt/format.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <utility>
 
 namespace hetmesh {
@@ -23,6 +30,30 @@ using std::chrono::milliseconds;
 
 // How long connect_tcp_store waits between attempts while the server does not listen yet.
 constexpr milliseconds kConnectRetry{10};
+// How long a new connection waits for the hello's first bytes, which a store sends as it accepts:
+// a listener silent that long is not the store (or the store is wedged), whatever the join's
+// timeout.
+constexpr milliseconds kHelloTimeout{5000};
+
+// `bytes` as a quoted C string: printable ASCII as is, the rest escaped.
+std::string printable(std::span<const uint8_t> bytes) {
+  std::string out = "\"";
+  for (uint8_t b : bytes) {
+    if (b == '\r')
+      out += "\\r";
+    else if (b == '\n')
+      out += "\\n";
+    else if (b == '\t')
+      out += "\\t";
+    else if (b == '"' || b == '\\')
+      out += fmt::format("\\{}", static_cast<char>(b));
+    else if (b >= 0x20 && b < 0x7f)
+      out += static_cast<char>(b);
+    else
+      out += fmt::format("\\x{:02x}", b);
+  }
+  return out + "\"";
+}
 
 class TcpStoreClient final : public KeyValueStore {
  public:
@@ -32,7 +63,13 @@ class TcpStoreClient final : public KeyValueStore {
         resolved_(std::move(resolved)),
         io_timeout_(io_timeout),
         secret_(secret) {
-    prove(first.get(), net::Clock::now() + io_timeout_);
+    try {
+      prove(first.get(), net::Clock::now() + io_timeout_);
+    } catch (const Error& e) {
+      if (std::string_view(e.what()).starts_with(describe())) throw;
+      throw Error(e.status(), fmt::format("{}: the opening (proving the job's secret): {}",
+                                          describe(), e.what()));
+    }
     idle_.push_back(std::move(first));
   }
 
@@ -153,9 +190,7 @@ class TcpStoreClient final : public KeyValueStore {
   void prove(int fd, const net::Deadline& deadline) {
     try {
       uint8_t challenge[kChallengeBytes];
-      if (!net::recv_exact(fd, challenge, sizeof challenge, "the challenge", deadline))
-        throw Error(kStatusPeerLost, "the store closed the connection");
-      check_hello_head(challenge);
+      receive_hello(fd, challenge, deadline);
       std::span<const uint8_t> server_nonce(challenge + 8, kNonceBytes);
       uint8_t answer[kAnswerBytes];
       put_hello_head(answer);
@@ -181,6 +216,50 @@ class TcpStoreClient final : public KeyValueStore {
     } catch (const Malformed& e) {
       throw Error(kStatusProtocolError, fmt::format("{}: bad hello: {}", describe(), e.what()));
     }
+  }
+
+  // The store's challenge. What opens it is checked as it arrives, so that a listener that is
+  // not the store (another program on its port) is refused at its first bytes, naming them, and
+  // one that says nothing within kHelloTimeout is given up on then, not at the join's deadline.
+  void receive_hello(int fd, uint8_t (&challenge)[kChallengeBytes], const net::Deadline& deadline) {
+    uint8_t head[8];
+    put_hello_head(head);
+    const auto until = deadline.value_or(net::Clock::time_point::max());
+    const auto hello_deadline = std::min(until, net::Clock::now() + kHelloTimeout);
+    size_t got = 0;
+    auto sent = [&] { return std::span<const uint8_t>(challenge, got); };
+    while (got < 8) {  // the magic and version; then the nonce within the usual deadline
+      pollfd p{fd, POLLIN, 0};
+      const auto left = std::chrono::ceil<milliseconds>(hello_deadline - net::Clock::now());
+      if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) == 0) {
+        if (got == 0 && hello_deadline < until)
+          throw Error(HM_ERR_TIMEOUT,
+                      fmt::format("{}: the listener there sent nothing within {} ms of the "
+                                  "connection, where the store's hello comes at once: it is not a "
+                                  "hetmesh store (another program holds the port?), or the store "
+                                  "is wedged",
+                                  describe(), kHelloTimeout.count()));
+        throw Error(HM_ERR_TIMEOUT, "receiving the challenge: timed out");
+      }
+      const ssize_t n = ::recv(fd, challenge + got, sizeof challenge - got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (n < 0)
+        throw Error(kStatusPeerLost, fmt::format("receiving the challenge: {}", strerror(errno)));
+      if (n == 0)
+        throw Error(kStatusPeerLost,
+                    got == 0 ? std::string("the store closed the connection")
+                             : fmt::format("{}: the listener there closed the connection after "
+                                           "sending {}, which is not the store's hello",
+                                           describe(), printable(sent())));
+      got += static_cast<size_t>(n);
+      if (std::memcmp(challenge, head, std::min<size_t>(got, 4)) != 0)
+        throw Error(kStatusProtocolError,
+                    fmt::format("{}: the listener there is not a hetmesh store: where the store's "
+                                "hello was expected, it sent {}",
+                                describe(), printable(sent())));
+    }
+    check_hello_head(challenge);  // the version, named
+    net::recv_all(fd, challenge + got, sizeof challenge - got, "the challenge", deadline);
   }
 
   void release(net::Fd fd) {

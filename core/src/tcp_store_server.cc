@@ -3,11 +3,16 @@
 //
 // Concurrency: a gate (socket_gate.hpp) runs every connection's proof of the job's secret at
 // once in one thread, each to its own deadline, so a silent or slow connection delays nobody and
-// holds no thread; a client that proved the secret gets a thread of its own. A get waits on a
-// condition variable signalled by every set and add. Once a request has started, every wait is
-// bounded by a deadline, so a dead or stalled client costs a timeout, never a hang; the destructor
-// shuts every socket down, which wakes each thread. The server closes the connection of a client
-// that breaks any rule of the protocol, logging why.
+// holds no thread. A client that proved the secret joins the idle clients, which one thread
+// watches (epoll, one-shot): an idle client costs a descriptor, never a thread, however long it
+// idles (an instance holds its connection for the whole job). When a client's request arrives, a
+// worker takes the client, serves that one request and hands it back to the watcher; workers are
+// started as requests need them, up to kMaxWorkers (a get that waits holds its worker), and past
+// that a request waits for a free one. A get waits on a condition variable signalled by every set
+// and add. Once a request has started, every wait is bounded by a deadline, so a dead or stalled
+// client costs a timeout, never a hang; the destructor shuts every socket down, which wakes each
+// worker. The server closes the connection of a client that breaks any rule of the protocol,
+// logging why.
 #include "store_wire.hpp"
 
 #include <hetmesh/core/log.hpp>
@@ -17,12 +22,17 @@
 
 #include <fmt/format.h>
 
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -42,9 +52,9 @@ using std::chrono::milliseconds;
 constexpr milliseconds kFrameTimeout{10000};
 // How often a server thread waiting in get() checks that its client is still there.
 constexpr milliseconds kHangupCheck{250};
-// Clients beyond this are refused: each costs a thread. (Connections still proving the secret
-// cost none; the gate bounds them.)
-constexpr size_t kMaxClients = 1024;
+// Requests served at once (each worker a thread; a get holds one while it waits). Idle clients
+// cost none: their number is bounded only by the process's descriptors.
+constexpr size_t kMaxWorkers = 1024;
 
 }  // namespace
 
@@ -58,8 +68,6 @@ class TcpStoreServer::Impl {
   struct Client {
     Fd fd;
     std::string peer;
-    std::thread thread;
-    std::atomic<bool> done{false};
   };
   struct Reply {
     Status status = kOk;
@@ -67,12 +75,17 @@ class TcpStoreServer::Impl {
   };
 
   class Opening;
-  // Gives a client that proved the secret its thread (in the gate's thread).
+  // Adds a client that proved the secret to the idle ones (in the gate's thread).
   void admit(Fd fd, const std::string& peer);
-  void reap();
-  void serve(Client& client);
+  // The watcher's loop: hands each idle client whose request arrives to a worker.
+  void watch();
+  // A worker's loop: serves one request of each client handed over.
+  void work();
+  // Serves one request of `client`; false when its connection is over.
+  bool serve(Client& client);
   bool serve_one(Client& client);
-  // Returns nullopt when the server is stopping and the request gets no reply.
+  // Ends a client's connection and forgets it.
+  void drop(Client* client);
   std::optional<Reply> execute(int fd, const Frame& frame, const std::string& key,
                                std::vector<uint8_t> value);
   Reply add(const std::string& key, int64_t delta);
@@ -93,8 +106,16 @@ class TcpStoreServer::Impl {
   std::unordered_map<std::string, std::vector<uint8_t>> data_;
   std::atomic<bool> stopping_{false};
 
-  // Touched only by the gate's thread while it runs, and by the destructor after it stopped.
-  std::list<Client> clients_;
+  std::mutex clients_mutex_;  // guards clients_
+  std::unordered_map<Client*, std::unique_ptr<Client>> clients_;
+  Fd epoll_;  // the idle clients, one-shot: a client is out of it while a worker serves it
+  Fd wake_;   // eventfd in epoll_: stops the watcher
+  std::mutex queue_mutex_;  // guards ready_ and idle_workers_
+  std::condition_variable queued_;
+  std::deque<Client*> ready_;  // clients whose request arrived, for the next free worker
+  size_t idle_workers_ = 0;
+  std::vector<std::thread> workers_;  // started by the watcher; joined after it ended
+  std::thread watcher_;
   std::unique_ptr<net::Gate> gate_;
 };
 
@@ -153,6 +174,15 @@ TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> s
   if (secret) secret_ = *secret;
   Fd listener = net::listen_on(where, "tcp store " + listen);
   address_ = net::to_string(net::local_address(listener.get()));
+  epoll_ = Fd(epoll_create1(EPOLL_CLOEXEC));
+  wake_ = Fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  epoll_event wake{};
+  wake.events = EPOLLIN;
+  wake.data.ptr = nullptr;
+  if (!epoll_ || !wake_ || epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &wake) != 0)
+    throw Error(HM_ERR_BACKEND, fmt::format("tcp store {}: creating its client watcher: {}",
+                                            address_, describe_errno(errno)));
+  watcher_ = std::thread([this] { watch(); });
   net::GateLimits gate_limits;
   gate_limits.deadline = kFrameTimeout;
   gate_ = std::make_unique<net::Gate>(
@@ -170,47 +200,131 @@ TcpStoreServer::Impl::~Impl() {
   }
   changed_.notify_all();
   gate_.reset();  // no client is admitted after this
-  // Shutting a socket down wakes its thread's wait; the thread then ends and the socket is
-  // closed only after the join, so its number cannot be reused under a running thread.
-  for (Client& client : clients_)
-    client.fd.shutdown();
-  for (Client& client : clients_)
-    client.thread.join();
+  uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof one) != sizeof one)
+    log(LogLevel::error, "tcp store {}: cannot wake its watcher: {}", address_, strerror(errno));
+  watcher_.join();  // no client is handed to a worker after this
+  {
+    // Shutting a socket down wakes the worker serving it; the socket is closed only when it is
+    // forgotten, under this lock, so its number cannot be reused under a running worker.
+    std::lock_guard lock(clients_mutex_);
+    for (const auto& [_, client] : clients_)
+      client->fd.shutdown();
+  }
+  {
+    std::lock_guard lock(queue_mutex_);
+    ready_.clear();
+  }
+  queued_.notify_all();
+  for (std::thread& worker : workers_)
+    worker.join();
 }
 
 void TcpStoreServer::Impl::admit(Fd fd, const std::string& peer) {
-  reap();
-  if (clients_.size() >= kMaxClients) {
-    log(LogLevel::warn, "tcp store {}: refusing {}: already {} clients", address_, peer,
-        kMaxClients);
+  auto client = std::make_unique<Client>();
+  client->fd = std::move(fd);
+  client->peer = peer;
+  epoll_event event{};
+  event.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  event.data.ptr = client.get();
+  std::lock_guard lock(clients_mutex_);
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, client->fd.get(), &event) != 0) {
+    log(LogLevel::warn, "tcp store {}: refusing {}: cannot watch its connection: {}", address_,
+        peer, describe_errno(errno));
     return;
   }
-  Client& client = clients_.emplace_back();
-  client.fd = std::move(fd);
-  client.peer = peer;
-  try {
-    client.thread = std::thread([this, &client] { serve(client); });
-  } catch (const std::system_error& e) {
-    log(LogLevel::warn, "tcp store {}: no thread for {}: {}", address_, client.peer, e.what());
-    clients_.pop_back();
+  Client* key = client.get();
+  clients_.emplace(key, std::move(client));
+}
+
+void TcpStoreServer::Impl::watch() {
+  epoll_event events[64];
+  for (;;) {
+    const int n = epoll_wait(epoll_.get(), events, 64, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      log(LogLevel::error, "tcp store {}: epoll_wait: {}; no more requests are served", address_,
+          strerror(errno));
+      return;
+    }
+    std::vector<Client*> arrived;
+    for (int i = 0; i < n; ++i) {
+      auto* client = static_cast<Client*>(events[i].data.ptr);
+      if (client == nullptr) return;  // stopping
+      // A client gone with no request left in its socket (its process ended) is forgotten here:
+      // a job's end, every instance at once, starts no worker.
+      bool gone = false;
+      if ((events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) {
+        uint8_t byte;
+        const ssize_t r = ::recv(client->fd.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      }
+      if (gone)
+        drop(client);
+      else
+        arrived.push_back(client);
+    }
+    // Every client handed over has a worker of its own: an idle one, or one started now (a get
+    // may hold its worker long, so none waits behind another).
+    size_t start = 0;
+    {
+      std::lock_guard lock(queue_mutex_);
+      ready_.insert(ready_.end(), arrived.begin(), arrived.end());
+      if (ready_.size() > idle_workers_)
+        start = std::min(ready_.size() - idle_workers_, kMaxWorkers - workers_.size());
+      idle_workers_ += start;  // counted idle from now: each takes a client as it starts
+    }
+    for (size_t i = 0; i < start; ++i) {
+      try {
+        workers_.emplace_back([this] { work(); });
+      } catch (const std::system_error& e) {  // the clients wait for a worker that exists
+        log(LogLevel::warn, "tcp store {}: cannot start a worker ({} run): {}", address_,
+            workers_.size(), e.what());
+        std::lock_guard lock(queue_mutex_);
+        idle_workers_ -= start - i;
+        break;
+      }
+    }
+    queued_.notify_all();
   }
 }
 
-void TcpStoreServer::Impl::reap() {
-  for (auto it = clients_.begin(); it != clients_.end();) {
-    if (it->done) {
-      it->thread.join();
-      it = clients_.erase(it);
+void TcpStoreServer::Impl::work() {
+  std::unique_lock lock(queue_mutex_);
+  for (;;) {  // counted in idle_workers_ here (by the watcher, for the first round)
+    queued_.wait(lock, [&] { return stopping_ || !ready_.empty(); });
+    --idle_workers_;
+    if (stopping_) return;
+    Client* client = ready_.front();
+    ready_.pop_front();
+    lock.unlock();
+    if (!serve(*client) || stopping_) {
+      drop(client);
     } else {
-      ++it;
+      // Back to the idle ones; a request already waiting in the socket fires at once.
+      epoll_event event{};
+      event.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+      event.data.ptr = client;
+      if (epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, client->fd.get(), &event) != 0) {
+        log(LogLevel::warn, "tcp store {}: closing the connection from {}: cannot watch it: {}",
+            address_, client->peer, describe_errno(errno));
+        drop(client);
+      }
     }
+    lock.lock();
+    ++idle_workers_;
   }
 }
 
-void TcpStoreServer::Impl::serve(Client& client) {
+void TcpStoreServer::Impl::drop(Client* client) {
+  std::lock_guard lock(clients_mutex_);
+  epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, client->fd.get(), nullptr);
+  clients_.erase(client);  // closes the socket: the peer sees the close now
+}
+
+bool TcpStoreServer::Impl::serve(Client& client) {
   try {
-    while (!stopping_ && serve_one(client)) {
-    }
+    return serve_one(client);
   } catch (const Malformed& e) {
     log(LogLevel::warn, "tcp store {}: closing the connection from {}: malformed request: {}",
         address_, client.peer, e.what());
@@ -219,26 +333,22 @@ void TcpStoreServer::Impl::serve(Client& client) {
       log(LogLevel::warn, "tcp store {}: closing the connection from {}: {}", address_, client.peer,
           e.what());
   }
-  // The peer sees the close now; the descriptor itself is closed after the join (when the next
-  // client is admitted, or by the destructor), so its number cannot be reused while the
-  // destructor might still shut it down.
-  client.fd.shutdown();
-  client.done = true;
+  return false;
 }
 
 bool TcpStoreServer::Impl::serve_one(Client& client) {
   int fd = client.fd.get();
   uint8_t raw[kRequestHeaderBytes];
-  // Clients idle between requests for as long as the job runs: only a started frame has a limit.
-  // A client that goes away between requests (closed, or reset: its process ended or was killed)
-  // is an ordinary end, not worth a warning.
+  // The watcher saw the request's first byte (or the connection's end) arrive: a started frame
+  // has a limit. A client that goes away between requests (closed, or reset: its process ended
+  // or was killed) is an ordinary end, not worth a warning.
+  net::Deadline deadline = Clock::now() + kFrameTimeout;
   try {
-    if (!net::recv_exact(fd, raw, 1, "request")) return false;
+    if (!net::recv_exact(fd, raw, 1, "request", deadline)) return false;
   } catch (const Error& e) {
     if (e.status() != kStatusPeerLost) throw;
     return false;
   }
-  net::Deadline deadline = Clock::now() + kFrameTimeout;
   net::recv_all(fd, raw + 1, sizeof raw - 1, "request header", deadline);
   Frame frame = decode_request(raw);
   std::string key(frame.key_length, '\0');

@@ -44,6 +44,10 @@ std::string range(int64_t min, int64_t max) {
 
 }  // namespace
 
+std::string toml_did_you_mean(std::string_view word, std::span<const std::string_view> candidates) {
+  return did_you_mean(word, candidates);
+}
+
 std::string toml_quote(std::string_view text) {
   std::string out = "\"";
   for (char c : text) {

@@ -346,6 +346,26 @@ TEST(ConfigTest, PluginSection) {
             "job.toml:2:1: unknown key [plugins] path (did you mean paths?)");
 }
 
+// Options are for the plugins the job's devices are on (or that its [plugins] paths load): any
+// other name would be read by nobody, so it is refused, with the closest name, as an unknown key.
+TEST(ConfigTest, OptionsForAPluginTheJobDoesNotUseAreRefused) {
+  EXPECT_EQ(error_of("[devices]\nffn = \"asic_stub:0\"\n[plugins.options]\n"
+                     "asic_stb = { copy_latency_us = 2 }\n"),
+            "job.toml:4:1: [plugins.options] asic_stb: no device of this job is on a plugin of "
+            "that name, so nothing would read these options (did you mean asic_stub?); the job's "
+            "plugins are cpu, asic_stub (from [devices] and [plugins] paths)");
+  EXPECT_EQ(error_of("[plugins.options]\ncuda = \"a=1\"\n"),
+            "job.toml:2:1: [plugins.options] cuda: no device of this job is on a plugin of that "
+            "name, so nothing would read these options; the job's plugins are cpu (from [devices] "
+            "and [plugins] paths)");
+  // A plugin of [plugins] paths is known by its file's name, as the loader keys its options.
+  JobConfig c = parse_config(
+      "[plugins]\npaths = [\"/opt/x/libhetmesh-device-mychip.so\"]\n[plugins.options]\n"
+      "mychip = \"a=1\"\ncpu = \"threads=2\"\n",
+      "job.toml");
+  EXPECT_EQ(c.plugins.options.at("mychip"), "a=1");
+}
+
 TEST(ConfigTest, TomlSyntaxErrorCarriesTomlPlusPlusPosition) {
   std::string message = error_of("[job]\nattention = = 2\n", "bad.toml");
   EXPECT_EQ(message.rfind("bad.toml:2:13: TOML syntax error: ", 0), 0u) << message;
@@ -370,7 +390,7 @@ TEST(ConfigTest, MissingFileNamesThePathAndTheReason) {
     FAIL() << "loaded a folder";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "cannot read config " + dir.path().string() + ": Is a directory");
+              "config " + dir.path().string() + " is a directory, not a regular file");
   }
 }
 

@@ -11,8 +11,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -27,15 +31,17 @@ struct CliRun {
   double seconds = 0;
 };
 
-// Runs `hetmesh` with `args`, with "NAME=value" `environment` added.
+// Runs `hetmesh` with `args` (or, `bare`, the command `args`), with "NAME=value" `environment`
+// added.
 CliRun run_cli(const std::vector<std::string>& args,
-               const std::vector<std::string>& environment = {}) {
+               const std::vector<std::string>& environment = {},
+               std::chrono::milliseconds limit = std::chrono::seconds(60), bool bare = false) {
   std::vector<std::string> argv = {"/usr/bin/env"};
   argv.insert(argv.end(), environment.begin(), environment.end());
-  argv.push_back(HETMESH_CLI);
+  if (!bare) argv.push_back(HETMESH_CLI);
   argv.insert(argv.end(), args.begin(), args.end());
   auto start = Clock::now();
-  CliRun run{run_process(argv, std::chrono::seconds(60)), 0};
+  CliRun run{run_process(argv, limit), 0};
   run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return run;
 }
@@ -97,6 +103,40 @@ TEST(CliRefusal, AStoreBeyondLoopbackWithoutASecretFileIsRefused) {
   fs::remove(config);
 }
 
+// A file the user names is read only when it is a regular file of a config's size: /dev/zero, a
+// FIFO (whose open would wait for a writer), a folder and a 5 MiB file as the config, and a FIFO
+// or /dev/zero as the job's secret file, are each refused at once, in words; none hangs the
+// command or eats the machine's memory (60 s is only the bound that says "it hung").
+TEST(CliRefusal, FilesThatAreNotRegularOrTooBigAreRefusedAtOnce) {
+  test::TempDir dir;
+  const std::string fifo = dir.file("fifo"), big = dir.file("big.toml");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::ofstream(big) << "# " << std::string(5 << 20, 'x') << "\n";
+  const std::pair<std::string, std::string> configs[] = {
+      {"/dev/zero", "hetmesh: error: config /dev/zero is a character device, not a regular file"},
+      {fifo, "hetmesh: error: config " + fifo + " is a FIFO, not a regular file"},
+      {dir.path().string(),
+       "hetmesh: error: config " + dir.path().string() + " is a directory, not a regular file"},
+      {big,
+       "hetmesh: error: config " + big + " is 5242883 bytes; the most hetmesh reads is 4194304"},
+  };
+  for (const auto& [path, said] : configs) {
+    SCOPED_TRACE(path);
+    CliRun run = run_cli({"demo", "--config", path});
+    EXPECT_FALSE(run.result.timed_out) << "hung on " << path;
+    expect_refused(run, {said});
+    run = run_cli({"config", "--print", "--config", path});
+    expect_refused(run, {said});
+  }
+  for (const std::string& secret : {fifo, std::string("/dev/zero")}) {
+    SCOPED_TRACE(secret);
+    CliRun run = run_cli({"demo"}, {std::string("HETMESH_JOB_SECRET_FILE=") + secret});
+    EXPECT_FALSE(run.result.timed_out) << "hung on " << secret;
+    expect_refused(
+        run, {"hetmesh: error: job secret file " + secret + " is a ", ", not a regular file"});
+  }
+}
+
 TEST(CliRefusal, MissingTemporaryFolderIsNamed) {
   CliRun run = run_cli({"demo"}, {"TMPDIR=/nonexistent"});
   expect_refused(run, {"the temporary folder /nonexistent (from TMPDIR=/nonexistent) does not "
@@ -111,6 +151,17 @@ TEST(CliRefusal, TemporaryFolderThatIsAFileIsNamed) {
   CliRun run = run_cli({"demo"}, {"TMPDIR=" + dir.file("file")});
   expect_refused(run, {fmt::format("the temporary folder {} (from TMPDIR={}) is not a folder",
                                    dir.file("file"), dir.file("file"))});
+}
+
+// Out of descriptors (a real RLIMIT_NOFILE of 10, set by the shell before exec): the error names
+// what was being created, for whom, and what to do, not a bare "pipe: Too many open files".
+TEST(CliRefusal, RunningOutOfDescriptorsNamesWhatAndWhatToDo) {
+  CliRun run =
+      run_cli({"/bin/sh", "-c", std::string("ulimit -n 10 && exec ") + HETMESH_CLI + " demo"}, {},
+              std::chrono::seconds(60), /*bare=*/true);
+  expect_refused(run, {"hetmesh: error: starting ", ": creating its ",
+                       "Too many open files (this process is out of file descriptors: raise its "
+                       "limit, ulimit -n)"});
 }
 
 TEST(CliRefusal, AnyExceptionIsPrintedNotAborted) {

@@ -21,7 +21,7 @@ RingLink exchange_rings(const Fd& socket, const std::string& peer_id, uint32_t s
   int pair[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
     throw Error(HM_ERR_BACKEND,
-                fmt::format("socketpair for the ring credit channel: {}", std::strerror(errno)));
+                fmt::format("socketpair for the ring credit channel: {}", describe_errno(errno)));
   link.credits_in = Fd(pair[0]);
   Fd peer_end(pair[1]);
   Hello mine{kHelloMagic, kProtocolVersion, static_cast<uint16_t>(slots), slot_bytes,
@@ -81,7 +81,7 @@ IpcLink::IpcLink(ConnectionId id, std::shared_ptr<IpcShared> shared, std::string
                        fmt::format("ipc: the staging ring from peer {}", peer_id_)) {
   if (!self_wake_)
     throw Error(HM_ERR_BACKEND,
-                fmt::format("eventfd for the ipc progress thread: {}", std::strerror(errno)));
+                fmt::format("eventfd for the ipc progress thread: {}", describe_errno(errno)));
 }
 
 // ---- sending ----

@@ -36,7 +36,7 @@ Fd sealed_memfd(const char* name, uint64_t bytes) {
   Fd fd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd)
     throw Error(HM_ERR_OUT_OF_MEMORY,
-                fmt::format("memfd_create for {} failed: {}", name, std::strerror(errno)));
+                fmt::format("memfd_create for {} failed: {}", name, describe_errno(errno)));
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
       fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0)
     throw Error(HM_ERR_OUT_OF_MEMORY,
@@ -298,8 +298,12 @@ std::vector<Fd> receive_with_fds(int socket, void* data, size_t size, size_t cou
         received.emplace_back(fd);  // owned from here on, even if we refuse the hello
       }
     }
-    if ((message.msg_flags & MSG_CTRUNC) != 0)
-      throw Error(kStatusProtocolError, fmt::format("{} came with too many descriptors", what));
+    if ((message.msg_flags & MSG_CTRUNC) != 0)  // also where this process had no room for them
+      throw Error(kStatusProtocolError,
+                  fmt::format("{} came with more descriptors than it may carry, or this process "
+                              "is out of file descriptors to receive them (raise its limit, "
+                              "ulimit -n)",
+                              what));
     p += n;
     size -= static_cast<size_t>(n);
   }

@@ -67,7 +67,7 @@ class VerbsTransport : public Transport {
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     shared_->wake = Fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!shared_->wake)
-      throw Error(HM_ERR_BACKEND, fmt::format("verbs: eventfd: {}", std::strerror(errno)));
+      throw Error(HM_ERR_BACKEND, fmt::format("verbs: eventfd: {}", describe_errno(errno)));
     poller_.emplace(shared_);
     delivery_.emplace(shared_);
   }

@@ -1,11 +1,19 @@
 // The TCP store's protocol limits: past its caps a set or an add is refused, and a malformed frame
 // closes only its own connection.
+#include <hetmesh/core/socket.hpp>
+
 #include "raw_store_client.hpp"
 #include "rendezvous_support.hpp"
 #include "test_support.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <poll.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
 
 namespace hetmesh {
 namespace {
@@ -85,6 +93,79 @@ TEST(RendezvousFailure, MalformedFramesCloseOnlyThatConnection) {
   auto fresh = connect_tcp_store(server.address(), kWait);
   fresh->set("after", {2});
   EXPECT_EQ(store->get("after", milliseconds(1000)), Bytes{2});
+}
+
+// Clients that proved the secret and then idle (every instance of a job holds one connection for
+// its whole run) cost a descriptor each and no thread: past 1024 of them (the server's old cap of
+// a thread per client) both they and a new client are still served.
+TEST(RendezvousLimits, ManyIdleClientsDoNotKeepANewOneOut) {
+  constexpr size_t kIdle = 1100;
+  // Each idle client costs two descriptors here, one at each end.
+  if (!test::raise_descriptor_limit(4 * kIdle)) GTEST_SKIP() << "too few descriptors";
+  LogCapture log;
+  TcpStoreServer server("127.0.0.1:0");
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (size_t i = 0; i < kIdle; ++i) {
+    idle.push_back(std::make_unique<RawClient>(server.address()));
+    ASSERT_TRUE(idle.back()->prove(JobSecret::none())) << "client " << i;
+  }
+  auto fresh = connect_tcp_store(server.address(), kWait);
+  fresh->set("k", {7});
+  EXPECT_EQ(fresh->get("k", kWait), Bytes{7});
+  // The last of the idle ones is served too: a try_get of "k".
+  constexpr uint32_t kMagic = 0x564b4d48;
+  Bytes request = header(kMagic, 2, 3, 1, 0);
+  request.push_back('k');
+  idle.back()->send_bytes(request);
+  Bytes reply(13);
+  ASSERT_TRUE(idle.back()->receive(reply));
+  EXPECT_EQ(reply[5], 0) << "status";  // ok
+  EXPECT_EQ(reply[12], 7);
+  EXPECT_EQ(log.all().find("refusing"), std::string::npos) << log.all();
+}
+
+// A store client that meets something else on the store's port fails at once, naming the store's
+// address and what it met: a listener that answers in another protocol (its first bytes, escaped),
+// or one that never speaks (the store's hello comes at once; the join's 60 s are not waited).
+TEST(RendezvousFailure, AForeignListenerOnTheStoresPortIsNamedAtOnce) {
+  for (bool speaks : {true, false}) {
+    SCOPED_TRACE(speaks ? "speaks HTTP" : "silent");
+    net::Fd listener = net::listen_on(net::resolve("127.0.0.1:0", true, "test").front(), "test");
+    const std::string address = net::to_string(net::local_address(listener.get()));
+    std::thread foreign([&] {
+      pollfd p{listener.get(), POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(kWait.count())) <= 0) return;
+      net::Fd fd = net::accept_connection(listener);
+      // Shorter than the store's hello, and the connection kept open: a client that waits for a
+      // whole hello waits for the join's timeout.
+      const std::string answer = "HTTP/1.1 400 Bad Request\r\n\r\n";
+      if (speaks) net::send_all(fd.get(), answer.data(), answer.size(), "answer");
+      pollfd closed{fd.get(), POLLIN, 0};  // until the client gives up
+      poll(&closed, 1, static_cast<int>(kWait.count()));
+    });
+    const auto start = Clock::now();
+    try {
+      connect_tcp_store(address, kWait);
+      ADD_FAILURE() << "connected to a foreign listener";
+    } catch (const Error& e) {
+      if (speaks) {
+        EXPECT_EQ(e.status(), kStatusProtocolError);
+        EXPECT_EQ(std::string(e.what()),
+                  "tcp store " + address +
+                      ": the listener there is not a hetmesh store: where the store's hello was "
+                      "expected, it sent \"HTTP/1.1 400 Bad Request\\r\\n\\r\\n\"");
+      } else {
+        EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
+        EXPECT_EQ(std::string(e.what()),
+                  "tcp store " + address +
+                      ": the listener there sent nothing within 5000 ms of the connection, where "
+                      "the store's hello comes at once: it is not a hetmesh store (another "
+                      "program holds the port?), or the store is wedged");
+      }
+    }
+    EXPECT_LT(since(start), kWait / 2);  // not the whole join timeout
+    foreign.join();
+  }
 }
 
 }  // namespace

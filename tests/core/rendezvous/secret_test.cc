@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -167,6 +168,24 @@ TEST(RendezvousSecret, TheSecretFileIsPrivateAndChecked) {
   fs::permissions(short_file, fs::perms::owner_read | fs::perms::owner_write);
   EXPECT_NE(said(short_file).find("expected 64 hex digits"), std::string::npos) << said(short_file);
   EXPECT_NE(said((dir / "missing").string()).find("No such file"), std::string::npos);
+  // Only a regular file is opened for reading, so a FIFO is refused at once (its open would wait
+  // for a writer forever), and nothing past the cap is read.
+  const std::string fifo = (dir / "fifo").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(said(fifo), "job secret file " + fifo + " is a FIFO, not a regular file");
+  EXPECT_EQ(said("/dev/zero"),
+            "job secret file /dev/zero is a character device, not a regular file");
+  EXPECT_EQ(said(dir.string()),
+            "job secret file " + dir.string() + " is a directory, not a regular file");
+  const std::string big = (dir / "big").string();
+  std::ofstream(big) << std::string(10000, 'a');
+  fs::permissions(big, fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(said(big),
+            "job secret file " + big + " is 10000 bytes; the most hetmesh reads is 4097");
+  fs::create_symlink(path, dir / "link");
+  EXPECT_EQ(said((dir / "link").string()),
+            "job secret file " + (dir / "link").string() +
+                " is a symbolic link, which is not followed for it; name the file itself");
   fs::remove_all(dir);
 }
 

@@ -161,7 +161,8 @@ struct JobConfig {
   bool operator==(const JobConfig&) const = default;
 };
 
-// Reads and validates a config file. A file that cannot be read is an Error(INVALID_ARGUMENT)
+// Reads and validates a config file: a regular file of at most 4 MiB (read_bounded_file, so a
+// FIFO or /dev/zero is refused at once). A file that cannot be read is an Error(INVALID_ARGUMENT)
 // naming the path and the reason.
 JobConfig load_config(const std::string& path);
 // Parses and validates config text; `source_name` is the file name used in messages.

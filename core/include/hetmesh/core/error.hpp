@@ -22,6 +22,14 @@ constexpr hm_status kStatusClosed = 1004;  // the engine was finished or closed 
 // "HM_ERR_TIMEOUT" etc.; "HM_STATUS_<n>" for codes this build does not know.
 const char* status_name(hm_status status);
 
+// strerror(error), and where the process ran out of something, what to do:
+//   EMFILE  "Too many open files (this process is out of file descriptors: raise its limit,
+//           ulimit -n)"
+//   ENFILE  "... (the system is out of file descriptors)"
+//   ENOMEM  "Cannot allocate memory (out of memory)"
+// For the message of a failed system call that names what it was creating and for whom.
+std::string describe_errno(int error);
+
 class Error : public std::runtime_error {
  public:
   Error(hm_status status, const std::string& message)

@@ -26,6 +26,10 @@ namespace hetmesh {
 // `text` as a TOML basic string, with the escapes the grammar requires.
 std::string toml_quote(std::string_view text);
 
+// " (did you mean X?)" with the candidate within a typo's reach of `word`, or "": the hint of
+// every unknown key, for a reader that checks names of its own (plugin names).
+std::string toml_did_you_mean(std::string_view word, std::span<const std::string_view> candidates);
+
 // What a node is, for "expected X, got Y": `string "abc"`, `integer 5`, `an array`, ...
 std::string toml_describe(const toml::node& node);
 
