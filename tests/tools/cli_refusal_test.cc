@@ -156,6 +156,11 @@ TEST(CliRefusal, TemporaryFolderThatIsAFileIsNamed) {
 // Out of descriptors (a real RLIMIT_NOFILE of 10, set by the shell before exec): the error names
 // what was being created, for whom, and what to do, not a bare "pipe: Too many open files".
 TEST(CliRefusal, RunningOutOfDescriptorsNamesWhatAndWhatToDo) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitizers' runtime needs descriptors of its own: at 10 its checks fail before hetmesh
+  // gets to say anything ("memory cannot be printed").
+  GTEST_SKIP() << "not under the sanitizers: their runtime needs descriptors of its own";
+#endif
   CliRun run =
       run_cli({"/bin/sh", "-c", std::string("ulimit -n 10 && exec ") + HETMESH_CLI + " demo"}, {},
               std::chrono::seconds(60), /*bare=*/true);
