@@ -1,4 +1,5 @@
 // The attention side of the AFD engine.
+#include "caller_buffers.hpp"
 #include "comm_thread.hpp"
 #include "join.hpp"
 #include "peer.hpp"
@@ -31,6 +32,9 @@ struct Pending {
   RoundTrip trip;
   std::vector<bool> from;  // [f]: answered, or lost before it answered
   std::string failure;     // the first F lost before it answered: the round trip failed
+  // The application's buffers push_pull named (no region: the engine's slot).
+  CallerBuffers::Found tokens_from, routing_from;
+  std::vector<CallerBuffers::Found> results_into;  // [f]
 };
 
 // A micro-batch for one F's sender, or the next side-band message to it.
@@ -57,7 +61,9 @@ struct AttentionEngine::State final : PeerHandler {
   std::optional<HostBuffer> ready_flags;  // [mb] words a compute stream writes, likewise
   std::vector<Event> ready_events;        // [mb][queue], recorded on the caller's stream
   PublishedRegions mine;
-  std::shared_ptr<Region> a2f_send_region, a2f_header_region;
+  std::shared_ptr<Region> a2f_send_region, a2f_header_region, f2a_receive_region;
+  std::optional<CallerBuffers> caller;  // the application's buffers, once the transport is made
+  MovedBytes moved;
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -65,7 +71,10 @@ struct AttentionEngine::State final : PeerHandler {
   // spec.queue_depth of them in flight, posted in order.
   std::vector<Pending> pending;
   std::vector<uint64_t> last_sequence;  // [mb]: the last one pushed
-  SideBand side_band;                   // messages to and from the F instances
+  // [f][id]: the caller's buffer of that registration number was announced to F f's incarnation
+  // (a region frame), so its headers may name it.
+  std::vector<std::vector<bool>> announced;
+  SideBand side_band;  // messages to and from the F instances
   FirstFailure failure;
   // finish() or the destructor: the threads are stopped. Atomic for wait's spin.
   std::atomic<bool> closed{false};
@@ -83,6 +92,7 @@ struct AttentionEngine::State final : PeerHandler {
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("engine spec: queue_depth {} (1..64) or micro_batches {} (1..255)",
                               s.queue_depth, s.micro_batches));
+    check_topology(s);
     return s;
   }
 
@@ -95,6 +105,7 @@ struct AttentionEngine::State final : PeerHandler {
         f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
         pending(static_cast<size_t>(s.micro_batches * s.queue_depth)),
         last_sequence(static_cast<size_t>(s.micro_batches), 0),
+        announced(static_cast<size_t>(s.ffn)),
         side_band(Role::attention, s.rank, Role::ffn, s.ffn) {}
 
   Pending& entry(int mb, uint64_t sequence) {
@@ -171,6 +182,7 @@ struct AttentionEngine::State final : PeerHandler {
 
   void on_rejoined_locked(int f) override {
     side_band.restart_locked(f);
+    announced[static_cast<size_t>(f)].clear();  // the new incarnation knows none of them
     changed.notify_all();
   }
 
@@ -243,6 +255,8 @@ struct AttentionEngine::State final : PeerHandler {
       int64_t ready_at = now_ns();
       std::shared_ptr<const Link> link;
       uint32_t messages;
+      const CallerBuffers::Found& reply = p.results_into[static_cast<size_t>(f)];
+      bool announce = false;  // the reply buffer is new to this F: its region frame goes first
       {
         // A job for an F lost meanwhile has nothing to do: the loss settled its share.
         std::lock_guard lock(mutex);
@@ -251,6 +265,14 @@ struct AttentionEngine::State final : PeerHandler {
             p.from[static_cast<size_t>(f)])
           return;
         link = peer.link;
+        if (reply.id != 0) {
+          std::vector<bool>& known = announced[static_cast<size_t>(f)];
+          if (known.size() <= reply.id) known.resize(reply.id + 1, false);
+          if (!known[reply.id]) {
+            known[reply.id] = announce = true;
+            side_band.note_sent_locked(f);  // counted, so the header waits for it at the F
+          }
+        }
         messages = side_band.sent_locked(f);
       }
       WireHeader* h = send_header(mb, f);
@@ -259,6 +281,8 @@ struct AttentionEngine::State final : PeerHandler {
                                              spec.routing_bytes_per_token()));
       h->tag = p.tag;
       h->messages = messages;
+      h->reply_region = reply.id;
+      h->reply_offset = reply.offset;
       h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
       h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
       int64_t posted = now_ns();
@@ -277,17 +301,28 @@ struct AttentionEngine::State final : PeerHandler {
       uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
       try {
         Connection& c = *link->connection;
+        if (announce) c.send_control(region_frame(reply.id, reply.region->describe()));
         const RemoteRegion& payload = link->region("a2f_payload");
+        // From the application's buffers, or from the slot (where a full push's routing follows
+        // its tokens: one write).
+        const Region& tokens_src = p.tokens_from.region ? *p.tokens_from.region : *a2f_send_region;
+        const uint64_t tokens_at = p.tokens_from.region ? p.tokens_from.offset : mb * slot;
+        const Region& routing_src =
+            p.routing_from.region ? *p.routing_from.region : *a2f_send_region;
+        const uint64_t routing_at =
+            p.routing_from.region ? p.routing_from.offset : mb * slot + routing_offset();
         if (token_bytes == 0) {  // an idle rank's empty push: the header alone
-        } else if (token_bytes == routing_offset()) {  // full: routing follows the tokens
-          c.write(*a2f_send_region, mb * slot, payload, remote_slot * slot,
-                  token_bytes + routing_bytes, std::nullopt, 0);
-        } else {
-          c.write(*a2f_send_region, mb * slot, payload, remote_slot * slot, token_bytes,
+        } else if (!p.tokens_from.region && !p.routing_from.region &&
+                   token_bytes == routing_offset()) {
+          c.write(tokens_src, tokens_at, payload, remote_slot * slot, token_bytes + routing_bytes,
                   std::nullopt, 0);
-          c.write(*a2f_send_region, mb * slot + routing_offset(), payload,
-                  remote_slot * slot + routing_offset(), routing_bytes, std::nullopt, 0);
+        } else {
+          c.write(tokens_src, tokens_at, payload, remote_slot * slot, token_bytes, std::nullopt, 0);
+          c.write(routing_src, routing_at, payload, remote_slot * slot + routing_offset(),
+                  routing_bytes, std::nullopt, 0);
         }
+        moved.add(tokens_src, p.tokens_from.region != nullptr, token_bytes);
+        moved.add(routing_src, p.routing_from.region != nullptr, routing_bytes);
         c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),
                 link->region("a2f_headers"), remote_slot * sizeof(WireHeader), sizeof(WireHeader),
                 static_cast<uint32_t>(remote_slot), 0);
@@ -343,6 +378,9 @@ struct AttentionEngine::State final : PeerHandler {
       per.f_compute_start = static_cast<int64_t>(h.stamps[kComputeStart]);
       per.f_compute_end = static_cast<int64_t>(h.stamps[kComputeEnd]);
       per.f_posted = static_cast<int64_t>(h.stamps[kPosted]);
+      const CallerBuffers::Found& into = p.results_into[static_cast<size_t>(f)];
+      moved.add(into.region ? *into.region : *f2a_receive_region, into.region != nullptr,
+                h.payload_bytes);
       if (++p.settled == spec.ffn) complete(mb, p, now);
     }
     // Also for a sender waiting for this F's answer before it posts the next round trip.
@@ -362,10 +400,11 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   for (size_t i = 0; i < s.pending.size(); ++i)
     s.ready_events.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
   s.transport = Transport::create(transport_options(spec, device));
+  s.caller.emplace(*s.transport, device, peer_name(Role::attention, spec.rank));
   s.a2f_send_region = s.transport->register_memory(device, s.a2f_send.data(), s.a2f_send.size());
   s.a2f_header_region =
       s.transport->register_memory(device, s.a2f_headers.data(), s.a2f_headers.size());
-  s.mine.regions["f2a_payload"] =
+  s.f2a_receive_region = s.mine.regions["f2a_payload"] =
       s.transport->register_memory(device, s.f2a_receive.data(), s.f2a_receive.size());
   s.mine.regions["f2a_headers"] =
       s.transport->register_memory(device, s.f2a_headers.data(), s.f2a_headers.size());
@@ -376,6 +415,7 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   for (size_t i = 0; i < s.pending.size(); ++i) {
     Pending& p = s.pending[i];
     p.from.assign(static_cast<size_t>(spec.ffn), false);
+    p.results_into.resize(static_cast<size_t>(spec.ffn));
     p.trip.ffn.resize(static_cast<size_t>(spec.ffn));
     p.trip.micro_batch = static_cast<int>(i) / spec.queue_depth;
   }
@@ -509,6 +549,11 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   if (ready.flag && !s.ready_flags)
     throw Error(HM_ERR_NOT_SUPPORTED,
                 "push_pull: a ready flag needs a device with stream memory operations");
+  if (!push.results_into.empty() && push.results_into.size() != static_cast<size_t>(s.spec.ffn))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("push_pull: {} result buffers for {} ffn instance(s) (one each, null "
+                            "for an F's own result slot)",
+                            push.results_into.size(), s.spec.ffn));
   uint64_t sequence;
   Pending* entry;
   {
@@ -518,7 +563,7 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
       throw Error(kStatusClosed,
                   fmt::format("attention {}: push_pull after finish()", s.spec.rank));
     for (const Peer& f : s.peers->all())
-      if (f.lost)
+      if (f.lost && s.spec.sends(s.spec.rank, f.rank))
         throw Error(kStatusPeerLost,
                     fmt::format("attention {}: push_pull of micro-batch {}: {}; no replacement "
                                 "has joined yet (wait_for_peers(), then push again, or drop it)",
@@ -537,9 +582,13 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
     p.sequence = sequence;
     p.tokens = tokens;
     p.tag = push.tag;
+    // An F this A does not send to (JobTopology::groups) counts as settled from the start.
     p.settled = 0;
+    for (int f = 0; f < s.spec.ffn; ++f) {
+      p.from[static_cast<size_t>(f)] = !s.spec.sends(s.spec.rank, f);
+      p.settled += !s.spec.sends(s.spec.rank, f);
+    }
     p.failure.clear();
-    std::fill(p.from.begin(), p.from.end(), false);
     std::fill(p.trip.ffn.begin(), p.trip.ffn.end(), RoundTrip::PerFfn{});
     p.trip.sequence = sequence;
     p.trip.attention_start = push.attention_start_ns;
@@ -553,6 +602,22 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   Pending& p = *entry;
   Event& event = s.ready_events[static_cast<size_t>(&p - s.pending.data())];
   try {
+    // The application's buffers, registered at first sight (the entry's Found values are reset
+    // in place: nothing is allocated once each buffer is known).
+    const uint64_t rows = tokens;
+    auto found = [&](const void* data, uint64_t bytes, const char* what) {
+      return data != nullptr && rows > 0 ? s.caller->find_or_register(data, bytes, what)
+                                         : CallerBuffers::Found{};
+    };
+    p.tokens_from =
+        found(push.tokens_from, rows * s.spec.hidden * s.spec.a2f_bytes, "push_pull's tokens");
+    p.routing_from =
+        found(push.routing_from, rows * s.spec.routing_bytes_per_token(), "push_pull's routing");
+    for (size_t f = 0; f < p.results_into.size(); ++f)
+      p.results_into[f] = push.results_into.empty()
+                              ? CallerBuffers::Found{}
+                              : found(push.results_into[f], rows * s.spec.hidden * s.spec.f2a_bytes,
+                                      "push_pull's result buffer");
     if (ready.stream != nullptr) event.record(*ready.stream);
   } catch (const Error&) {
     std::lock_guard lock(s.mutex);
@@ -564,8 +629,9 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
                       ready.flag ? s.ready_flags->data() + 4 * mb : nullptr, ready.value};
   // Every F's sender waits for readiness itself and posts on its own: the writes to different F
   // instances run side by side.
-  for (auto& sender : s.senders)
-    sender->push(PostJob{mb, sequence});
+  for (int f = 0; f < s.spec.ffn; ++f)
+    if (s.spec.sends(s.spec.rank, f))
+      s.senders[static_cast<size_t>(f)]->push(PostJob{mb, sequence});
   return (sequence << 8) | static_cast<uint64_t>(mb);
 }
 
@@ -670,6 +736,14 @@ std::optional<Message> AttentionEngine::receive_message(std::chrono::millisecond
     throw Error(kStatusClosed,
                 fmt::format("attention {}: receive_message after finish()", s.spec.rank));
   return std::nullopt;
+}
+
+bool AttentionEngine::register_buffer(const void* data, uint64_t bytes) {
+  return state_->caller->find_or_register(data, bytes, "register_buffer's buffer").fresh;
+}
+
+DataCounters AttentionEngine::counters() const {
+  return state_->moved.read(&*state_->caller);
 }
 
 std::vector<PeerStatus> AttentionEngine::peers() const {

@@ -1,4 +1,5 @@
 // The FFN side of the AFD engine.
+#include "caller_buffers.hpp"
 #include "comm_thread.hpp"
 #include "join.hpp"
 #include "peer.hpp"
@@ -23,6 +24,11 @@ struct Arrival {
   uint64_t tag = 0;
   int64_t received = 0;
   int64_t batch_ready = 0;
+  // Where the answer goes: the A's registration of this number (0: its result slot), and where
+  // it comes from: the application's buffer respond() found in the part (none: the slot).
+  uint32_t reply_region = 0;
+  uint64_t reply_offset = 0;
+  CallerBuffers::Found output;
 };
 
 // One A's part of a micro-batch, for that A's sender.
@@ -49,7 +55,11 @@ struct FfnEngine::State final : PeerHandler {
   HostBuffer f2a_headers;           // [a][mb]
   std::vector<Event> ready_events;  // [a][mb], recorded on the caller's stream by respond
   PublishedRegions mine;
-  std::shared_ptr<Region> f2a_send_region, f2a_header_region;
+  std::shared_ptr<Region> f2a_send_region, f2a_header_region, a2f_receive_region;
+  std::optional<CallerBuffers> caller;  // the application's buffers, once the transport is made
+  MovedBytes moved;
+  // [a]: the A's result buffers it announced (region frames), imported on its current link.
+  std::vector<std::map<uint32_t, std::shared_ptr<RemoteRegion>>> replies;
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -70,12 +80,13 @@ struct FfnEngine::State final : PeerHandler {
   std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
 
   State(const EngineSpec& s, const Device& d)
-      : spec(s),
+      : spec((check_topology(s), s)),
         device(d),
         a2f_receive(d.allocate(s.a2f_slot_bytes() * s.attention * s.micro_batches)),
         a2f_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
         f2a_send(d.allocate(s.f2a_slot_bytes() * s.attention * s.micro_batches)),
         f2a_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
+        replies(static_cast<size_t>(s.attention)),
         arrivals(static_cast<size_t>(s.attention * s.micro_batches)),
         side_band(Role::ffn, s.rank, Role::attention, s.attention) {
     for (size_t i = 0; i < arrivals.size(); ++i)
@@ -102,15 +113,12 @@ struct FfnEngine::State final : PeerHandler {
   Batch::FromAttention part(int a, int mb) {
     const Arrival& arrival = arrivals[slot(a, mb)];
     auto* in = static_cast<uint8_t*>(a2f_receive.data()) + slot(a, mb) * spec.a2f_slot_bytes();
-    auto* out = static_cast<uint8_t*>(f2a_send.data()) + slot(a, mb) * spec.f2a_slot_bytes();
-    return {a,
-            peers->at(a).link->epoch,
-            arrival.sequence,
-            arrival.tag,
-            arrival.tokens,
-            in,
-            in + routing_offset(),
-            out};
+    return {a,  peers->at(a).link->epoch, arrival.sequence,  arrival.tag, arrival.tokens,
+            in, in + routing_offset(),    output_slot(a, mb)};
+  }
+
+  void* output_slot(int a, int mb) const {
+    return static_cast<uint8_t*>(f2a_send.data()) + slot(a, mb) * spec.f2a_slot_bytes();
   }
 
   void on_failure(hm_status status, const std::string& reason) override {
@@ -176,7 +184,7 @@ struct FfnEngine::State final : PeerHandler {
     for (int a = 0; a < spec.attention; ++a) {
       if (arrivals[slot(a, mb)].waiting)
         any = true;
-      else if (!in_job(a) || overdue)
+      else if (!in_job(a) || !spec.sends(a, spec.rank) || overdue)
         continue;
       else
         return;
@@ -208,7 +216,28 @@ struct FfnEngine::State final : PeerHandler {
                       uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token()};
     validate(h, limits, static_cast<uint32_t>(a), peers->at(a).link->epoch,
              static_cast<uint32_t>(mb), from.c_str());
+    if (!spec.sends(a, spec.rank))
+      throw Error(
+          kStatusProtocolError,
+          fmt::format("{} sent ffn {} a part, which the job's topology ({}) does not map "
+                      "to it",
+                      from, spec.rank, spec.topology == JobTopology::all ? "all" : "groups"));
     std::lock_guard lock(mutex);
+    if (h.reply_region != 0) {
+      // A buffer of the A's own that it announced, with room for the whole answer.
+      auto& announced = replies[static_cast<size_t>(a)];
+      auto region = announced.find(h.reply_region);
+      const uint64_t answer = uint64_t{h.tokens} * spec.hidden * spec.f2a_bytes;
+      if (region == announced.end() || region->second->size() < answer ||
+          h.reply_offset > region->second->size() - answer)
+        throw Error(kStatusProtocolError,
+                    fmt::format("{}: refused header: answer to its buffer {} at offset {} ({} "
+                                "bytes), {}",
+                                from, h.reply_region, h.reply_offset, answer,
+                                region == announced.end()
+                                    ? "which it never announced"
+                                    : fmt::format("which holds {} bytes", region->second->size())));
+    }
     Arrival& arrival = arrivals[slot(a, mb)];
     // Sequences go up by one per slot; a new incarnation of this F (sequence 0 here) takes up
     // where the A's count is.
@@ -224,6 +253,9 @@ struct FfnEngine::State final : PeerHandler {
     arrival.sequence = h.sequence;
     arrival.tokens = h.tokens;
     arrival.tag = h.tag;
+    moved.add(*a2f_receive_region, false, h.payload_bytes);
+    arrival.reply_region = h.reply_region;
+    arrival.reply_offset = h.reply_offset;
     arrival.received = now_ns();
     arrival.waiting = true;
     waiting_parts.fetch_add(1, std::memory_order_relaxed);
@@ -243,6 +275,9 @@ struct FfnEngine::State final : PeerHandler {
       int64_t received, batch_ready;
       uint32_t messages;
       std::shared_ptr<const Link> link;
+      std::shared_ptr<RemoteRegion> reply;  // the A's buffer, or none: its result slot
+      uint64_t reply_offset = 0;
+      CallerBuffers::Found output;
       {
         std::lock_guard lock(mutex);
         if (failure.has()) return;
@@ -254,6 +289,11 @@ struct FfnEngine::State final : PeerHandler {
         }
         received = arrivals[s].received;
         batch_ready = arrivals[s].batch_ready;
+        if (arrivals[s].reply_region != 0) {
+          reply = replies[static_cast<size_t>(a)].at(arrivals[s].reply_region);
+          reply_offset = arrivals[s].reply_offset;
+        }
+        output = arrivals[s].output;
         messages = side_band.sent_locked(a);
         link = peer.link;
       }
@@ -268,10 +308,14 @@ struct FfnEngine::State final : PeerHandler {
       // A's slot for (mb, this F).
       uint64_t remote_slot = static_cast<uint64_t>(mb * spec.ffn + spec.rank);
       try {
-        if (h->payload_bytes > 0)  // an empty part's answer is the header alone
-          link->connection->write(*f2a_send_region, s * spec.f2a_slot_bytes(),
-                                  link->region("f2a_payload"), remote_slot * spec.f2a_slot_bytes(),
+        if (h->payload_bytes > 0) {  // an empty part's answer is the header alone
+          const Region& from = output.region ? *output.region : *f2a_send_region;
+          link->connection->write(from, output.region ? output.offset : s * spec.f2a_slot_bytes(),
+                                  reply ? *reply : link->region("f2a_payload"),
+                                  reply ? reply_offset : remote_slot * spec.f2a_slot_bytes(),
                                   h->payload_bytes, std::nullopt, 0);
+          moved.add(from, output.region != nullptr, h->payload_bytes);
+        }
         {
           // The credit goes back before the notifying write: once A sees it, A may send this
           // slot's next sequence at once, and the comm thread must find the slot free.
@@ -352,6 +396,27 @@ struct FfnEngine::State final : PeerHandler {
     if (released) changed.notify_all();
   }
 
+  // A `a` announced a buffer of its own for answers: imported on its link (the comm thread's, as
+  // a link is replaced only by it), then the headers held for it are let through.
+  void on_reply_region(int a, const RegionFrame& frame) {
+    const std::string from = peer_name(Role::attention, a);
+    if (frame.id == 0 || frame.id > CallerBuffers::kMaxRegistrations)
+      throw Error(kStatusProtocolError, fmt::format("{} announced buffer {} (1..{})", from,
+                                                    frame.id, CallerBuffers::kMaxRegistrations));
+    std::shared_ptr<RemoteRegion> imported =
+        peers->at(a).link->connection->import_region(frame.descriptor);
+    std::vector<uint32_t> released;
+    {
+      std::lock_guard lock(mutex);
+      if (!replies[static_cast<size_t>(a)].emplace(frame.id, std::move(imported)).second)
+        throw Error(kStatusProtocolError,
+                    fmt::format("{} announced its buffer {} twice", from, frame.id));
+      released = side_band.counted_locked(a);
+    }
+    for (uint32_t slot_index : released)
+      on_request(a, slot_index);
+  }
+
   // A `a`'s sender: the next side-band message to it.
   void send_side_band(int a) {
     std::vector<uint8_t> frame;
@@ -373,6 +438,7 @@ struct FfnEngine::State final : PeerHandler {
   // A's replacement starts afresh: its slots' sequences start again, and gather-all waits for it.
   void on_rejoined_locked(int a) override {
     side_band.restart_locked(a);
+    replies[static_cast<size_t>(a)].clear();  // imported on the old incarnation's link
     const Peer& peer = peers->at(a);
     if (peer.lost || peer.left) --gone;
     if (peer.left) --left;
@@ -412,6 +478,8 @@ struct FfnEngine::State final : PeerHandler {
       changed.notify_all();
       for (uint32_t slot_index : released)
         on_request(a, slot_index);
+    } else if (auto region = region_of(e.payload)) {
+      on_reply_region(a, *region);
     } else if (decode_control(e.payload) == ControlWord::leave) {
       std::lock_guard lock(mutex);
       Peer& peer = peers->at(a);
@@ -429,7 +497,8 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
   State& s = *state_;
   s.spec.role = Role::ffn;
   s.transport = Transport::create(transport_options(spec, device));
-  s.mine.regions["a2f_payload"] =
+  s.caller.emplace(*s.transport, device, peer_name(Role::ffn, spec.rank));
+  s.a2f_receive_region = s.mine.regions["a2f_payload"] =
       s.transport->register_memory(device, s.a2f_receive.data(), s.a2f_receive.size());
   s.mine.regions["a2f_headers"] =
       s.transport->register_memory(device, s.a2f_headers.data(), s.a2f_headers.size());
@@ -636,6 +705,16 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
                                 arrival.queued ? " (already answered)" : ""));
     }
   }
+  // The parts whose output the application pointed at a buffer of its own, registered at first
+  // sight (nothing is allocated when every output is the engine's slot).
+  std::vector<CallerBuffers::Found> outputs;
+  for (size_t i = 0; i < batch.parts.size(); ++i) {
+    const auto& part = batch.parts[i];
+    if (part.output == s.output_slot(part.rank, batch.micro_batch) || part.tokens == 0) continue;
+    outputs.resize(batch.parts.size());
+    outputs[i] = s.caller->find_or_register(
+        part.output, uint64_t{part.tokens} * s.spec.hidden * s.spec.f2a_bytes, "a part's output");
+  }
   // Each part's slot event is free: its last record was waited for before the slot's previous
   // answer was posted. Recording it is all the engine keeps of the caller's stream; a record that
   // fails leaves every part unanswered and awaiting respond() again.
@@ -657,13 +736,24 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
                   fmt::format("respond: attention {} micro-batch {} was answered meanwhile",
                               part.rank, batch.micro_batch));
   // Queued under the engine's mutex: a sender never takes it while it holds its own.
-  for (const auto& part : batch.parts) {
+  for (size_t i = 0; i < batch.parts.size(); ++i) {
+    const auto& part = batch.parts[i];
     if (s.replaced(part)) continue;
-    s.arrivals[s.slot(part.rank, batch.micro_batch)].queued = true;
+    Arrival& arrival = s.arrivals[s.slot(part.rank, batch.micro_batch)];
+    arrival.queued = true;
+    arrival.output = outputs.empty() ? CallerBuffers::Found{} : std::move(outputs[i]);
     s.senders[static_cast<size_t>(part.rank)]->push(
         RespondJob{batch.micro_batch, part.epoch, part.sequence, part.tokens, after != nullptr,
                    compute_start_ns, compute_end});
   }
+}
+
+bool FfnEngine::register_buffer(const void* data, uint64_t bytes) {
+  return state_->caller->find_or_register(data, bytes, "register_buffer's buffer").fresh;
+}
+
+DataCounters FfnEngine::counters() const {
+  return state_->moved.read(&*state_->caller);
 }
 
 std::vector<std::pair<std::string, uint64_t>> FfnEngine::registered() const {

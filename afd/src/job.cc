@@ -37,6 +37,7 @@ EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
   spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
   spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
   spec.gather = c.job.gather;
+  spec.topology = c.job.topology;
   spec.queue_depth = c.job.queue_depth;
   spec.timeout = c.job.timeout;
   spec.join_timeout = c.job.join_timeout;

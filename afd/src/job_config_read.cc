@@ -36,6 +36,7 @@ constexpr size_t kMaxConfigBytes = 4 << 20;
 // The names in the file, indexed by the enums' values.
 constexpr std::array<std::string_view, 4> kDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
 constexpr std::array<std::string_view, 2> kGatherNames = {"all", "eager"};
+constexpr std::array<std::string_view, 2> kTopologyNames = {"all", "groups"};
 constexpr std::array<std::string_view, 2> kRendezvousNames = {"tcp", "etcd"};
 // "auto", then the transports by name (parse_transport_kind).
 constexpr std::array<std::string_view, 4> kTransportNames = {"auto", "ipc", "tcp", "verbs"};
@@ -303,10 +304,10 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   TomlSection root(reporter, document, kTables);
   JobConfig c;
 
-  static constexpr std::array<std::string_view, 11> kJob = {
-      "attention",     "ffn",          "micro_batches",   "queue_depth",
-      "layers",        "gather",       "timeout_ms",      "join_timeout_ms",
-      "io_timeout_ms", "heartbeat_ms", "gather_window_ms"};
+  static constexpr std::array<std::string_view, 12> kJob = {
+      "attention",       "ffn",           "micro_batches", "queue_depth",
+      "layers",          "gather",        "topology",      "timeout_ms",
+      "join_timeout_ms", "io_timeout_ms", "heartbeat_ms",  "gather_window_ms"};
   TomlSection job = root.table("job", kJob);
   c.job.attention = job.small_integer("attention", c.job.attention, 1, kMaxInstances);
   c.job.ffn = job.small_integer("ffn", c.job.ffn, 1, kMaxInstances);
@@ -315,6 +316,12 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.job.queue_depth = job.small_integer("queue_depth", c.job.queue_depth, 1, kMaxQueueDepth);
   c.job.layers = job.small_integer("layers", c.job.layers, 1, kMaxLayers);
   c.job.gather = job.enumeration("gather", c.job.gather, kGatherNames);
+  c.job.topology = job.enumeration("topology", c.job.topology, kTopologyNames);
+  if (c.job.topology == JobTopology::groups && c.job.attention % c.job.ffn != 0)
+    job.fail("topology",
+             fmt::format("\"groups\" maps attention / ffn As to each F: {} As do not divide "
+                         "among {} Fs",
+                         c.job.attention, c.job.ffn));
   c.job.timeout =
       std::chrono::milliseconds(job.integer("timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
   c.job.join_timeout = std::chrono::milliseconds(
@@ -434,6 +441,9 @@ const char* to_string(Dtype dtype) {
 }
 const char* to_string(Gather gather) {
   return name_of(kGatherNames, static_cast<size_t>(gather));
+}
+const char* to_string(JobTopology topology) {
+  return name_of(kTopologyNames, static_cast<size_t>(topology));
 }
 const char* to_string(std::optional<TransportKind> kind) {
   return kind ? hetmesh::to_string(*kind) : kTransportNames[0].data();

@@ -38,11 +38,13 @@ std::string to_toml(const JobConfig& c) {
   std::string out = "# hetmesh job configuration (effective values)\n";
   out += fmt::format(
       "\n[job]\nattention = {}\nffn = {}\nmicro_batches = {}\nqueue_depth = {}\nlayers = {}\n"
-      "gather = {}\ntimeout_ms = {}\njoin_timeout_ms = {}\nio_timeout_ms = {}\nheartbeat_ms = {}\n"
+      "gather = {}\ntopology = {}\ntimeout_ms = {}\njoin_timeout_ms = {}\nio_timeout_ms = "
+      "{}\nheartbeat_ms = {}\n"
       "gather_window_ms = {}\n",
       c.job.attention, c.job.ffn, c.job.micro_batches, c.job.queue_depth, c.job.layers,
-      toml_quote(to_string(c.job.gather)), c.job.timeout.count(), c.job.join_timeout.count(),
-      c.job.io_timeout.count(), c.job.heartbeat.count(), c.job.gather_window.count());
+      toml_quote(to_string(c.job.gather)), toml_quote(to_string(c.job.topology)),
+      c.job.timeout.count(), c.job.join_timeout.count(), c.job.io_timeout.count(),
+      c.job.heartbeat.count(), c.job.gather_window.count());
   out += fmt::format(
       "\n[model]\ntokens = {}\nhidden = {}\nexperts = {}\ntop_k = {}\na2f_dtype = {}\n"
       "f2a_dtype = {}\n",

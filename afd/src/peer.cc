@@ -42,6 +42,14 @@ std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers) {
   return out;
 }
 
+void check_topology(const EngineSpec& spec) {
+  if (spec.topology == JobTopology::groups && spec.attention % spec.ffn != 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("engine spec: topology groups maps attention / ffn As to each F: {} "
+                            "As do not divide among {} Fs",
+                            spec.attention, spec.ffn));
+}
+
 void rethrow_for_peer(const Error& e, Role role, int rank) {
   if (e.status() == kStatusPeerLost)
     throw Error(e.status(), fmt::format("{} lost: {}", peer_name(role, rank), e.what()));

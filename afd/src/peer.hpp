@@ -39,6 +39,10 @@ struct Peer {
 // What status() reports of `peers` (of `role`). Caller holds the engine's mutex.
 std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers);
 
+// Throws Error(INVALID_ARGUMENT) for JobTopology::groups with an attention count that is not a
+// multiple of ffn.
+void check_topology(const EngineSpec& spec);
+
 // Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
 [[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);
 

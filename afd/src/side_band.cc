@@ -8,12 +8,17 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 namespace hetmesh::afd {
 
 namespace {
 // Control words are short ASCII ("hb", "leave", "quit"); a message's frame starts with a byte no
 // word does.
 constexpr uint8_t kMessageTag = 0x01;
+// An engine's own frame: a registration of the caller's memory the peer is to write into (the
+// number the headers name it by, then its transport descriptor).
+constexpr uint8_t kRegionTag = 0x02;
 
 // `count` has reached `wanted`, counting modulo 2^32.
 bool reached(uint32_t count, uint32_t wanted) {
@@ -32,6 +37,22 @@ std::vector<uint8_t> message_frame(std::span<const uint8_t> body) {
 std::optional<std::span<const uint8_t>> message_body(std::span<const uint8_t> frame) {
   if (frame.empty() || frame[0] != kMessageTag) return std::nullopt;
   return frame.subspan(1);
+}
+
+std::vector<uint8_t> region_frame(uint32_t id, const RegionDescriptor& descriptor) {
+  std::vector<uint8_t> frame(5 + descriptor.size());
+  frame[0] = kRegionTag;
+  std::memcpy(frame.data() + 1, &id, sizeof id);
+  std::copy(descriptor.begin(), descriptor.end(), frame.begin() + 5);
+  return frame;
+}
+
+std::optional<RegionFrame> region_of(std::span<const uint8_t> frame) {
+  if (frame.size() < 5 || frame[0] != kRegionTag) return std::nullopt;
+  RegionFrame region;
+  std::memcpy(&region.id, frame.data() + 1, 4);
+  region.descriptor.assign(frame.begin() + 5, frame.end());
+  return region;
 }
 
 SideBand::SideBand(Role self, int self_rank, Role peer_role, int peers)
@@ -75,8 +96,12 @@ bool SideBand::admit_locked(int peer, uint32_t slot, uint32_t messages_before) {
 }
 
 std::vector<uint32_t> SideBand::arrived_locked(int peer, std::span<const uint8_t> body) {
-  const auto p = static_cast<size_t>(peer);
   inbox_.push_back(Message{peer_role_, peer, {body.begin(), body.end()}});
+  return counted_locked(peer);
+}
+
+std::vector<uint32_t> SideBand::counted_locked(int peer) {
+  const auto p = static_cast<size_t>(peer);
   ++received_[p];
   std::vector<uint32_t> released;
   while (!held_[p].empty() && reached(received_[p], held_[p].front().messages_before)) {

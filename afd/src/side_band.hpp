@@ -7,6 +7,7 @@
 #pragma once
 
 #include <hetmesh/afd/engine.hpp>
+#include <hetmesh/transport/transport.hpp>
 
 #include <cstdint>
 #include <deque>
@@ -21,6 +22,16 @@ namespace hetmesh::afd {
 std::vector<uint8_t> message_frame(std::span<const uint8_t> body);
 std::optional<std::span<const uint8_t>> message_body(std::span<const uint8_t> frame);
 
+// An engine's own frame on the same channel, counted and ordered as messages are, but never handed
+// to the application: a registration of the caller's memory that the peer is to write into
+// (caller_buffers.hpp), announced before the first header that names it.
+struct RegionFrame {
+  uint32_t id = 0;
+  RegionDescriptor descriptor;
+};
+std::vector<uint8_t> region_frame(uint32_t id, const RegionDescriptor& descriptor);
+std::optional<RegionFrame> region_of(std::span<const uint8_t> frame);
+
 // One engine's messages to and from its peers (of `peer_role`). Every call holds the engine's
 // mutex.
 class SideBand {
@@ -34,6 +45,8 @@ class SideBand {
   std::vector<uint8_t> take_frame_locked(int peer);
   // Messages sent to `peer` so far (low 32 bits), for the next header to it.
   uint32_t sent_locked(int peer) const { return sent_[static_cast<size_t>(peer)]; }
+  // The sender sent `peer` a frame of the engine's own (a region): counted as a message is.
+  void note_sent_locked(int peer) { ++sent_[static_cast<size_t>(peer)]; }
 
   // A notification in `slot` from `peer`, whose header says `messages_before`: true if it may be
   // handled now, false if it is held until those messages are in (or others of the peer's are
@@ -42,6 +55,8 @@ class SideBand {
   // A message from `peer` arrived: it is queued for receive, and the notifications it releases
   // are returned, in their order.
   std::vector<uint32_t> arrived_locked(int peer, std::span<const uint8_t> body);
+  // A frame of the engine's own from `peer` arrived (and was handled): counted only.
+  std::vector<uint32_t> counted_locked(int peer);
   std::optional<Message> receive_locked();
   bool has_message_locked() const { return !inbox_.empty(); }
   // `peer` was replaced: the counts, its queued messages and its held notifications start afresh.

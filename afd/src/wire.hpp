@@ -19,8 +19,8 @@
 namespace hetmesh::afd {
 
 constexpr uint32_t kWireMagic = 0x46414d48;  // "HMAF"
-constexpr uint16_t kWireVersion =
-    3;  // 2: the sender's epoch and the application's tag; 3: messages
+// 2: the sender's epoch and the application's tag; 3: messages; 4: the caller's result buffers
+constexpr uint16_t kWireVersion = 4;
 enum class MessageKind : uint16_t { a2f = 1, f2a = 2 };
 
 // The control messages between engines, on a connection's control channel beside the slots.
@@ -76,7 +76,10 @@ struct WireHeader {
   // Side-band messages the sender had sent this receiver before this header (low 32 bits): the
   // receiver handles the header only once they are in (side_band.hpp).
   uint32_t messages;
-  uint8_t padding[128 - 60 - 8 * kStampCount];
+  // A2F: where the F writes its answer: 0, the A's result slot; else the A's registration of
+  // that number (a region frame on the side band announced it), at reply_offset.
+  uint32_t reply_region;
+  uint64_t reply_offset;
 };
 static_assert(sizeof(WireHeader) == 128);
 

@@ -95,11 +95,11 @@ bench_tcp cuda-to-cpu cuda:0 cpu
 bench_tcp cpu-to-cuda cpu cuda:0
 bench_tcp cuda-to-cuda cuda:0 cuda:0
 
-section "hetmesh bench afd: StepMesh per-A traffic, A on cuda:0, F on cpu:0"
+section "hetmesh bench afd: StepMesh per-A traffic, A on cuda:0, F on cpu:0, slots and the application's buffers"
 sed 's/^ffn = "cuda:1"/ffn = "cpu:0"/' "$root/examples/configs/stepmesh-1a1f-cuda.toml" \
   >"$work/stepmesh-1a1f-cuda-cpu.toml"
 (cd "$work" && timeout -k 5 180 "$hetmesh" bench afd --config "$work/stepmesh-1a1f-cuda-cpu.toml" \
-  --iterations 1000 --json "$OUT/bench-afd.json") || status=1
+  --iterations 1000 --caller-buffers --json "$OUT/bench-afd.json") || status=1
 
 rm -rf "$work"
 section done

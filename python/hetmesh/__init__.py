@@ -68,6 +68,7 @@ _KEYS = {
     "queue_depth": ("job", "queue_depth"),
     "layers": ("job", "layers"),
     "gather": ("job", "gather"),
+    "topology": ("job", "topology"),
     "timeout_ms": ("job", "timeout_ms"),
     "join_timeout_ms": ("job", "join_timeout_ms"),
     "io_timeout_ms": ("job", "io_timeout_ms"),

@@ -5,6 +5,8 @@
 // can wait releases the GIL.
 #include "engines.hpp"
 
+#include "caller_tensor.hpp"
+
 #include "slot.hpp"
 
 #include <hetmesh/plugins/cuda.h>
@@ -31,7 +33,11 @@ using std::chrono::milliseconds;
 // the framework streams handed to push_pull/respond/stream_wait, by native handle, each borrowed
 // once (hm.cuda.native's stream_borrow) and kept for the engine's life (a few per framework).
 struct Context {
-  std::map<uintptr_t, Stream> borrowed;     // declared first: goes after the engine
+  // The application's tensors whose memory the engine registered (the first one seen of each
+  // allocation), kept until the engine has ended, so no registration outlives its memory.
+  // Declared first: they go after the engine.
+  std::vector<std::shared_ptr<void>> held;
+  std::map<uintptr_t, Stream> borrowed;
   std::unique_ptr<afd::Instance> instance;  // its engine ends first
 
   const afd::JobConfig& config() const { return instance->config(); }
@@ -45,6 +51,39 @@ std::shared_ptr<Context> make_context(const afd::JobConfig& config, afd::Role ro
   py::gil_scoped_release unlocked;  // loading plugins and reaching the store may take a while
   c->instance = afd::open_instance(config, role, rank, options);
   return c;
+}
+
+// A reference to `object` that may be dropped on any thread, with or without the interpreter's
+// lock (a Context goes with the last tensor exported from its slots).
+std::shared_ptr<void> keep(py::object object) {
+  return std::shared_ptr<void>(object.release().ptr(), [](void* p) {
+    if (!Py_IsInitialized()) return;  // the interpreter ended: the process is ending too
+    py::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(p));
+  });
+}
+
+// `object`'s memory, registered with `engine` now unless a registration holds it already; the
+// engine's context keeps the first object seen of each allocation. Caller holds the GIL.
+template <typename Engine>
+void register_tensor(Context& c, Engine& engine, const py::handle& object,
+                     const CallerTensor& tensor) {
+  if (tensor.bytes == 0) return;
+  bool fresh;
+  {
+    py::gil_scoped_release unlocked;
+    fresh = engine.register_buffer(tensor.data, tensor.bytes);
+  }
+  if (fresh) c.held.push_back(keep(py::reinterpret_borrow<py::object>(object)));
+}
+
+py::dict counters_dict(const afd::DataCounters& counters) {
+  py::dict d;
+  d["caller_bytes"] = counters.caller_bytes;
+  d["slot_bytes"] = counters.slot_bytes;
+  d["staged_bytes"] = counters.staged_bytes;
+  d["caller_buffers"] = counters.caller_buffers;
+  return d;
 }
 
 template <typename Engine>
@@ -368,6 +407,24 @@ void bind_common(Class& cls) {
           "The job's rendezvous namespace in its store.")
       .def_property_readonly("closed", [](const Py& e) { return !e.is_open(); })
       .def(
+          "register_buffer",
+          [](const Py& e, const py::object& tensor) {
+            std::shared_ptr<Context> c = e.live();
+            CallerTensor t =
+                caller_tensor(tensor, c->device(), std::nullopt, 0, "register_buffer's tensor");
+            register_tensor(*c, engine_of<typename Py::EngineType>(*c), tensor, t);
+          },
+          py::arg("tensor"),
+          "Registers a tensor's memory (its whole allocation) now, as the engine does at a "
+          "buffer's first use; the engine keeps the tensor until it ends.")
+      .def(
+          "counters",
+          [](const Py& e) {
+            return counters_dict(engine_of<typename Py::EngineType>(*e.live()).counters());
+          },
+          "Bytes moved from or into the application's buffers and the engine's slots, those "
+          "copied through host staging buffers, and the buffers registered.")
+      .def(
           "send_message",
           [](const Py& e, int peer, const py::bytes& data) {
             std::shared_ptr<Context> c = e.live();
@@ -476,17 +533,68 @@ void bind_engines(py::module_& m) {
       .def(
           "push_pull",
           [](const PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
-             const py::object& stream, int64_t attention_start_ns) {
+             const py::object& stream, int64_t attention_start_ns, const py::object& send,
+             const py::object& routing, const py::object& results_into) {
             std::shared_ptr<Context> c = a.live();
+            afd::AttentionEngine& engine = attention_of(*c);
+            const afd::EngineSpec& spec = c->spec();
             afd::PushOptions push;
             push.ready.stream = stream_of(stream, *c);
             push.tag = tag;
             push.attention_start_ns = attention_start_ns;
+            // The application's tensors: the rows sent are `tokens`, else send's rows.
+            std::vector<std::pair<py::handle, CallerTensor>> tensors;
+            auto take = [&](const py::handle& object, std::optional<Element> element,
+                            uint64_t row_bytes, const char* what) {
+              tensors.emplace_back(object,
+                                   caller_tensor(object, c->device(), element, row_bytes, what));
+              return tensors.back().second;
+            };
+            if (!send.is_none()) {
+              CallerTensor t = take(send, element_of(c->config().model.a2f_dtype),
+                                    uint64_t{spec.hidden} * spec.a2f_bytes, "push_pull's send");
+              if (!tokens) tokens = static_cast<uint32_t>(std::min<uint64_t>(t.rows, UINT32_MAX));
+              push.tokens_from = t.data;
+            }
+            const uint32_t rows = tokens.value_or(spec.tokens);
+            if (!routing.is_none())
+              push.routing_from =
+                  take(routing, std::nullopt, spec.routing_bytes_per_token(), "push_pull's routing")
+                      .data;
+            std::vector<void*> into;
+            if (!results_into.is_none()) {
+              py::list each;
+              if (py::isinstance<py::list>(results_into) || py::isinstance<py::tuple>(results_into))
+                each = py::list(results_into);
+              else
+                each.append(results_into);
+              for (const py::handle& r : each)
+                into.push_back(r.is_none() ? nullptr
+                                           : take(r, element_of(c->config().model.f2a_dtype),
+                                                  uint64_t{spec.hidden} * spec.f2a_bytes,
+                                                  "push_pull's results_into")
+                                                 .data);
+              push.results_into = into;
+            }
+            for (const auto& [object, tensor] : tensors) {
+              if (tensor.rows < rows)
+                throw Error(
+                    HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("push_pull: a tensor of {} rows for {} tokens", tensor.rows, rows));
+              register_tensor(*c, engine, object, tensor);
+            }
             py::gil_scoped_release unlocked;
-            return attention_of(*c).push_pull(mb, tokens.value_or(c->spec().tokens), push);
+            return engine.push_pull(mb, rows, push);
           },
           py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
-          py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0)
+          py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0,
+          py::arg("send") = py::none(), py::arg("routing") = py::none(),
+          py::arg("results_into") = py::none(),
+          "Sends micro-batch `micro_batch`: from its slots, or from the application's own "
+          "tensors (send: [tokens, hidden] in the A2F dtype; routing: [tokens, top_k] (int32 "
+          "expert, float32 weight) pairs, e.g. int32 [tokens, top_k, 2]), its results landing in "
+          "the result slots or in results_into (one [tokens, hidden] tensor in the F2A dtype per "
+          "F, a list where there are several; None for a slot). Returns a handle for wait().")
       .def(
           "wait",
           [](const PyAttention& a, afd::AttentionEngine::Handle handle,
@@ -597,17 +705,46 @@ void bind_engines(py::module_& m) {
           "The next micro-batch, or None once every attention instance has left.")
       .def(
           "respond",
-          [](const PyFfn& f, const PyBatch& b, const py::object& stream, int64_t compute_start_ns) {
+          [](const PyFfn& f, const PyBatch& b, const py::object& stream, int64_t compute_start_ns,
+             const py::object& outputs) {
             if (b.engine != &f)
               throw Error(HM_ERR_INVALID_ARGUMENT,
                           "respond: this batch came from another FfnEngine's get_batch");
             std::shared_ptr<Context> c = f.live();
             const Stream* after = stream_of(stream, *c);
+            afd::FfnEngine& engine = ffn_of(*c);
+            if (outputs.is_none()) {
+              py::gil_scoped_release unlocked;
+              engine.respond(b.batch, after, compute_start_ns);
+              return;
+            }
+            // The application's output tensors, one per part (None: that part's slot).
+            py::list each(outputs);
+            if (each.size() != b.batch.parts.size())
+              throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("respond: {} outputs for {} parts",
+                                                               each.size(), b.batch.parts.size()));
+            afd::Batch batch = b.batch;
+            const afd::EngineSpec& spec = c->spec();
+            for (size_t i = 0; i < batch.parts.size(); ++i) {
+              if (each[i].is_none()) continue;
+              CallerTensor t =
+                  caller_tensor(each[i], c->device(), element_of(c->config().model.f2a_dtype),
+                                uint64_t{spec.hidden} * spec.f2a_bytes, "respond's outputs");
+              if (t.rows < batch.parts[i].tokens)
+                throw Error(HM_ERR_INVALID_ARGUMENT,
+                            fmt::format("respond: an output of {} rows for a part of {} tokens",
+                                        t.rows, batch.parts[i].tokens));
+              register_tensor(*c, engine, each[i], t);
+              batch.parts[i].output = t.data;
+            }
             py::gil_scoped_release unlocked;
-            ffn_of(*c).respond(b.batch, after, compute_start_ns);
+            engine.respond(batch, after, compute_start_ns);
           },
           py::arg("batch"), py::kw_only(), py::arg("stream") = py::none(),
-          py::arg("compute_start_ns") = 0)
+          py::arg("compute_start_ns") = 0, py::arg("outputs") = py::none(),
+          "Sends each part's output back to its A: from the part's output slot, or from the "
+          "application's tensors in `outputs` (one [tokens, hidden] tensor in the F2A dtype per "
+          "part, None for a slot).")
       .def("lost_attention", [](const PyFfn& f) { return ffn_of(*f.live()).lost_attention(); });
   bind_common<PyFfn>(ffn);
 

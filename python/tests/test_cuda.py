@@ -107,3 +107,33 @@ def test_a_torch_stream_waits_for_the_results_without_the_host(store, job):
     a.wait(h)
     a.finish()
     thread.join(30)
+
+
+def test_an_a_on_cuda_sends_from_and_receives_into_its_own_cuda_tensor(store, job, spawn):
+    # The F on the CPU doubles the tokens; the A's tensor is torch's (its caching allocator's
+    # memory, registered once by allocation), and the answer lands in the very tensor sent. The
+    # routing (23 rows x top_k 2 x 8 bytes = 368) comes from the slots.
+    job.update(attention_devices="cuda:0", ffn_devices="cpu:0")
+    from conftest import DOUBLING_FFN
+
+    ffn = spawn(DOUBLING_FFN.format(job=job, rank=0, store=store.address))
+    with hetmesh.AttentionEngine(rank=0, store=store.address, **job) as a:
+        buffer = torch.zeros(job["tokens"], job["hidden"], dtype=torch.bfloat16, device="cuda")
+        for step, tokens in enumerate([8, 2, 5, 8]):
+            x = buffer[:tokens]
+            x.copy_(torch.arange(tokens * job["hidden"], device="cuda").view(x.shape) % 32 + step)
+            torch.cuda.synchronize()
+            a.wait(a.push_pull(0, send=x, results_into=x))
+            expected = (torch.arange(tokens * job["hidden"]).view(x.shape) % 32 + step) * 2
+            assert torch.equal(x.cpu().float(), expected.float()), step
+        counters = a.counters()
+        assert counters["slot_bytes"] == 368 and counters["caller_buffers"] == 1, counters
+        # torch's caching allocator made this memory, not the cuda plugin, whose IPC export
+        # covers only its own allocations (HM-R36): over ipc every byte goes through the ring,
+        # one copy, said once and counted.
+        assert counters["staged_bytes"] == counters["caller_bytes"] == 1472, counters
+        # A CPU tensor is not the engine's device memory: refused by name.
+        with pytest.raises(hetmesh.Error, match="push_pull's send: memory of DLPack device"):
+            a.push_pull(0, send=torch.zeros(2, job["hidden"], dtype=torch.bfloat16))
+    code, out, err = ffn.finish()
+    assert code == 0, err

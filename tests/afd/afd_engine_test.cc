@@ -2,6 +2,7 @@
 // attention or FFN instances of a job (--role), which meet through a real TCP store.
 #include "child_output.hpp"
 #include "join.hpp"
+#include "side_band.hpp"
 #include "wire.hpp"
 
 #include "verbs_support.hpp"
@@ -181,6 +182,14 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
   if (defect == "payload") h.payload_bytes = spec.a2f_slot_bytes() * 4;
   if (defect == "magic") h.magic = 0x12345678;
   if (defect == "slot") slot = 999;
+  if (defect == "reply") h.reply_region = 7;  // never announced
+  if (defect == "reply_range") {
+    // Announced (its results region), but the answer would run past its end.
+    link.connection->send_control(region_frame(1, mine.regions["f2a_payload"]->describe()));
+    h.messages = 1;
+    h.reply_region = 1;
+    h.reply_offset = results.size() - 16;
+  }
   std::memcpy(headers.data(), &h, sizeof h);
   link.connection->write(*header_region, 0, link.region("a2f_headers"), 0, sizeof h, slot, 0);
   std::vector<TransportEvent> events;
@@ -376,7 +385,13 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(std::pair{"tokens", "refused header: 1008 tokens (slot holds 0..8)"},
                     std::pair{"payload", "refused header: payload of"},
                     std::pair{"magic", "refused header: magic 12345678"},
-                    std::pair{"slot", "notified slot 999, but only 2 slots exist"}),
+                    std::pair{"slot", "notified slot 999, but only 2 slots exist"},
+                    std::pair{"reply",
+                              "answer to its buffer 7 at offset 0 (512 bytes), which "
+                              "it never announced"},
+                    std::pair{"reply_range",
+                              "answer to its buffer 1 at offset 1008 (512 bytes), "
+                              "which holds 1024 bytes"}),
     [](const auto& p) { return p.param.first; });
 
 TEST(AfdLaunchTest, InstancesSayWhichRanksStartHere) {

@@ -3,7 +3,7 @@
 // side-band messages kept in order with the data, a
 // wait that ends when its engine is finished from another thread, a timed-out wait waited for
 // again, empty pushes from an idle rank, and an F's finish() ending its get_batch.
-#include "child_output.hpp"
+#include "child_job.hpp"
 #include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -319,32 +319,22 @@ int child_main(int argc, char** argv) {
 
 // ---- the tests ----
 
+using test::has_line;
+using test::joined;
+
 struct Job {
   TransportKind kind = TransportKind::tcp;
-  TcpStoreServer store{"127.0.0.1:0"};
-  LocalJob instances{{}, store.address(), testing::TempDir()};
+  test::ChildJob children;
 
   ChildProcess& spawn(const std::string& role, int rank, int ffn,
                       std::vector<std::string> extra = {}) {
     extra.insert(extra.begin(), {to_string(kind), std::to_string(ffn)});
-    return instances.start(role, rank, extra);
+    return children.instances.start(role, rank, extra);
   }
 };
 
 std::vector<std::string> lines_until_exit(ChildProcess& child) {
   return test::lines_until_exit(child, kTimeout * 2);
-}
-
-std::string joined(const std::vector<std::string>& lines) {
-  std::string out;
-  for (const auto& line : lines)
-    out += line + "\n";
-  return out;
-}
-
-bool has_line(const std::vector<std::string>& lines, const std::string& text) {
-  return std::any_of(lines.begin(), lines.end(),
-                     [&](const std::string& l) { return l.find(text) != std::string::npos; });
 }
 
 // Every layer of two micro-batches queued at once, two Fs: each wait in order returns its round

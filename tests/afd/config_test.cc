@@ -240,6 +240,21 @@ TEST(ConfigTest, EtcdRendezvous) {
   EXPECT_EQ(c.rendezvous.address, "https://etcd.example:2379");
 }
 
+// vLLM's mapping: each A to one F, attention / ffn As per F; counts that do not divide refused.
+TEST(ConfigTest, TopologyGroupsNeedsAttentionToDivideAmongTheFfns) {
+  JobConfig c = parse_config("[job]\nattention = 4\nffn = 2\ntopology = \"groups\"\n", "job.toml");
+  EXPECT_EQ(c.job.topology, JobTopology::groups);
+  EngineSpec spec = engine_spec(c, Role::attention, 3);
+  EXPECT_FALSE(spec.sends(3, 0));
+  EXPECT_TRUE(spec.sends(3, 1));
+  EXPECT_TRUE(
+      engine_spec(parse_config("[job]\nattention = 3\nffn = 2\n", "job.toml"), Role::attention, 2)
+          .sends(2, 0));  // all: every A to every F
+  EXPECT_EQ(error_of("[job]\nattention = 3\nffn = 2\ntopology = \"groups\"\n"),
+            "job.toml:4:1: [job] topology: \"groups\" maps attention / ffn As to each F: 3 As "
+            "do not divide among 2 Fs");
+}
+
 TEST(ConfigTest, BadEnumsElsewhere) {
   EXPECT_EQ(error_of("[job]\ngather = \"some\"\n"),
             "job.toml:2:1: [job] gather: unknown value \"some\" (expected one of all, eager)");
@@ -442,6 +457,7 @@ TEST(ConfigTest, ToTomlReadsBackToTheSameConfig) {
   JobConfig c;
   c.job.attention = 3;
   c.job.gather = Gather::eager;
+  c.job.topology = JobTopology::groups;
   c.job.heartbeat = std::chrono::milliseconds(750);
   c.job.gather_window = std::chrono::milliseconds(7);
   c.model.experts = 6;

@@ -295,7 +295,11 @@ TEST(DemoLaunchTest, TwoInvocationsShareOneJob) {
   fs::path dir = fs::temp_directory_path() / fmt::format("hetmesh-launch-test-{}", getpid());
   fs::create_directories(dir);
   std::ofstream(dir / "job.toml") << fmt::format(
-      "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n\n"
+      // The attention instances wait for the second invocation's FFN instances to join: on a
+      // loaded machine (and under the sanitizers) that start can take longer than the default
+      // 10 s, so the join's bound is one no loaded machine reaches.
+      "[job]\nattention = 2\nffn = 2\nlayers = 2\njoin_timeout_ms = 300000\n\n"
+      "[transport]\nkind = \"tcp\"\n\n"
       "[tracing]\nchrome_trace = \"{}\"\n",
       (dir / "trace.json").string());
   std::string config = (dir / "job.toml").string();
@@ -389,7 +393,11 @@ TEST(DemoLaunchTest, TwoInvocationsMeetAtEtcd) {
   test::TempDir dir;
   JobSecret::generate().write_file(dir.file("job.secret"));
   std::ofstream(dir.file("job.toml")) << fmt::format(
-      "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n\n"
+      // The attention instances wait for the second invocation's FFN instances to join: on a
+      // loaded machine (and under the sanitizers) that start can take longer than the default
+      // 10 s, so the join's bound is one no loaded machine reaches.
+      "[job]\nattention = 2\nffn = 2\nlayers = 2\njoin_timeout_ms = 300000\n\n"
+      "[transport]\nkind = \"tcp\"\n\n"
       "[rendezvous]\nkind = \"etcd\"\naddress = \"{}\"\nsecret_file = \"{}\"\n",
       etcd.endpoint(), dir.file("job.secret"));
   const std::string config = dir.file("job.toml");

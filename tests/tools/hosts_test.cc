@@ -155,7 +155,9 @@ TEST_F(HostsTest, ADemoAcrossTwoHosts) {
   const std::string store = hosts_->address(0) + ":18610";
   for (int h = 0; h < 2; ++h)
     std::ofstream(dir_.file(fmt::format("host{}.toml", h))) << fmt::format(
-        "[job]\nattention = 2\nffn = 2\nlayers = 2\n\n[transport]\nkind = \"tcp\"\n"
+        // Two invocations meet: a join bound no loaded machine reaches (the default is 10 s).
+        "[job]\nattention = 2\nffn = 2\nlayers = 2\njoin_timeout_ms = 300000\n\n"
+        "[transport]\nkind = \"tcp\"\n"
         "listen_host = \"{}\"\n\n[rendezvous]\naddress = \"{}\"\nsecret_file = \"{}\"\n",
         hosts_->address(h), store, dir_.file("job.secret"));
   Outputs out = run_split(

@@ -52,9 +52,22 @@ JobConfig stepmesh_shape() {
   return c;
 }
 
-// The rendezvous job id of the instances with this role ("attention", "bare-ffn"...).
-std::string job_id(const std::string& role) {
-  return role.rfind("bare-", 0) == 0 ? "bare" : afd::EngineSpec{}.job;
+// The role without its job's prefix ("bare-", "caller-").
+std::string base_role(const std::string& role) {
+  const size_t dash = role.find('-');
+  return dash == std::string::npos ? role : role.substr(dash + 1);
+}
+
+afd::DataCounters counters_from(const nlohmann::json& moved) {
+  return {moved["caller_bytes"].get<uint64_t>(), moved["slot_bytes"].get<uint64_t>(),
+          moved["staged_bytes"].get<uint64_t>(), moved["caller_buffers"].get<uint64_t>()};
+}
+
+void add(afd::DataCounters& sum, const afd::DataCounters& more) {
+  sum.caller_bytes += more.caller_bytes;
+  sum.slot_bytes += more.slot_bytes;
+  sum.staged_bytes += more.staged_bytes;
+  sum.caller_buffers += more.caller_buffers;
 }
 
 // Runs this host's instances of one job (the engine's, or with prefix "bare-" the bare
@@ -112,9 +125,30 @@ AfdBenchResults collect(const afd::Launcher& launcher, const JobConfig& c,
       bare.insert(bare.end(), trips.begin(), trips.end());
     }
   }
-  for (int f : launcher.local().ffn)
-    r.registered += read_json(launcher.folder() / fmt::format("ffn{}.info.json", f))["registered"]
-                        .get<uint64_t>();
+  for (int f : launcher.local().ffn) {
+    auto info = read_json(launcher.folder() / fmt::format("ffn{}.info.json", f));
+    r.registered += info["registered"].get<uint64_t>();
+    add(r.slots_moved, counters_from(info["moved"]));
+  }
+  for (int a : launcher.local().attention)
+    add(r.slots_moved, counters_from(read_json(launcher.folder() /
+                                               fmt::format("attention{}.info.json", a))["moved"]));
+  if (o.caller_buffers) {
+    std::vector<afd::AttentionTrace> caller;
+    for (int a : launcher.local().attention) {
+      std::ifstream in(launcher.folder() / fmt::format("caller-attention{}.trace.json", a));
+      caller.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
+      add(r.caller_moved,
+          counters_from(read_json(launcher.folder() /
+                                  fmt::format("caller-attention{}.info.json", a))["moved"]));
+    }
+    for (int f : launcher.local().ffn)
+      add(r.caller_moved,
+          counters_from(
+              read_json(launcher.folder() / fmt::format("caller-ffn{}.info.json", f))["moved"]));
+    r.caller_round_trip = afd::compute_metrics(caller, r.all_instances, c.tracing.straggler_factor)
+                              .values["round trip"];
+  }
 
   // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
   r.metrics = afd::compute_metrics(traces, r.all_instances, c.tracing.straggler_factor);
@@ -141,7 +175,8 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
     fmt::print("{}\n", share);
     std::fflush(stdout);  // an invocation on another host needs the store's address now
   }
-  if (!run_instances(launcher, c, o, "") || (o.bare && !run_instances(launcher, c, o, "bare-")))
+  if (!run_instances(launcher, c, o, "") || (o.bare && !run_instances(launcher, c, o, "bare-")) ||
+      (o.caller_buffers && !run_instances(launcher, c, o, "caller-")))
     return launcher.exit_status(0);
   if (launcher.local().attention.empty()) {
     fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",
@@ -156,19 +191,25 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
 int run_role(const JobConfig& c, const AfdBenchOptions& o) {
   if (o.role.empty()) return run_bench(c, o);
   set_log_identity(fmt::format("{}:{}", o.role, o.rank));  // a child
-  const bool bare = o.role.rfind("bare-", 0) == 0;
-  const afd::InstanceIdentity self{o.store, job_id(o.role), bare ? o.role.substr(5) : o.role,
-                                   o.rank, c.job.timeout};
+  const afd::InstanceIdentity self{o.store, job_id(o.role), base_role(o.role), o.rank,
+                                   c.job.timeout};
   return afd::run_instance(self, [&] {
-    if (o.role == "attention") return run_attention(c, o);
-    if (o.role == "ffn") return run_ffn(c, o);
     if (o.role == "bare-attention") return run_bare_attention(c, o);
     if (o.role == "bare-ffn") return run_bare_ffn(c, o);
+    const bool caller = o.role.rfind("caller-", 0) == 0;
+    if (self.role == "attention") return run_attention(c, o, caller);
+    if (self.role == "ffn") return run_ffn(c, o, caller);
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("--role {}: unknown", o.role));
   });
 }
 
 }  // namespace
+
+std::string job_id(const std::string& role) {
+  if (role.rfind("bare-", 0) == 0) return "bare";
+  if (role.rfind("caller-", 0) == 0) return "caller";
+  return afd::EngineSpec{}.job;
+}
 
 void add_bench_afd_command(CLI::App& bench) {
   auto o = std::make_shared<AfdBenchOptions>();
@@ -183,6 +224,9 @@ void add_bench_afd_command(CLI::App& bench) {
                   "write the engine's round trips here as a Chrome trace (Perfetto)");
   cmd->add_flag("!--no-bare", o->bare,
                 "skip the bare-transport baseline (it runs the job a second time)");
+  cmd->add_flag("--caller-buffers", o->caller_buffers,
+                "also run the engine from and into buffers of the instances' own (the "
+                "application's) instead of its slots, and compare (the job runs once more)");
   add_job_launch_options(*cmd, *o);
   cmd->callback([o] {
     JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);

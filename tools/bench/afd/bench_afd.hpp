@@ -32,14 +32,22 @@ struct AfdBenchOptions : afd::LaunchOptions {  // role: attention, ffn, bare-att
   std::shared_ptr<JsonOutput> json_out;  // the launcher's, opened before the job starts
   std::string trace;                     // Chrome trace of the engine's round trips
   bool bare = true;                      // also run the bare-transport baseline
+  // Also run the engine with the application's own buffers (PushOptions, an F's part outputs)
+  // in place of its slots: its instances' roles are "caller-attention" and "caller-ffn".
+  bool caller_buffers = false;
 };
 
 // ---- the instances (child processes), each writing its results under o.out ----
 
-// The engine's: attention<rank>.trace.json and .info.json (registered bytes, measured span);
-// ffn<rank>.info.json (registered bytes).
-int run_attention(const afd::JobConfig& c, const AfdBenchOptions& o);
-int run_ffn(const afd::JobConfig& c, const AfdBenchOptions& o);
+// The rendezvous job id of the instances with this role ("attention", "bare-ffn",
+// "caller-attention"...): each run of the job has its own in the one store.
+std::string job_id(const std::string& role);
+
+// The engine's: <role><rank>.trace.json and .info.json (registered bytes, measured span, the
+// engine's DataCounters) for an A; <role><rank>.info.json (registered bytes, counters) for an F.
+// With `caller`, from and into buffers of their own (the application's) instead of the slots.
+int run_attention(const afd::JobConfig& c, const AfdBenchOptions& o, bool caller);
+int run_ffn(const afd::JobConfig& c, const AfdBenchOptions& o, bool caller);
 // The bare transport's: bare-attention<rank>.json (its round trips, us).
 int run_bare_attention(const afd::JobConfig& c, const AfdBenchOptions& o);
 int run_bare_ffn(const afd::JobConfig& c, const AfdBenchOptions& o);
@@ -64,10 +72,14 @@ struct AfdBenchResults {
   double memcpy_us = 0, memcpy_parallel_us = 0;
   std::optional<afd::Percentiles> bare;  // the bare transport's round trips, unless --no-bare
   std::optional<double> raw_pair_us;     // the device copies alone, when A or F is a device
-  double throughput_gbps = 0;            // all A, both directions
-  uint64_t registered = 0;               // bytes, the instances on this host
-  bool all_instances = true;             // every instance of the job ran on this host
-  int cpu_block_size = 0;                // CPUs per pinned instance; 0 = not pinned
+  // With --caller-buffers: the engine's round trips from and into the application's buffers,
+  // and what every instance of each run moved (DataCounters summed).
+  std::optional<afd::Percentiles> caller_round_trip;
+  afd::DataCounters slots_moved, caller_moved;
+  double throughput_gbps = 0;  // all A, both directions
+  uint64_t registered = 0;     // bytes, the instances on this host
+  bool all_instances = true;   // every instance of the job ran on this host
+  int cpu_block_size = 0;      // CPUs per pinned instance; 0 = not pinned
 };
 
 // The table on stdout; with o.json, the same as JSON there (ci/bench.sh, ci/gpu/afd_summary.py).

@@ -66,6 +66,20 @@ void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
              rt.p50 / r.memcpy_parallel_us);
   if (r.bare)
     fmt::print("{:<30} {:>10.2f}x\n", "round trip / bare transport", rt.p50 / r.bare->p50);
+  auto moved = [](const afd::DataCounters& m) {
+    return fmt::format("{} B from/into the application's buffers, {} B the slots, {} B staged",
+                       m.caller_bytes, m.slot_bytes, m.staged_bytes);
+  };
+  fmt::print("{:<30} {}\n", "moved (engine's slots)", moved(r.slots_moved));
+  if (r.caller_round_trip) {
+    fmt::print(
+        "{:<30} {:>10.1f} {:>10.1f}   the application's own buffers in place of the "
+        "slots, the same job once more\n",
+        "round trip (caller buffers)", r.caller_round_trip->p50, r.caller_round_trip->p99);
+    fmt::print("{:<30} {:>10.3f}x  (target: within 3%)\n", "caller buffers / slots",
+               r.caller_round_trip->p50 / rt.p50);
+    fmt::print("{:<30} {}\n", "moved (caller buffers)", moved(r.caller_moved));
+  }
   if (cpus > 0 && cpus < static_cast<unsigned>(2 * instances))
     fmt::print(
         "note: {} CPUs for {} instances (each with a comm thread and a sender per peer): the "
@@ -106,6 +120,18 @@ nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
        r.bare ? nlohmann::json(rt.p50 / r.bare->p50) : nlohmann::json()},
       {"throughput_gbps", r.throughput_gbps},
       {"registered_bytes", r.registered},
+      {"moved_slots",
+       {{"caller_bytes", r.slots_moved.caller_bytes},
+        {"slot_bytes", r.slots_moved.slot_bytes},
+        {"staged_bytes", r.slots_moved.staged_bytes}}},
+      {"caller_buffers", r.caller_round_trip
+                             ? nlohmann::json{{"round_trip_p50_us", r.caller_round_trip->p50},
+                                              {"round_trip_p99_us", r.caller_round_trip->p99},
+                                              {"over_slots", r.caller_round_trip->p50 / rt.p50},
+                                              {"caller_bytes", r.caller_moved.caller_bytes},
+                                              {"slot_bytes", r.caller_moved.slot_bytes},
+                                              {"staged_bytes", r.caller_moved.staged_bytes}}
+                             : nlohmann::json()},
       {"metrics", nlohmann::json::object()}};
   for (const auto& [name, p] : r.metrics.values)
     out["metrics"][name] = {{"p50_us", p.p50},

@@ -30,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,14 @@ enum class Gather {
   eager  // serve each A as it arrives, so one slow A does not stall the others
 };
 
+// Which F instances an A sends each micro-batch to.
+enum class JobTopology {
+  all,    // every A to every F, each F answering a partial result (an expert split) that the A
+          // sums
+  groups  // A a to F a / (attention / ffn) alone, which answers its full result: F k serves As
+          // k·r … k·r+r−1, r = attention / ffn (vLLM's AFD mapping; attention % ffn == 0)
+};
+
 struct EngineSpec {
   Role role = Role::attention;
   int rank = 0;       // index within the role
@@ -70,6 +79,12 @@ struct EngineSpec {
   // can push a micro-batch's next layer before the previous answer is in (push_pull).
   int queue_depth = 8;
   Gather gather = Gather::all;
+  JobTopology topology = JobTopology::all;
+  // A `a` sends its micro-batches to F `f` (and waits for its answer). JobTopology::groups with an
+  // attention count that is not a multiple of ffn is refused by the engines.
+  bool sends(int a, int f) const {
+    return topology == JobTopology::all || f == a / std::max(1, attention / std::max(1, ffn));
+  }
   // The bound on the engine's own waits for data: the destructor's, and the default the
   // launcher's callers use for wait() and get_batch().
   std::chrono::milliseconds timeout{10000};
@@ -167,6 +182,27 @@ struct PushOptions {
   ReadySignal ready;               // when the slot's data is ready (default: at once)
   uint64_t tag = 0;                // handed to each F with the part (Batch), e.g. the layer
   int64_t attention_start_ns = 0;  // for the metrics: when this micro-batch's attention began
+  // The application's own memory in place of the engine's slots, each optional: the tokens
+  // ([tokens][hidden] in the A2F dtype) and routing ([tokens][top_k] of {int32, float}) to send
+  // from, and for each F (ffn entries, read during the call; a null entry is that F's result slot)
+  // where its result lands ([tokens][hidden] in the F2A dtype): the engine copies nothing. Memory
+  // of the engine's device (or host memory it can use), unchanged until the round trip is waited
+  // for, and long-lived: the engine registers each allocation at first sight and keeps it until it
+  // ends (a row slice of a registered tensor costs a lookup; register_buffer does it ahead).
+  const void* tokens_from = nullptr;
+  const void* routing_from = nullptr;
+  std::span<void* const> results_into;
+};
+
+// What an engine moved, by where the bytes were: the application's buffers (PushOptions, an F's
+// part outputs) or the engine's own slots; and how many of them the transport copied through host
+// staging buffers on this side, because it could not reach that memory directly (the log says
+// why, once per buffer).
+struct DataCounters {
+  uint64_t caller_bytes = 0;    // sent from or received into the application's buffers
+  uint64_t slot_bytes = 0;      // sent from or received into the engine's slots
+  uint64_t staged_bytes = 0;    // of both, through host staging buffers (one copy each)
+  uint64_t caller_buffers = 0;  // the application's allocations registered
 };
 
 // A side-band message from a peer (send_message): a few KiB of the application's, e.g. a step's
@@ -265,6 +301,12 @@ class AttentionEngine {
   // if none came within `timeout` (0: do not wait). Throws the error that ended the engine, or
   // Error(kStatusClosed) once finished, when no message is left.
   std::optional<Message> receive_message(std::chrono::milliseconds timeout);
+  // Registers [data, +bytes) of the application's memory now (as PushOptions's buffers are at
+  // first sight): for buffers a captured graph will use, or to pay the registration before the
+  // first step. Returns false if a registration held it already. Throws as push_pull does for a
+  // buffer it cannot use.
+  bool register_buffer(const void* data, uint64_t bytes);
+  DataCounters counters() const;
   // Every F as this engine sees it now, and what it saw happen to them.
   std::vector<PeerStatus> peers() const;
   PeerHistory peer_history() const;
@@ -305,7 +347,10 @@ struct Batch {
     uint32_t tokens = 0;
     void* tokens_data = nullptr;   // device memory: [tokens][hidden] A2F dtype
     void* routing_data = nullptr;  // device memory: [tokens][top_k] {int32, float}
-    void* output = nullptr;        // device memory to fill: [tokens][hidden] F2A dtype
+    // Device memory to fill: [tokens][hidden] F2A dtype, the engine's slot. An application that
+    // computes into a buffer of its own points this at it before respond(), which then sends from
+    // there (registered as PushOptions's buffers are, and as long-lived).
+    void* output = nullptr;
   };
   std::vector<FromAttention> parts;
   int64_t ready_ns = 0;
@@ -342,6 +387,10 @@ class FfnEngine {
   // it (A receives it before the results of any respond() called after this call).
   void send_message(int attention, std::span<const uint8_t> bytes);
   std::optional<Message> receive_message(std::chrono::milliseconds timeout);
+
+  // As AttentionEngine's, for the part outputs this F responds from.
+  bool register_buffer(const void* data, uint64_t bytes);
+  DataCounters counters() const;
 
   // The attention instances this F lost and served on without, with why: "attention 1 lost: ...",
   // every loss since the start (a replaced A's too).
