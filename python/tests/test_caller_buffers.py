@@ -80,7 +80,8 @@ def test_a_tensor_the_job_cannot_use_is_refused_by_name(store, job, spawn):
              "push_pull's send: not contiguous in C order"),
             (dict(send=torch.zeros(2, hidden, dtype=torch.bfloat16), tokens=4),
              "push_pull: a tensor of 2 rows for 4 tokens"),
-            (dict(results_into=[1, 2]), "push_pull's results_into: a value of type int has no __dlpack__"),
+            (dict(results_into=[1, 2]),
+             "push_pull's results_into: a value of type int has no __dlpack__"),
             (dict(results_into=[torch.zeros(8, hidden, dtype=torch.bfloat16)] * 2),
              "push_pull: 2 result buffers for 1 ffn instance(s)"),
         ]
@@ -94,3 +95,10 @@ def test_a_tensor_the_job_cannot_use_is_refused_by_name(store, job, spawn):
         assert torch.from_dlpack(a.result(0, 0)).float().unique().tolist() == [2.0]
     code, out, err = ffn.finish()
     assert code == 0, err
+
+
+def test_topology_groups_is_a_keyword_and_refused_where_the_as_do_not_divide():
+    config = hetmesh.config(attention=4, ffn=2, topology="groups")
+    assert 'topology = "groups"' in config.to_toml()
+    with pytest.raises(hetmesh.Error, match="3 As do not divide among 2 Fs"):
+        hetmesh.config(attention=3, ffn=2, topology="groups")
