@@ -109,7 +109,6 @@ fs::path make_job_folder(const std::string& prefix) {
       break;
     }
   fs::path base = value ? fs::path(value) : fs::path("/tmp");
-  fs::path dir = base / fmt::format("{}-{}", prefix, getpid());
   std::string origin = variable ? fmt::format(" (from {}={})", variable, value) : "";
   std::error_code ec;
   if (!fs::is_directory(base, ec))
@@ -119,12 +118,17 @@ fs::path make_job_folder(const std::string& prefix) {
                             base.string(), origin,
                             fs::exists(base, ec) ? "is not a folder" : "does not exist",
                             variable ? variable : "TMPDIR", variable ? variable : "TMPDIR"));
-  if (fs::create_directories(dir, ec); ec)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("cannot create {} in the temporary folder {}{}: {}; set {} to a folder "
-                            "you can write to (e.g. {}=/tmp)",
-                            dir.filename().string(), base.string(), origin, ec.message(),
-                            variable ? variable : "TMPDIR", variable ? variable : "TMPDIR"));
+  // A new folder every time (mkdtemp), never one left by a killed process whose pid came back.
+  std::string dir = (base / fmt::format("{}-{}-XXXXXX", prefix, getpid())).string();
+  if (::mkdtemp(dir.data()) == nullptr) {
+    int err = errno;
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        fmt::format("cannot create {} in the temporary folder {}{}: {}; set {} to a folder "
+                    "you can write to (e.g. {}=/tmp)",
+                    fs::path(dir).filename().string(), base.string(), origin, std::strerror(err),
+                    variable ? variable : "TMPDIR", variable ? variable : "TMPDIR"));
+  }
   return dir;
 }
 

@@ -6,8 +6,11 @@
 
 #include "test_support.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -504,6 +507,27 @@ TEST(ConfigExamples, StepMeshShape) {
       load_config(std::string(HETMESH_EXAMPLE_CONFIG_DIR) + "/2a2f-cpu-asic_stub-ipc.toml");
   EXPECT_EQ(mixed.devices.ffn, (std::vector<std::string>{"asic_stub:0", "asic_stub:1"}));
   EXPECT_EQ(mixed.plugins.options.at("asic_stub"), "copy_bandwidth_gbps=32;copy_latency_us=2");
+}
+
+// A job folder is new every time, even for the same process: a folder left by a killed process
+// whose pid came back (its job.secret inside) once made the next launcher on that pid refuse to
+// start ("job secret file ...: File exists").
+TEST(JobFolderTest, EveryCallMakesANewPrivateFolderEvenForTheSamePid) {
+  test::TempDir tmp;
+  const char* before = std::getenv("TMPDIR");
+  std::string saved = before ? before : "";
+  ::setenv("TMPDIR", tmp.path().c_str(), 1);
+  std::filesystem::path first = make_job_folder("hetmesh-demo");
+  std::ofstream(first / "job.secret") << "left by a killed launcher";
+  std::filesystem::path second = make_job_folder("hetmesh-demo");
+  before ? ::setenv("TMPDIR", saved.c_str(), 1) : ::unsetenv("TMPDIR");
+  EXPECT_NE(first, second);
+  EXPECT_EQ(second.parent_path(), tmp.path());
+  EXPECT_TRUE(std::filesystem::is_empty(second));
+  EXPECT_EQ(std::filesystem::status(second).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+  EXPECT_EQ(second.filename().string().rfind(fmt::format("hetmesh-demo-{}-", getpid()), 0), 0u)
+      << second;
 }
 
 }  // namespace

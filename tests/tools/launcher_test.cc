@@ -127,8 +127,14 @@ std::set<std::string> shm_entries() {
   return names;
 }
 
-fs::path demo_folder(int launcher) {
-  return fs::temp_directory_path() / fmt::format("hetmesh-demo-{}", launcher);
+// The launcher's job folders (hetmesh-demo-<pid>-XXXXXX); none once it has cleaned up.
+std::vector<fs::path> demo_folders(int launcher) {
+  std::vector<fs::path> found;
+  const std::string prefix = fmt::format("hetmesh-demo-{}-", launcher);
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator(fs::temp_directory_path(), ignored))
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) found.push_back(entry.path());
+  return found;
 }
 
 // Counts the occurrences of `what` in `text`.
@@ -285,7 +291,7 @@ TEST_P(InterruptTest, SignalToTheLauncherStopsEveryInstanceAndRemovesItsFolder) 
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 128 + signal) << r.describe();
   EXPECT_TRUE(all_ended(instances, milliseconds(0))) << "an instance outlived the launcher";
-  EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
+  EXPECT_TRUE(demo_folders(demo.pid()).empty());
   fs::remove(config);
 }
 
@@ -304,7 +310,8 @@ TEST_F(LauncherTest, InstancesDieWithAKilledLauncher) {
   EXPECT_TRUE(all_ended(instances, milliseconds(30000))) << "instances outlived their launcher";
   std::printf("[ figure ] SIGKILL of the launcher: its instances were gone %.3f s later\n",
               seconds_since(start));
-  fs::remove_all(demo_folder(demo.pid()));  // a killed launcher cannot clean up
+  for (const auto& folder : demo_folders(demo.pid()))  // a killed launcher cannot clean up
+    fs::remove_all(folder);
   fs::remove(config);
 }
 
@@ -332,7 +339,7 @@ TEST_P(StoppedInstanceTest, IsKilledAndTheJobEndsWithinItsTimeout) {
   // stopped limit), not by the job's overall limit, which kills what is left as "timed out".
   EXPECT_EQ(r.err.find("timed out and was killed"), std::string::npos) << r.err;
   EXPECT_TRUE(all_ended(instances, milliseconds(0))) << "the stopped one outlived the launcher";
-  EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
+  EXPECT_TRUE(demo_folders(demo.pid()).empty());
   fs::remove(config);
 }
 
@@ -388,7 +395,7 @@ TEST_F(LauncherTest, InstancesInRendezvousEndSoonWhenTheStoresHostDies) {
   // rendezvous timeout.
   EXPECT_NE(errors.find("(is the store's host still running?)"), std::string::npos) << errors;
   EXPECT_EQ(errors.find("did not appear"), std::string::npos) << errors;
-  EXPECT_FALSE(fs::exists(demo_folder(demo.pid())));
+  EXPECT_TRUE(demo_folders(demo.pid()).empty());
   fs::remove(config);
   fs::remove(err);
 }

@@ -15,6 +15,7 @@
 
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/instance.hpp>
+#include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
@@ -247,9 +248,7 @@ void run_once(const FaultOptions& o, const std::string& transport, const char* v
 }
 
 void run_bench(const FaultOptions& o) {
-  std::filesystem::path out =
-      std::filesystem::temp_directory_path() / fmt::format("hetmesh-bench-faults-{}", getpid());
-  std::filesystem::create_directories(out);
+  std::filesystem::path out = afd::make_job_folder("hetmesh-bench-faults");
   fmt::print(
       "hetmesh bench faults: {}A{}F, F on {}, {} of {} rank 1, {} runs per transport, "
       "engine timeout {} ms\n",

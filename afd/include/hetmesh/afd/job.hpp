@@ -86,9 +86,9 @@ std::string format_bytes(double bytes);
 // through NVIDIA's MPS (seen from CUDA_MPS_PIPE_DIRECTORY or MPS's default pipe). nullopt else.
 std::optional<std::string> shared_device_advice(const JobConfig& config);
 
-// A new folder <temporary folder>/<prefix>-<pid>/ for a job's files. The temporary folder comes
-// from TMPDIR (or TMP, TEMP, TEMPDIR), else /tmp; one that is missing or not writable is an
-// Error(INVALID_ARGUMENT) naming the folder, the variable and what to do.
+// A new folder <temporary folder>/<prefix>-<pid>-XXXXXX/ (mkdtemp, mode 0700) for a job's files.
+// The temporary folder comes from TMPDIR (or TMP, TEMP, TEMPDIR), else /tmp; one that is missing or
+// not writable is an Error(INVALID_ARGUMENT) naming the folder, the variable and what to do.
 std::filesystem::path make_job_folder(const std::string& prefix);
 
 }  // namespace hetmesh::afd
