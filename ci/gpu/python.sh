@@ -2,7 +2,8 @@
 # Runs THERE, on the GPU machine (after ci/gpu/build-and-test.sh configured build/gpu, or alone):
 # builds the Python package for that machine's python3 (its CUDA torch; pybind11's headers from
 # the torch wheel, DLPack's from .deps/gpu), then runs the pytest suite, the PyTorch MoE example
-# with A on cuda:0 and F on cpu:0, and python3 -m hetmesh.bench on cpu and with A on cuda:0.
+# with A on cuda:0 and F on cpu:0, and python3 -m hetmesh.bench and hetmesh.bench_vllm on cpu and
+# with A on cuda:0.
 # Output in $OUT/python.log and $OUT/python-bench-*.json.
 #
 #   run(kind="nvidia-h200", carry=[".deps/gpu"], command="bash ci/gpu/python.sh")
@@ -54,5 +55,14 @@ for shape in "--tokens 1 --hidden 64" "--tokens 128 --hidden 7168"; do
     name=$(echo "$shape $device" | tr -c 'a-z0-9' '-')
     timeout -k 10 120 "$python" -m hetmesh.bench $shape --attention-device "$device" \
       --json "$OUT/python-bench-$name.json"
+  done
+done
+
+section "python3 -m hetmesh.bench_vllm (the vLLM connector against the bare engine)"
+for shape in "--tokens 1 --hidden 64" "--tokens 128 --hidden 7168"; do
+  for device in cpu:0 cuda:0; do
+    name=$(echo "$shape $device" | tr -c 'a-z0-9' '-')
+    timeout -k 10 120 "$python" -m hetmesh.bench_vllm $shape --attention-device "$device" \
+      --json "$OUT/python-bench-vllm-$name.json"
   done
 done

@@ -23,6 +23,7 @@ import os
 import weakref
 
 from ._interpreter import BUILT_FOR, import_torch, native_module
+from . import _errors
 from ._errors import (
     ClosedError,
     DeviceError,
@@ -218,10 +219,10 @@ def as_tensor(slot: Slot, *, raw: bool = False):
     torch = import_torch()
     if slot.dtype == "fp8" and not raw:
         if not hasattr(torch, "float8_e4m3fn"):
-            raise NotSupportedError(
+            raise _errors.make(
+                NotSupportedError,
                 f"hetmesh.as_tensor: this slot holds fp8, and torch {torch.__version__} has no "
                 f"float8_e4m3fn: use a2f_dtype=\"bf16\" (the default from keywords) or a torch "
-                f"with float8_e4m3fn (2.1 or later); as_tensor(slot, raw=True) gives its bytes",
-                2, "HM_ERR_NOT_SUPPORTED")
+                f"with float8_e4m3fn (2.1 or later); as_tensor(slot, raw=True) gives its bytes")
         return torch.from_dlpack(slot).view(torch.float8_e4m3fn)
     return torch.from_dlpack(slot)

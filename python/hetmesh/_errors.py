@@ -97,3 +97,12 @@ def from_native(status: int, status_name: str, message: str) -> Error:
     cls = _BY_STATUS.get(status, Error)
     peer = peer_in(message) if cls in (TimeoutError, PeerLostError) else None
     return cls(message, status, status_name, peer)
+
+
+_NAMES = {1: "HM_ERR_INVALID_ARGUMENT", 2: "HM_ERR_NOT_SUPPORTED", 1000: "PEER_LOST", 1004: "CLOSED"}
+
+
+def make(cls, message: str, peer: str | None = None) -> Error:
+    """An error of class `cls` raised from Python, with the status the native module gives it."""
+    status = next(s for s, c in _BY_STATUS.items() if c is cls)
+    return cls(message, status, _NAMES[status], peer)

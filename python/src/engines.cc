@@ -345,6 +345,23 @@ struct PyBatch {
   const void* engine = nullptr;  // the FfnEngine it came from: only it may respond to it
 };
 
+// push_pull's results_into given as one tensor: for the one F this A sends to (every A of a
+// one-F job; each A of a "groups" job), so it is that F's entry; else, as before, a list of one
+// that the engine refuses for naming too few.
+py::list one_result_per_ffn(const py::object& tensor, const afd::EngineSpec& spec) {
+  py::list each;
+  std::vector<int> to;
+  for (int f = 0; f < spec.ffn; ++f)
+    if (spec.sends(spec.rank, f)) to.push_back(f);
+  if (to.size() != 1) {
+    each.append(tensor);
+    return each;
+  }
+  for (int f = 0; f < spec.ffn; ++f)
+    each.append(f == to.front() ? tensor : py::none());
+  return each;
+}
+
 py::dict peer_dict(const afd::PeerStatus& p) {
   py::dict d;
   d["role"] = afd::to_string(p.role);
@@ -567,7 +584,7 @@ void bind_engines(py::module_& m) {
               if (py::isinstance<py::list>(results_into) || py::isinstance<py::tuple>(results_into))
                 each = py::list(results_into);
               else
-                each.append(results_into);
+                each = one_result_per_ffn(results_into, spec);
               for (const py::handle& r : each)
                 into.push_back(r.is_none() ? nullptr
                                            : take(r, element_of(c->config().model.f2a_dtype),
@@ -594,7 +611,8 @@ void bind_engines(py::module_& m) {
           "tensors (send: [tokens, hidden] in the A2F dtype; routing: [tokens, top_k] (int32 "
           "expert, float32 weight) pairs, e.g. int32 [tokens, top_k, 2]), its results landing in "
           "the result slots or in results_into (one [tokens, hidden] tensor in the F2A dtype per "
-          "F, a list where there are several; None for a slot). Returns a handle for wait().")
+          "F, a list where there are several, None for a slot; one tensor where the A sends to "
+          "one F). Returns a handle for wait().")
       .def(
           "wait",
           [](const PyAttention& a, afd::AttentionEngine::Handle handle,

@@ -1,5 +1,6 @@
-"""python3 -m hetmesh.bench runs its two sides and reports both with their difference (what it
-measures is for docs/benchmarks.md; here only that it measures and says what it measured)."""
+"""python3 -m hetmesh.bench and hetmesh.bench_vllm run their two sides and report both with their
+difference (what they measure is for docs/benchmarks.md; here only that they measure and say what
+they measured)."""
 
 import json
 import subprocess
@@ -23,3 +24,21 @@ def test_the_benchmark_reports_both_sides_and_the_overhead(tmp_path):
     assert abs(results["binding_calls_us_p50"] + results["interpreter_between_round_trips_us_p50"]
                - results["python_overhead_us_p50"]) < 1e-6
     assert results["run"]["hetmesh_version"].startswith("0.")
+
+
+def test_the_connector_benchmark_reports_both_jobs_and_the_cost(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "hetmesh.bench_vllm", "--tokens", "4", "--hidden",
+                        "64", "--iterations", "20", "--phases", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "connector cost per layer exchange" in r.stdout
+    results = json.loads(out.read_text())
+    assert results["exchanges_per_side"] == 40
+    for side in ("bare_cpp_round_trip_us", "connector_layer_exchange_us"):
+        assert 0 < results[side]["p50"] <= results[side]["p99"]
+    assert results["connector_cost_us_p50"] == (results["connector_layer_exchange_us"]["p50"]
+                                                - results["bare_cpp_round_trip_us"]["p50"])
+    # Every exchange (the warm-up step's too) from and into the A's own tensor: 4 rows of 64
+    # bf16 each way.
+    assert results["connector_counters"]["caller_bytes"] == (40 + 20) * 4 * 64 * 2 * 2

@@ -1,0 +1,178 @@
+"""The vLLM connector's cost: a layer exchange through hetmesh.vllm_afd against the bare engine's.
+
+    python3 -m hetmesh.bench_vllm                                   # 1A1F on cpu:0
+    python3 -m hetmesh.bench_vllm --attention-device cuda:0 --json out.json
+
+Two jobs of the same shape (the connector's: bf16 both ways, `topology = "groups"`) run side by
+side, each with its F in a process of its own: the bare one answers from its slots (get_batch,
+respond), the connector's as the plugin's FFN runner does (recv_attn_output, send_ffn_output, the
+output in a tensor of its own). In turns, `--phases` times: the bare engine's round trips from C++
+(push_pull + wait on its slots, each alone in flight), then the connector's layer exchanges from
+Python (one step of --iterations layers) (send_attn_output + recv_ffn_output on the A's own tensor, one stage, each alone in flight,
+timed with time.perf_counter_ns around the two calls). The connector's cost per layer is the
+difference of the two p50s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import hetmesh
+from hetmesh import vllm_afd
+from hetmesh.bench import percentile
+
+
+def serve_bare(store: str, job: dict, device: str) -> None:
+    f = hetmesh.FfnEngine(rank=0, store=store, device=device, job="bare", **job)
+    for batch in f.batches():
+        f.respond(batch)
+
+
+def connector(role: str, store: str, args, hosts: bool) -> vllm_afd.AfdConnector:
+    torch = hetmesh.import_torch()
+    device = args.attention_device if role == "attention" else args.ffn_device
+    c = vllm_afd.AfdConnector(role=role, role_rank=0, attention=1, ffn=1, hidden=args.hidden,
+                              dtype=torch.bfloat16, max_tokens=args.tokens, default_store=store,
+                              options={"device": device, "job": "connector", "micro_batches": 1,
+                                       "host_store": hosts, "timeout_ms": 30000})
+    c.init_afd_connector()
+    return c
+
+
+def serve_connector(store: str, args) -> None:
+    """The plugin's FFN runner: each step's payload, then --iterations layers of stage 0."""
+    torch = hetmesh.import_torch()
+    c = connector("ffn", store, args, hosts=False)
+    on = "cuda:0" if c.device.startswith("cuda") else "cpu"
+    out = torch.zeros(args.tokens, args.hidden, dtype=torch.bfloat16, device=on)
+    while True:
+        try:
+            payload = c.control_plane.recv_dp_metadata_list()
+        except hetmesh.ClosedError:
+            break
+        for _ in range(args.iterations):
+            got = c.recv_attn_output(ubatch_idx=0)
+            c.send_ffn_output(out[:got.hidden_states.shape[0]], got.context)
+    c.close()
+
+
+def measure(args) -> dict:
+    torch = hetmesh.import_torch()
+    job = vllm_afd.AfdConnector(role="attention", role_rank=0, attention=1, ffn=1,
+                                hidden=args.hidden, dtype=torch.bfloat16, max_tokens=args.tokens,
+                                options={"micro_batches": 1, "timeout_ms": 30000}).job
+    with tempfile.TemporaryDirectory(prefix="hetmesh-pybench-") as folder:
+        secret = os.path.join(folder, "job.secret")
+        hetmesh.write_secret(secret)
+        env = {**os.environ, "HETMESH_JOB_SECRET_FILE": secret}
+        store = hetmesh.StoreServer(secret_file=secret)
+        ffns = [subprocess.Popen([sys.executable, "-m", "hetmesh.bench_vllm", "--role", role,
+                                  "--store", store.address, "--job", json.dumps(job),
+                                  "--ffn-device", args.ffn_device, "--tokens", str(args.tokens),
+                                  "--hidden", str(args.hidden), "--iterations",
+                                  str(args.iterations)], env=env)
+                for role in ("bare-ffn", "connector-ffn")]
+        try:
+            bare = hetmesh.AttentionEngine(rank=0, store=store.address, secret_file=secret,
+                                           device=args.attention_device, job="bare", **job)
+            os.environ["HETMESH_JOB_SECRET_FILE"] = secret
+            a = connector("attention", store.address, args, hosts=False)
+            on = "cuda:0" if a.device.startswith("cuda") else "cpu"
+            x = torch.ones(args.tokens, args.hidden, dtype=torch.bfloat16, device=on)
+            context = vllm_afd.TransferContext(vllm_afd.TransferMetadata(0, 0, [args.tokens]))
+            clock = time.perf_counter_ns
+
+            def step() -> list[int]:  # one step of --iterations layers
+                counts = torch.tensor([args.tokens], dtype=torch.int32)
+                payload = vllm_afd.ControlPayload({0: vllm_afd.DPMetadata(counts)})
+                a.control_plane.update_state_from_dp_metadata(payload)
+                a.control_plane.send_dp_metadata_list(payload)
+                ns = []
+                for _ in range(args.iterations):
+                    start = clock()
+                    a.send_attn_output(x, context)
+                    a.recv_ffn_output(x, 0)
+                    ns.append(clock() - start)
+                return ns
+
+            bare._round_trips_from_cpp(0, args.iterations)  # warm-up
+            step()
+            bare_ns: list[int] = []
+            connector_ns: list[int] = []
+            for _ in range(args.phases):
+                bare_ns += bare._round_trips_from_cpp(0, args.iterations)
+                connector_ns += step()
+            counters = a.counters()
+            a.close()
+            bare.finish()
+        finally:
+            for ffn in ffns:
+                if ffn.wait(timeout=60) != 0:
+                    raise SystemExit(f"hetmesh.bench_vllm: an FFN instance failed "
+                                     f"({ffn.returncode})")
+            store.close()
+    bare_us = [n / 1000 for n in bare_ns]
+    connector_us = [n / 1000 for n in connector_ns]
+    bare_p50, connector_p50 = percentile(bare_us, 0.5), percentile(connector_us, 0.5)
+    return {
+        "run": {"host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "hetmesh_version": hetmesh.__version__, "python": platform.python_version()},
+        "job": job, "attention_device": args.attention_device, "ffn_device": args.ffn_device,
+        "exchanges_per_side": len(bare_us),
+        "bare_cpp_round_trip_us": {"p50": bare_p50, "p99": percentile(bare_us, 0.99)},
+        "connector_layer_exchange_us": {"p50": connector_p50,
+                                        "p99": percentile(connector_us, 0.99)},
+        "connector_cost_us_p50": connector_p50 - bare_p50,
+        "connector_counters": counters,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m hetmesh.bench_vllm",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attention-device", default="cpu:0")
+    parser.add_argument("--ffn-device", default="cpu:0")
+    parser.add_argument("--iterations", type=int, default=200, help="exchanges per phase")
+    parser.add_argument("--phases", type=int, default=5, help="bare and connector, in turns")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--json", help="also write the results here ('-': stdout)")
+    parser.add_argument("--role", choices=["bare-ffn", "connector-ffn"], help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "bare-ffn":
+        serve_bare(args.store, json.loads(args.job), args.ffn_device)
+        return 0
+    if args.role == "connector-ffn":
+        serve_connector(args.store, args)
+        return 0
+    r = measure(args)
+    print(f"hetmesh.bench_vllm: 1A1F, {args.tokens} tokens x hidden {args.hidden} (bf16 both "
+          f"ways), A on {args.attention_device}, F on {args.ffn_device}; "
+          f"{r['exchanges_per_side']} exchanges per side, one in flight, in {args.phases} "
+          f"alternating phases")
+    print(f"{'':<34}{'p50 us':>10}{'p99 us':>10}")
+    for name, key in (("bare engine (C++ push_pull+wait)", "bare_cpp_round_trip_us"),
+                      ("connector (send_attn+recv_ffn)", "connector_layer_exchange_us")):
+        print(f"{name:<34}{r[key]['p50']:>10.1f}{r[key]['p99']:>10.1f}")
+    print(f"connector cost per layer exchange: {r['connector_cost_us_p50']:.2f} us (p50); "
+          f"its counters {r['connector_counters']}")
+    if args.json == "-":
+        json.dump(r, sys.stdout, indent=1)
+        print()
+    elif args.json:
+        with open(args.json, "w") as out:
+            json.dump(r, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""hetmesh's connector in vLLM's AFD plugin (vllm-project/afd-plugin): import this module in every
+vLLM process of the job (before the plugin builds its connector) and select it with
+`additional_config = {"afd": {"connector": "HetmeshAFDConnector", ...}}`. The plugin's config
+checks connector names against its own list (SUPPORTED_AFD_CONNECTORS in afd_plugin/config.py):
+until it names this one, add "HetmeshAFDConnector" there. docs/embedding.md says more.
+
+Unlike hetmesh.vllm_afd, which holds the connector itself, this module imports the plugin (and so
+vLLM): it is the plugin's loader that imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+from afd_plugin.connectors import metadata as _plugin
+from afd_plugin.connectors.base import AFDConnectorBase, AFDControlPlane, ConnectorExtraInfo
+from afd_plugin.connectors.factory import AFDConnectorFactory
+
+from . import vllm_afd
+
+NAME = "HetmeshAFDConnector"
+
+# The plugin's own payload classes, for the payloads this connector makes.
+_PLUGIN_TYPES = types.SimpleNamespace(
+    dp_metadata=_plugin.AFDDPMetadata, control_payload=_plugin.AFDControlPayload,
+    transfer_metadata=_plugin.AFDTransferMetadata, transfer_context=_plugin.AFDTransferContext,
+    a2f_payload=_plugin.AFDA2FTransferPayload)
+
+
+@dataclasses.dataclass(frozen=True)
+class HetmeshExtraInfo(ConnectorExtraInfo):
+    options: tuple = ()  # (key, value) pairs, every option of vllm_afd.OPTIONS
+
+    @classmethod
+    def from_mapping(cls, raw):
+        return cls(tuple(sorted(vllm_afd.parse_options(raw).items())))
+
+    def to_mapping(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+class HetmeshAFDControlPlane(AFDControlPlane):
+    def __init__(self, plane: vllm_afd.ControlPlane):
+        self._plane = plane
+
+    def update_state_from_dp_metadata(self, payload) -> None:
+        self._plane.update_state_from_dp_metadata(payload)
+
+    def send_dp_metadata_list(self, payload) -> None:
+        self._plane.send_dp_metadata_list(payload)
+
+    def recv_dp_metadata_list(self):
+        return self._plane.recv_dp_metadata_list()
+
+
+class HetmeshAFDConnector(AFDConnectorBase):
+    """The plugin's connector contract on one hetmesh job (hetmesh.vllm_afd.AfdConnector)."""
+
+    @classmethod
+    def parse_extra_config(cls, raw):
+        return HetmeshExtraInfo.from_mapping(raw)
+
+    def __init__(self, rank, local_rank, vllm_config, afd_config, role_rank):
+        super().__init__(rank, local_rank, vllm_config, afd_config, role_rank)
+        model = vllm_config.model_config
+        self.connector = vllm_afd.AfdConnector(
+            role=afd_config.role, role_rank=role_rank,
+            attention=afd_config.num_attention_ranks, ffn=afd_config.num_ffn_ranks,
+            hidden=model.hf_config.hidden_size, dtype=model.dtype,
+            max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+            local_rank=local_rank, default_store=f"{afd_config.host}:{afd_config.port}",
+            options=self.extra_info.to_mapping(), types=_PLUGIN_TYPES)
+        self.attn_size, self.ffn_size = self.connector.attn_size, self.connector.ffn_size
+        self.control_plane = HetmeshAFDControlPlane(self.connector.control_plane)
+
+    def init_afd_connector(self) -> None:
+        self.connector.init_afd_connector()
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.connector.is_initialized
+
+    def close(self) -> None:
+        self.connector.close()
+
+    def send_attn_output(self, hidden_states, context, **kwargs) -> None:
+        self.connector.send_attn_output(hidden_states, context, **kwargs)
+
+    def recv_ffn_output(self, ref_tensor, ubatch_idx: int = 0, **kwargs):
+        return self.connector.recv_ffn_output(ref_tensor, ubatch_idx, **kwargs)
+
+    def recv_attn_output(self, ubatch_idx: int = 0, **kwargs):
+        return self.connector.recv_attn_output(ubatch_idx, **kwargs)
+
+    def send_ffn_output(self, ffn_output, context, **kwargs) -> None:
+        self.connector.send_ffn_output(ffn_output, context, **kwargs)
+
+
+# Importing this module again (a reload) registers it again, in place of the first.
+AFDConnectorFactory.register_connector(NAME, __name__, NAME, replace=True)

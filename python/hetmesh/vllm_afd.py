@@ -1,0 +1,428 @@
+"""hetmesh as a connector of vLLM's AFD plugin (vllm-project/afd-plugin).
+
+`AfdConnector` answers the plugin's connector contract (its docs/design/module/
+connector_contracts.md: `init_afd_connector`, `close`, `is_initialized`, `send_attn_output`,
+`recv_ffn_output`, `recv_attn_output`, `send_ffn_output`, and the control plane's
+`update_state_from_dp_metadata`, `send_dp_metadata_list`, `recv_dp_metadata_list`) with one
+hetmesh job of the plugin's mapping: F k serves As k*r ... k*r+r-1 and computes their full output
+(`topology = "groups"`, r = attention / ffn). This module imports neither vLLM nor the plugin:
+hetmesh.vllm wraps it in the plugin's base classes and registers it. Without them, the plugin's
+payload objects are the plain classes below, with the same fields.
+
+- Stages are the job's micro-batches: each (layer, stage) exchange is one round trip of that
+  micro-batch; an A may send every stage before it receives any.
+- An A sends from its hidden-states tensor and the F's answer lands in that very tensor, which is
+  the `ref_tensor` the plugin's models pass to `recv_ffn_output`; an F responds from its own output
+  tensor. Each allocation is registered once; a tensor at a new address every step (eager mode on
+  the host: every step allocates) would pin memory without bound, so after `max_buffers` new
+  allocations in one direction that direction copies through hetmesh's slots instead, said once.
+- The control plane rides the job's side band: the first A of each group sends its F the step's
+  per-stage token counts, in order with the data that follows.
+- Router logits do not travel yet (`compute_gate_on_attention = false`: the F computes the gate),
+  and a step under CUDA graph capture is refused: both are named where asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import types as _types
+from typing import Any
+
+from . import _errors
+from . import (AttentionEngine, ClosedError, FfnEngine, InvalidArgumentError, NotSupportedError,
+               PeerLostError, StoreServer, as_tensor, import_torch)
+
+_log = logging.getLogger("hetmesh.vllm_afd")
+
+
+# ---- the plugin's payload objects, where the plugin is not installed (same fields) ----
+
+@dataclasses.dataclass
+class DPMetadata:
+    num_tokens_across_dp_cpu: Any  # int32 tensor: each DP rank's tokens for one stage
+    max_tokens_across_dp_cpu: Any = None
+
+
+@dataclasses.dataclass
+class ControlPayload:
+    dp_metadata_list: dict  # stage -> DPMetadata
+    is_graph_capturing: bool = False
+    is_warmup: bool = False
+
+
+@dataclasses.dataclass
+class TransferMetadata:
+    layer_idx: int
+    stage_idx: int
+    seq_lens: list
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.seq_lens)
+
+
+@dataclasses.dataclass
+class TransferContext:
+    metadata: TransferMetadata
+    states: Any = None
+
+
+@dataclasses.dataclass
+class A2FPayload:
+    hidden_states: Any
+    context: TransferContext
+    router_logits: Any = None
+
+
+PLAIN_TYPES = _types.SimpleNamespace(
+    dp_metadata=DPMetadata, control_payload=ControlPayload, transfer_metadata=TransferMetadata,
+    transfer_context=TransferContext, a2f_payload=A2FPayload)
+
+
+# ---- options (the plugin's connector_extra_config) ----
+
+# Every option, its default and what it is. Unknown keys are refused with the nearest known one.
+OPTIONS = {
+    "store": ("", "host:port of the job's store (or an etcd URL); default the plugin's host:port"),
+    "host_store": (True, "ffn 0 hosts the store at `store` (false: it is hosted elsewhere)"),
+    "secret_file": ("", "the job's secret (needed where the store listens beyond loopback)"),
+    "job": ("vllm-afd", "the job's namespace in its store"),
+    "device": ("cuda:{local_rank}", "this instance's device; {local_rank} is filled in"),
+    "transport": ("", "ipc, tcp or verbs (default: the job's default)"),
+    "listen_host": ("", "the address this instance's transport listens on"),
+    "micro_batches": (2, "the most stages a step has (vLLM's ubatches)"),
+    "timeout_ms": (60000, "the bound of every wait for a peer's data"),
+    "join_timeout_ms": (1800000, "how long an instance waits for the others to start"),
+    "max_buffers": (64, "new allocations registered per direction before copying through slots"),
+}
+
+
+def parse_options(raw) -> dict:
+    """The connector's options from the plugin's connector_extra_config, defaults filled in."""
+    import difflib
+
+    if raw is not None and not isinstance(raw, dict):
+        raise TypeError(f"hetmesh connector_extra_config: expected a mapping, got {raw!r}")
+    options = {name: default for name, (default, _) in OPTIONS.items()}
+    for key, value in (raw or {}).items():
+        if key not in OPTIONS:
+            near = difflib.get_close_matches(key, OPTIONS, n=1)
+            raise ValueError(f"hetmesh connector_extra_config: unknown key {key!r}"
+                             f"{f' (did you mean {near[0]!r}?)' if near else ''}; known: "
+                             f"{', '.join(sorted(OPTIONS))}")
+        if type(value) is not type(OPTIONS[key][0]):
+            raise TypeError(f"hetmesh connector_extra_config: {key}={value!r}: expected "
+                            f"{type(OPTIONS[key][0]).__name__}")
+        options[key] = value
+    return options
+
+
+_NO_ROUTER_LOGITS = ("hetmesh connector: router_logits do not travel yet; set the plugin's "
+                     "compute_gate_on_attention = false (the F computes the gate)")
+
+_WIRE_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _wire_dtype(dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _WIRE_DTYPES:
+        raise _errors.make(
+            NotSupportedError,
+            f"hetmesh connector: hidden states of {dtype} cannot travel; "
+            f"bfloat16, float16 and float32 can")
+    return _WIRE_DTYPES[name]
+
+
+class _Direction:
+    """One direction's buffers: the application's own allocations, registered once each, until
+    more than `limit` new ones appear; from then on, copies through the engine's slots."""
+
+    def __init__(self, what: str, limit: int):
+        self.what, self.limit, self.seen, self.copying = what, limit, set(), False
+
+    def in_place(self, tensor) -> bool:
+        if self.copying:
+            return False
+        base = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()  # its storage
+        if base not in self.seen:
+            if len(self.seen) == self.limit:
+                self.copying = True
+                _log.warning("hetmesh connector: %s came from %d different allocations (a new one "
+                             "every step?); copying it through hetmesh's slots from now on, as "
+                             "registering each would pin memory without bound", self.what,
+                             self.limit + 1)
+                return False
+            self.seen.add(base)
+        return True
+
+
+class AfdConnector:
+    """One instance of the job: role "attention" or "ffn", its rank in that role."""
+
+    def __init__(self, *, role: str, role_rank: int, attention: int, ffn: int, hidden: int,
+                 dtype, max_tokens: int, local_rank: int = 0, default_store: str = "",
+                 options: dict | None = None, types=PLAIN_TYPES):
+        if role not in ("attention", "ffn"):
+            raise _errors.make(
+                InvalidArgumentError,
+                f"hetmesh connector: role {role!r} is not attention or ffn")
+        if ffn < 1 or attention < ffn or attention % ffn:
+            raise _errors.make(
+                InvalidArgumentError,
+                f"hetmesh connector: {attention} attention ranks do not divide among {ffn} FFN "
+                f"ranks (the plugin's mapping gives each F the same number of As)")
+        self.role, self.role_rank = role, role_rank
+        self.attn_size, self.ffn_size = attention, ffn
+        self.ratio = attention // ffn
+        self.options = parse_options(options)
+        self.types = types
+        self.device = self.options["device"].format(local_rank=local_rank)
+        self.store_address = self.options["store"] or default_store
+        self.job = dict(attention=attention, ffn=ffn, topology="groups",
+                        micro_batches=self.options["micro_batches"], tokens=max_tokens,
+                        hidden=hidden, experts=ffn, top_k=1, a2f_dtype=_wire_dtype(dtype),
+                        f2a_dtype=_wire_dtype(dtype), timeout_ms=self.options["timeout_ms"],
+                        join_timeout_ms=self.options["join_timeout_ms"])
+        for key in ("transport", "listen_host"):
+            if self.options[key]:
+                self.job[key] = self.options[key]
+        self.control_plane = ControlPlane(self)
+        self._engine = None
+        self._store = None
+        self._sent: dict[int, tuple] = {}  # A: stage -> (handle, tensor, rows, in place)
+        self._held: dict[int, Any] = {}  # F: stage -> batch got ahead of its turn
+        self._open: dict[int, Any] = {}  # F: stage -> batch received, not yet answered
+        limit = self.options["max_buffers"]
+        self._a2f = _Direction("the hidden states sent", limit)
+        self._f2a = _Direction("the FFN output" if role == "ffn" else "ref_tensor", limit)
+
+    # ---- lifecycle ----
+
+    def init_afd_connector(self) -> None:
+        """Joins the job (blocking until every instance of the job is in it). Idempotent."""
+        if self._engine is not None:
+            return
+        if not self.store_address:
+            raise _errors.make(
+                InvalidArgumentError,
+                "hetmesh connector: no store address (the plugin's host:port "
+                "or connector_extra_config's store)")
+        secret_file = self.options["secret_file"] or os.environ.get("HETMESH_JOB_SECRET_FILE", "")
+        hosts = (self.role == "ffn" and self.role_rank == 0 and self.options["host_store"]
+                 and "://" not in self.store_address)
+        if hosts:
+            self._store = StoreServer(self.store_address, secret_file or None)
+        engine = AttentionEngine if self.role == "attention" else FfnEngine
+        try:
+            self._engine = engine(rank=self.role_rank, store=self.store_address,
+                                  secret_file=secret_file, device=self.device,
+                                  job=self.options["job"], **self.job)
+        except BaseException:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+            raise
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._engine is not None and not self._engine.closed
+
+    @property
+    def engine(self):
+        if self._engine is None or self._engine.closed:
+            raise _errors.make(
+                ClosedError,
+                f"hetmesh connector ({self.role} {self.role_rank}): not initialized "
+                "(init_afd_connector) or closed")
+        return self._engine
+
+    def close(self) -> None:
+        """Leaves the job: an A's F hears it left (not that it died). Safe to call again, and after
+        a failed or partial initialization."""
+        engine, self._engine = self._engine, None
+        self._sent.clear(), self._held.clear(), self._open.clear()
+        if engine is not None:
+            engine.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _group_left(self):
+        return _errors.make(ClosedError, f"hetmesh connector (ffn {self.role_rank}): every "
+                            f"attention instance of its group has left")
+
+    def counters(self) -> dict:
+        """Bytes moved from and into the application's tensors and hetmesh's slots."""
+        return self.engine.counters()
+
+    # ---- the attention side ----
+
+    def send_attn_output(self, hidden_states, context, **kwargs) -> None:
+        """Sends one (layer, stage) of hidden states to this A's F; returns at once."""
+        engine = self.engine
+        if kwargs.get("router_logits") is not None:
+            raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
+        metadata = context.metadata
+        rows = int(hidden_states.shape[0])
+        if rows != metadata.total_tokens:
+            raise ValueError(f"hidden_states shape {tuple(hidden_states.shape)} does not match "
+                             f"the transfer's token count {metadata.total_tokens}")
+        stage = int(metadata.stage_idx)
+        if stage in self._sent:
+            raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
+                               f"recv_ffn_output")
+        if self._a2f.in_place(hidden_states):
+            handle = engine.push_pull(stage, rows, send=hidden_states, results_into=hidden_states)
+            self._sent[stage] = (handle, hidden_states, rows, True)
+            return
+        as_tensor(engine.tokens(stage))[:rows].copy_(hidden_states)
+        self._sent[stage] = (engine.push_pull(stage, rows), hidden_states, rows, False)
+
+    def recv_ffn_output(self, ref_tensor, ubatch_idx: int = 0, **kwargs):
+        """Waits for the F's answer to stage `ubatch_idx` and returns it in `ref_tensor`."""
+        engine = self.engine
+        if ubatch_idx not in self._sent:
+            raise RuntimeError(f"hetmesh connector: recv_ffn_output for stage {ubatch_idx}, which "
+                               f"has no send_attn_output before it")
+        handle, sent, rows, in_place = self._sent.pop(ubatch_idx)
+        engine.wait(handle)
+        if in_place:
+            answer = sent
+        else:
+            answer = as_tensor(engine.result(ubatch_idx, self.role_rank // self.ratio))[:rows]
+        if ref_tensor is None:
+            return answer if in_place else answer.clone()
+        if ref_tensor.data_ptr() != answer.data_ptr() or ref_tensor.shape[0] != rows:
+            ref_tensor[:rows].copy_(answer)
+        return ref_tensor
+
+    # ---- the FFN side ----
+
+    def recv_attn_output(self, ubatch_idx: int = 0, **kwargs):
+        """Stage `ubatch_idx` from every A of this F's group, as one [sum of rows, hidden] tensor
+        (the As' rows in rank order; copied together where there are several As)."""
+        engine = self.engine
+        if kwargs.get("routing_spec") is not None:
+            raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
+        if ubatch_idx in self._open:
+            raise RuntimeError(f"hetmesh connector: stage {ubatch_idx} received again before its "
+                               f"send_ffn_output")
+        batch = self._held.pop(ubatch_idx, None)
+        while batch is None:
+            got = engine.get_batch()
+            if got is None:
+                raise self._group_left()
+            if got.micro_batch == ubatch_idx:
+                batch = got
+            else:
+                self._held[got.micro_batch] = got
+        parts = sorted(batch.parts, key=lambda part: part.rank)
+        rows = [as_tensor(part.tokens) for part in parts]
+        torch = import_torch()
+        hidden_states = rows[0] if len(rows) == 1 else torch.cat(rows)
+        self._open[ubatch_idx] = batch
+        t = self.types
+        metadata = t.transfer_metadata(layer_idx=0, stage_idx=ubatch_idx,
+                                       seq_lens=[part.count for part in parts])
+        return t.a2f_payload(hidden_states=hidden_states,
+                             context=t.transfer_context(metadata=metadata))
+
+    def send_ffn_output(self, ffn_output, context, **kwargs) -> None:
+        """Sends each A of the group its rows of `ffn_output` (in the order received)."""
+        engine = self.engine
+        stage = int(context.metadata.stage_idx)
+        batch = self._open.pop(stage, None)
+        if batch is None:
+            raise RuntimeError(f"hetmesh connector: send_ffn_output for stage {stage}, which has "
+                               f"no recv_attn_output before it")
+        parts = sorted(batch.parts, key=lambda part: part.rank)
+        total = sum(part.count for part in parts)
+        if int(ffn_output.shape[0]) != total:
+            raise ValueError(f"ffn_output shape {tuple(ffn_output.shape)} does not match the "
+                             f"{total} tokens received")
+        by_rank, start = {}, 0
+        for part in parts:
+            by_rank[part.rank] = ffn_output[start:start + part.count]
+            start += part.count
+        if self._f2a.in_place(ffn_output):
+            engine.respond(batch, outputs=[by_rank[part.rank] for part in batch.parts])
+            return
+        for part in batch.parts:
+            as_tensor(part.output)[:part.count].copy_(by_rank[part.rank])
+        engine.respond(batch)
+
+
+class ControlPlane:
+    """The plugin's AFDControlPlane: each step's per-stage token counts, from the first A of each
+    group to its F over the job's side band."""
+
+    def __init__(self, connector: AfdConnector):
+        self.connector = connector
+        self.payload = None
+
+    def update_state_from_dp_metadata(self, payload) -> None:
+        if payload.is_graph_capturing:
+            raise _errors.make(
+                NotSupportedError,
+                "hetmesh connector: a step under CUDA graph capture needs device-triggered round "
+                "trips, which this connector does not use yet; run vLLM with enforce_eager (or "
+                "cudagraph_mode NONE)")
+        self.payload = payload
+
+    def send_dp_metadata_list(self, payload) -> None:
+        c = self.connector
+        if c.role != "attention" or c.role_rank % c.ratio:
+            return  # one A of each group speaks for it
+        stages = {
+            str(int(stage)): [int(n) for n in m.num_tokens_across_dp_cpu.flatten().tolist()]
+            for stage, m in payload.dp_metadata_list.items()
+        }
+        message = {"stages": stages, "capturing": bool(payload.is_graph_capturing),
+                   "warmup": bool(payload.is_warmup)}
+        c.engine.send_message(c.role_rank // c.ratio,
+                              json.dumps(message, separators=(",", ":")).encode())
+
+    def recv_dp_metadata_list(self):
+        """The next step's payload from this F's group; raises ClosedError once its As have all
+        left, PeerLostError naming an A that died."""
+        c = self.connector
+        engine = c.engine
+        group = range(c.role_rank * c.ratio, (c.role_rank + 1) * c.ratio)
+        while True:
+            got = engine.receive_message(timeout_ms=200)
+            if got is not None:
+                return self._decode(got)
+            states = {p["rank"]: p for p in engine.peers() if p["rank"] in group}
+            lost = [p for p in states.values() if p["state"] == "lost"]
+            if lost:
+                raise _errors.make(
+                    PeerLostError,
+                    f"attention {lost[0]['rank']} lost: {lost[0]['reason']}",
+                    f"attention:{lost[0]['rank']}")
+            if states and all(p["state"] == "left" for p in states.values()):
+                raise c._group_left()
+
+    def _decode(self, message):
+        role, rank, data = message
+        torch = import_torch()
+        try:
+            body = json.loads(data)
+            stages = {int(stage): [int(n) for n in counts]
+                      for stage, counts in body["stages"].items()}
+            capturing, warmup = bool(body["capturing"]), bool(body["warmup"])
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise _errors.make(
+                InvalidArgumentError,
+                f"hetmesh connector: {role} {rank} sent a control message "
+                f"that is not one: {e}")
+        t = self.connector.types
+        return t.control_payload(
+            dp_metadata_list={
+                stage: t.dp_metadata(
+                    num_tokens_across_dp_cpu=torch.tensor(counts, dtype=torch.int32))
+                for stage, counts in stages.items()
+            },
+            is_graph_capturing=capturing, is_warmup=warmup)

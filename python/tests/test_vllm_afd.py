@@ -1,0 +1,157 @@
+"""hetmesh's connector for vLLM's AFD plugin, driven in the plugin runners' order (vllm_runner.py)
+by real processes: 1A1F, 2A1F, 2A2F and 4A2F with token counts that vary per step, stage and A;
+an F killed mid-step; tensors at new addresses every step; and what the connector refuses."""
+
+import os
+import re
+
+import pytest
+import torch
+
+import hetmesh
+from hetmesh import vllm_afd
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+INSTANCE = """
+import sys
+sys.path.insert(0, {tests!r})
+import vllm_runner
+vllm_runner.run_{role}({rank}, {attention}, {ffn}, {store!r}, {options!r}, **{extra!r})
+"""
+
+
+def start_job(spawn, attention, ffn, options=None, extra=None, devices=None):
+    """Every instance of one job in a process of its own; F 0 hosts the store. Returns
+    {(role, rank): Instance}."""
+    options = {"job": "test", "timeout_ms": 60000, **(options or {})}
+    store = f"127.0.0.1:{_free_port()}"
+    instances = {}
+    for role, count in (("ffn", ffn), ("attention", attention)):
+        for rank in range(count):
+            instances[role, rank] = spawn(INSTANCE.format(
+                tests=TESTS, role=role, rank=rank, attention=attention, ffn=ffn, store=store,
+                options={**options, "device": (devices or {}).get(role, "cpu:0")},
+                extra=(extra or {}).get((role, rank), {})))
+    return instances
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def finish(instances):
+    results = {}
+    for key, instance in instances.items():
+        code, out, err = instance.finish()
+        assert code == 0, f"{key}: exit {code}\n{out}\n{err}"
+        results[key] = out
+    return results
+
+
+def counters(line: str) -> dict:
+    return eval(re.search(r"counters (\{.*\})", line).group(1))  # the engine's own dict
+
+
+@pytest.mark.parametrize("attention,ffn,transport", [(1, 1, "ipc"), (2, 1, "tcp"), (2, 2, "ipc"),
+                                                     (4, 2, "tcp")])
+def test_the_runners_get_the_one_process_numbers(spawn, attention, ffn, transport):
+    from vllm_runner import HIDDEN, LAYERS, STAGES, STEPS, token_counts
+
+    out = finish(start_job(spawn, attention, ffn, {"transport": transport}))
+    rows = [LAYERS * sum(token_counts(step, stage, attention)[a] for step in range(STEPS)
+                         for stage in STAGES) for a in range(attention)]
+    row_bytes, routing_bytes = HIDDEN * 2, 8  # bf16; top_k = 1 (int32 expert, float32 weight)
+    for a in range(attention):
+        line = out["attention", a]
+        assert f"attention {a}: verified {STEPS} steps" in line, line
+        moved = counters(line)
+        # Sent from and received into its own two tensors, registered by the pages they span
+        # (1 KiB each: one to four pages in all); only the routing slot, which the connector does not
+        # fill (the F computes the gate), goes from the engine's memory.
+        assert moved["caller_bytes"] == rows[a] * row_bytes * 2, moved
+        assert moved["slot_bytes"] == rows[a] * routing_bytes, moved
+        assert moved["staged_bytes"] == 0 and 1 <= moved["caller_buffers"] <= 4, moved
+    ratio = attention // ffn
+    for f in range(ffn):
+        line = out["ffn", f]
+        assert f"ffn {f}: served {STEPS} steps" in line, line
+        group_rows = sum(rows[f * ratio:(f + 1) * ratio])
+        moved = counters(line)
+        # Responded from its own output tensors; received into its slots.
+        assert moved["caller_bytes"] == group_rows * row_bytes, moved
+        assert moved["slot_bytes"] == group_rows * (row_bytes + routing_bytes), moved
+
+
+CUDA = any(d["plugin"] == "cuda" for d in hetmesh.devices()) and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs the cuda plugin's device and a CUDA torch")
+@pytest.mark.parametrize("ffn_device", ["cpu:0", "cuda:0"])
+def test_an_attention_on_cuda_gets_the_one_process_numbers(spawn, ffn_device):
+    from vllm_runner import STEPS
+
+    out = finish(start_job(spawn, 2, 1, devices={"attention": "cuda:0", "ffn": ffn_device}))
+    for a in range(2):
+        line = out["attention", a]
+        assert f"attention {a}: verified {STEPS} steps" in line, line
+        # torch's CUDA memory is not the plugin's own: ipc and tcp reach it through host
+        # staging (counted), the engine's slots stay unused but for the routing.
+        moved = counters(line)
+        assert moved["caller_bytes"] > 0, moved
+        print(f"attention {a} on cuda:0, ffn on {ffn_device}: {moved}")
+    assert f"ffn 0: served {STEPS} steps" in out["ffn", 0]
+
+
+def test_a_killed_ffn_is_named_by_its_attention_group_and_the_other_group_finishes(spawn):
+    from vllm_runner import STEPS
+
+    instances = start_job(spawn, 4, 2, extra={("ffn", 1): {"die_at": (2, 1, 0)}})
+    victim = instances.pop(("ffn", 1))
+    out = finish(instances)
+    assert victim.finish()[0] == -9
+    for rank in (2, 3):  # F 1's group
+        line = out["attention", rank]
+        assert f"attention {rank}: lost ffn:1: " in line and "failed: ffn 1 lost: " in line, line
+    for rank in (0, 1):
+        assert f"attention {rank}: verified {STEPS} steps" in out["attention", rank], out
+    assert f"ffn 0: served {STEPS} steps" in out["ffn", 0], out
+
+
+def test_tensors_at_new_addresses_every_step_go_through_the_slots_after_the_bound(spawn):
+    from vllm_runner import STEPS
+
+    instances = start_job(spawn, 1, 1, {"max_buffers": 3},
+                          extra={("attention", 0): {"fresh_tensors": True}})
+    code, out, err = instances["attention", 0].finish()
+    assert code == 0, err
+    assert f"attention 0: verified {STEPS} steps" in out, out
+    moved = counters(out)
+    assert moved["caller_buffers"] == 3 and moved["slot_bytes"] > 0, moved
+    assert "came from 4 different allocations" in err and "copying it through" in err, err
+    assert finish({k: v for k, v in instances.items() if k[0] == "ffn"})
+
+
+def test_options_and_payloads_it_cannot_serve_are_refused_by_name():
+    with pytest.raises(ValueError, match="unknown key 'timout_ms' \\(did you mean 'timeout_ms'"):
+        vllm_afd.parse_options({"timout_ms": 5})
+    with pytest.raises(TypeError, match="micro_batches='2': expected int"):
+        vllm_afd.parse_options({"micro_batches": "2"})
+    shape = dict(role="attention", role_rank=0, hidden=8, dtype=torch.bfloat16, max_tokens=4)
+    with pytest.raises(hetmesh.InvalidArgumentError, match="3 attention ranks do not divide"):
+        vllm_afd.AfdConnector(attention=3, ffn=2, **shape)
+    with pytest.raises(hetmesh.NotSupportedError, match="hidden states of torch.int8"):
+        vllm_afd.AfdConnector(attention=1, ffn=1, **{**shape, "dtype": torch.int8})
+    c = vllm_afd.AfdConnector(attention=1, ffn=1, **shape)
+    with pytest.raises(hetmesh.NotSupportedError, match="CUDA graph capture"):
+        c.control_plane.update_state_from_dp_metadata(
+            vllm_afd.ControlPayload({}, is_graph_capturing=True))
+    with pytest.raises(hetmesh.ClosedError, match="not initialized"):
+        c.send_attn_output(torch.zeros(1, 8), vllm_afd.TransferContext(
+            vllm_afd.TransferMetadata(0, 0, [1])))
+    c.close()
+    c.close()  # again, and after no initialization

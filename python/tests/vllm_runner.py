@@ -1,0 +1,136 @@
+"""vLLM's AFD plugin's runners, reduced to how they call a connector (afd_plugin/v1/worker/
+ffn_model_runner.py, ffn_worker.py and model_executor/models/deepseek_v2.py), driving hetmesh's
+connector in processes of their own. vLLM is not installed here: the payloads are
+hetmesh.vllm_afd's plain classes, with the plugin's fields.
+
+The A's "attention" and the F's "FFN" are elementwise, so each row's numbers do not depend on how
+rows are batched: every A checks its final hidden states against the same layers computed in its
+own process alone.
+"""
+
+import os
+import signal
+
+import torch
+
+import hetmesh
+from hetmesh import vllm_afd
+
+HIDDEN = 32
+LAYERS = 3
+STAGES = (0, 1)
+STEPS = 6
+MAX_TOKENS = 16
+
+
+def token_counts(step: int, stage: int, attention: int) -> list[int]:
+    """Each A's tokens in one stage of one step: varying, 1 ... MAX_TOKENS."""
+    return [(step * 7 + stage * 5 + a * 3) % MAX_TOKENS + 1 for a in range(attention)]
+
+
+def attention_input(step: int, stage: int, rank: int, rows: int) -> torch.Tensor:
+    values = torch.arange(rows * HIDDEN).view(rows, HIDDEN) % 17 + step + stage + rank
+    return values.to(torch.bfloat16)
+
+
+def ffn_layer(x: torch.Tensor, layer: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    y = (x.float() * 0.5 + (layer + 1)).to(torch.bfloat16)
+    return y if out is None else out.copy_(y)
+
+
+def attention_layer(x: torch.Tensor) -> torch.Tensor:
+    return x.sub_(1)
+
+
+def expected(step: int, stage: int, rank: int, rows: int) -> torch.Tensor:
+    x = attention_input(step, stage, rank, rows)
+    for layer in range(LAYERS):
+        x = attention_layer(ffn_layer(x, layer))
+    return x
+
+
+def tensor_device(c) -> str:
+    """Where the instance's tensors live: its hetmesh device's, for torch."""
+    return "cuda:0" if c.device.startswith("cuda") else "cpu"
+
+
+def connector(role, rank, attention, ffn, store, options):
+    c = vllm_afd.AfdConnector(role=role, role_rank=rank, attention=attention, ffn=ffn,
+                              hidden=HIDDEN, dtype=torch.bfloat16, max_tokens=MAX_TOKENS,
+                              default_store=store, options=options)
+    c.init_afd_connector()
+    return c
+
+
+def run_attention(rank, attention, ffn, store, options, fresh_tensors=False):
+    """An A as the plugin's model runner drives it: each step's control payload, then per layer
+    every stage's send_attn_output before any recv_ffn_output (two ubatches in flight)."""
+    c = connector("attention", rank, attention, ffn, store, options)
+    device = tensor_device(c)
+    static = {stage: torch.zeros(MAX_TOKENS, HIDDEN, dtype=torch.bfloat16, device=device)
+              for stage in STAGES}
+    kept = []  # with fresh_tensors: every step's tensors stay alive, so each is a new allocation
+    try:
+        for step in range(STEPS):
+            counts = {stage: token_counts(step, stage, attention) for stage in STAGES}
+            payload = vllm_afd.ControlPayload(
+                {stage: vllm_afd.DPMetadata(torch.tensor(n, dtype=torch.int32))
+                 for stage, n in counts.items()})
+            c.control_plane.update_state_from_dp_metadata(payload)
+            c.control_plane.send_dp_metadata_list(payload)
+            xs = {}
+            for stage in STAGES:
+                rows = counts[stage][rank]
+                buffer = torch.zeros(MAX_TOKENS, HIDDEN, dtype=torch.bfloat16, device=device) \
+                    if fresh_tensors else static[stage]
+                kept.append(buffer)
+                xs[stage] = buffer[:rows].copy_(attention_input(step, stage, rank, rows))
+            for layer in range(LAYERS):
+                for stage in STAGES:
+                    metadata = vllm_afd.TransferMetadata(layer, stage, [xs[stage].shape[0]])
+                    c.send_attn_output(xs[stage], vllm_afd.TransferContext(metadata))
+                for stage in STAGES:
+                    out = c.recv_ffn_output(ref_tensor=xs[stage], ubatch_idx=stage)
+                    assert out.data_ptr() == xs[stage].data_ptr(), "not the ref_tensor"
+                    attention_layer(out)
+            for stage in STAGES:
+                want = expected(step, stage, rank, counts[stage][rank])
+                assert torch.equal(xs[stage].cpu(), want), (step, stage, xs[stage], want)
+        print(f"attention {rank}: verified {STEPS} steps x {LAYERS} layers x {len(STAGES)} "
+              f"stages; counters {c.counters()}", flush=True)
+    except hetmesh.PeerLostError as e:
+        print(f"attention {rank}: lost {e.peer}: {e}", flush=True)
+    finally:
+        c.close()
+
+
+def run_ffn(rank, attention, ffn, store, options, die_at=None):
+    """An F as the plugin's FFN worker drives it: each control payload, then per layer and stage
+    recv_attn_output, the FFN, send_ffn_output; until its As have left."""
+    c = connector("ffn", rank, attention, ffn, store, options)
+    ratio = attention // ffn
+    group = range(rank * ratio, (rank + 1) * ratio)
+    out = {stage: torch.zeros(MAX_TOKENS * ratio, HIDDEN, dtype=torch.bfloat16,
+                              device=tensor_device(c)) for stage in STAGES}
+    steps = 0
+    while True:
+        try:
+            payload = c.control_plane.recv_dp_metadata_list()
+        except hetmesh.ClosedError:
+            break
+        c.control_plane.update_state_from_dp_metadata(payload)
+        for layer in range(LAYERS):
+            for stage in sorted(payload.dp_metadata_list):
+                got = c.recv_attn_output(ubatch_idx=stage)
+                counts = payload.dp_metadata_list[stage].num_tokens_across_dp_cpu.tolist()
+                assert got.context.metadata.seq_lens == [counts[a] for a in group], (
+                    got.context.metadata.seq_lens, counts)
+                assert tuple(got.hidden_states.shape) == (sum(counts[a] for a in group), HIDDEN)
+                if die_at == (steps, layer, stage):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                rows = got.hidden_states.shape[0]
+                c.send_ffn_output(ffn_layer(got.hidden_states, layer, out[stage][:rows]),
+                                  got.context)
+        steps += 1
+    print(f"ffn {rank}: served {steps} steps; counters {c.counters()}", flush=True)
+    c.close()
