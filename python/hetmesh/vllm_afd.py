@@ -13,9 +13,9 @@ payload objects are the plain classes below, with the same fields.
   micro-batch; an A may send every stage before it receives any.
 - An A sends from its hidden-states tensor and the F's answer lands in that very tensor, which is
   the `ref_tensor` the plugin's models pass to `recv_ffn_output`; an F responds from its own output
-  tensor. Each allocation is registered once; a tensor at a new address every step (eager mode on
-  the host: every step allocates) would pin memory without bound, so after `max_buffers` new
-  allocations in one direction that direction copies through hetmesh's slots instead, said once.
+  tensor. Each allocation is registered once; a direction copies through hetmesh's slots instead
+  (said once) where that costs less: its memory went through host staging, or tensors keep coming
+  at new addresses (`max_buffers`). On a GPU, torch's current stream orders the engine's reads.
 - The control plane rides the job's side band: the first A of each group sends its F the step's
   per-stage token counts, in order with the data that follows.
 - Router logits do not travel yet (`compute_gate_on_attention = false`: the F computes the gate),
@@ -137,26 +137,46 @@ def _wire_dtype(dtype) -> str:
 
 
 class _Direction:
-    """One direction's buffers: the application's own allocations, registered once each, until
-    more than `limit` new ones appear; from then on, copies through the engine's slots."""
+    """One direction's buffers: the application's own allocations, registered once each, while
+    that is the cheaper way. From then on, copies through the engine's slots (said once): after
+    more than `limit` new allocations, and when a new one's bytes went through host staging (the
+    transport could not reach that memory; one copy into the engine's own memory costs less)."""
 
-    def __init__(self, what: str, limit: int):
-        self.what, self.limit, self.seen, self.copying = what, limit, set(), False
+    def __init__(self, what: str, limit: int, staged_bytes):
+        self.what, self.limit, self.staged_bytes = what, limit, staged_bytes
+        self.seen, self.copying, self.watching = set(), False, None
 
     def in_place(self, tensor) -> bool:
         if self.copying:
             return False
+        if self.watching is not None:  # the last new allocation has moved since
+            if self.staged_bytes() > self.watching:
+                return self._copy_from_now_on(
+                    "is memory the transport reaches only through host staging")
+            self.watching = None
         base = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()  # its storage
         if base not in self.seen:
             if len(self.seen) == self.limit:
-                self.copying = True
-                _log.warning("hetmesh connector: %s came from %d different allocations (a new one "
-                             "every step?); copying it through hetmesh's slots from now on, as "
-                             "registering each would pin memory without bound", self.what,
-                             self.limit + 1)
-                return False
+                return self._copy_from_now_on(
+                    f"came from {self.limit + 1} different allocations (a new one every step?), "
+                    f"and registering each would pin memory without bound")
             self.seen.add(base)
+            self.watching = self.staged_bytes()
         return True
+
+    def _copy_from_now_on(self, why: str) -> bool:
+        self.copying = True
+        _log.warning("hetmesh connector: %s %s; copying it through hetmesh's slots from now on",
+                     self.what, why)
+        return False
+
+
+def _stream_of(tensor):
+    """torch's current stream where `tensor` is on a GPU, so that what wrote it is done before the
+    engine reads it; None on the host."""
+    if tensor.device.type != "cuda":
+        return None
+    return import_torch().cuda.current_stream(tensor.device)
 
 
 class AfdConnector:
@@ -196,8 +216,11 @@ class AfdConnector:
         self._held: dict[int, Any] = {}  # F: stage -> batch got ahead of its turn
         self._open: dict[int, Any] = {}  # F: stage -> batch received, not yet answered
         limit = self.options["max_buffers"]
-        self._a2f = _Direction("the hidden states sent", limit)
-        self._f2a = _Direction("the FFN output" if role == "ffn" else "ref_tensor", limit)
+        def staged() -> int:
+            return self.engine.counters()["staged_bytes"]
+
+        self._a2f = _Direction("the hidden states sent", limit, staged)
+        self._f2a = _Direction("the FFN output", limit, staged)
 
     # ---- lifecycle ----
 
@@ -274,12 +297,15 @@ class AfdConnector:
         if stage in self._sent:
             raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
                                f"recv_ffn_output")
+        stream = _stream_of(hidden_states)
         if self._a2f.in_place(hidden_states):
-            handle = engine.push_pull(stage, rows, send=hidden_states, results_into=hidden_states)
+            handle = engine.push_pull(stage, rows, stream=stream, send=hidden_states,
+                                      results_into=hidden_states)
             self._sent[stage] = (handle, hidden_states, rows, True)
             return
         as_tensor(engine.tokens(stage))[:rows].copy_(hidden_states)
-        self._sent[stage] = (engine.push_pull(stage, rows), hidden_states, rows, False)
+        handle = engine.push_pull(stage, rows, stream=stream)
+        self._sent[stage] = (handle, hidden_states, rows, False)
 
     def recv_ffn_output(self, ref_tensor, ubatch_idx: int = 0, **kwargs):
         """Waits for the F's answer to stage `ubatch_idx` and returns it in `ref_tensor`."""
@@ -347,12 +373,14 @@ class AfdConnector:
         for part in parts:
             by_rank[part.rank] = ffn_output[start:start + part.count]
             start += part.count
+        stream = _stream_of(ffn_output)
         if self._f2a.in_place(ffn_output):
-            engine.respond(batch, outputs=[by_rank[part.rank] for part in batch.parts])
+            engine.respond(batch, stream=stream,
+                           outputs=[by_rank[part.rank] for part in batch.parts])
             return
         for part in batch.parts:
             as_tensor(part.output)[:part.count].copy_(by_rank[part.rank])
-        engine.respond(batch)
+        engine.respond(batch, stream=stream)
 
 
 class ControlPlane:
