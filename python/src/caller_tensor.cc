@@ -9,42 +9,21 @@
 namespace hetmesh::python {
 namespace {
 
-const char* element_name(Element element) {
-  switch (element) {
-    case Element::fp8:
-      return "fp8 (1-byte elements: uint8, int8 or a float8 type)";
-    case Element::bf16:
-      return "bfloat16";
-    case Element::fp16:
-      return "float16";
-    case Element::fp32:
-      return "float32";
-    case Element::int32:
-      return "int32";
-    case Element::uint32:
-      return "uint32";
-  }
-  return "?";
-}
-
+// The job's element type, or (none) the routing's 4-byte pairs; fp8 travels as bytes, so any
+// 1-byte type is taken (torch's float8 types export as kDLFloat8_* codes).
 bool matches(const DLDataType& t, std::optional<Element> element) {
   if (t.lanes != 1) return false;
   if (!element) return t.bits == 32;
-  switch (*element) {
-    case Element::fp8:  // fp8 travels as bytes; torch's float8 types export as kDLFloat8_* codes
-      return t.bits == 8;
-    case Element::bf16:
-      return t.code == kDLBfloat && t.bits == 16;
-    case Element::fp16:
-      return t.code == kDLFloat && t.bits == 16;
-    case Element::fp32:
-      return t.code == kDLFloat && t.bits == 32;
-    case Element::int32:
-      return t.code == kDLInt && t.bits == 32;
-    case Element::uint32:
-      return t.code == kDLUInt && t.bits == 32;
-  }
-  return false;
+  if (*element == Element::fp8) return t.bits == 8;
+  const DLDataType want = dl_type(*element);
+  return t.code == want.code && t.bits == want.bits;
+}
+
+// What `matches` takes, in words.
+std::string expected(std::optional<Element> element) {
+  if (!element) return "4-byte (int32, float32) pairs";
+  if (*element == Element::fp8) return "fp8 (1-byte elements: uint8, int8 or a float8 type)";
+  return element_name(*element);
 }
 
 }  // namespace
@@ -82,8 +61,7 @@ CallerTensor caller_tensor(const py::handle& object, const Device& device,
                              device.selector()));
   if (row_bytes != 0 && !matches(t.dtype, element))
     throw refuse(fmt::format("elements of DLPack type (code {}, {} bits), where the job's are {}",
-                             t.dtype.code, t.dtype.bits,
-                             element ? element_name(*element) : "4-byte (int32, float32) pairs"));
+                             t.dtype.code, t.dtype.bits, expected(element)));
   if (t.ndim < 1) throw refuse("a scalar (it needs rows)");
   // C order: each dimension's stride is the product of the later ones (size-1 dimensions aside).
   uint64_t elements = 1;

@@ -736,8 +736,13 @@ void bind_engines(py::module_& m) {
               engine.respond(b.batch, after, compute_start_ns);
               return;
             }
-            // The application's output tensors, one per part (None: that part's slot).
-            py::list each(outputs);
+            // The application's output tensors, one per part (None: that part's slot); one tensor
+            // alone for a batch of one part (not its rows, as a list of it would be read).
+            py::list each;
+            if (py::isinstance<py::list>(outputs) || py::isinstance<py::tuple>(outputs))
+              each = py::list(outputs);
+            else
+              each.append(outputs);
             if (each.size() != b.batch.parts.size())
               throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("respond: {} outputs for {} parts",
                                                                each.size(), b.batch.parts.size()));

@@ -12,24 +12,6 @@ namespace {
 constexpr const char* kCapsuleName = "dltensor";
 constexpr const char* kUsedCapsuleName = "used_dltensor";
 
-DLDataType dl_type(Element element) {
-  switch (element) {
-    case Element::fp8:
-      return {kDLUInt, 8, 1};
-    case Element::bf16:
-      return {kDLBfloat, 16, 1};
-    case Element::fp16:
-      return {kDLFloat, 16, 1};
-    case Element::fp32:
-      return {kDLFloat, 32, 1};
-    case Element::int32:
-      return {kDLInt, 32, 1};
-    case Element::uint32:
-      return {kDLUInt, 32, 1};
-  }
-  return {kDLUInt, 8, 1};
-}
-
 // What a consumer owns once it took a capsule: the tensor, its shape and strides, the engine's
 // memory and a reference to the slot's owner (so an engine not closed runs on, and the exit hook
 // still reaches it), dropped by the deleter (which may run on any thread, with or without the
@@ -75,6 +57,42 @@ void delete_unconsumed_capsule(PyObject* capsule) {
 }
 
 }  // namespace
+
+DLDataType dl_type(Element element) {
+  switch (element) {
+    case Element::fp8:
+      return {kDLUInt, 8, 1};
+    case Element::bf16:
+      return {kDLBfloat, 16, 1};
+    case Element::fp16:
+      return {kDLFloat, 16, 1};
+    case Element::fp32:
+      return {kDLFloat, 32, 1};
+    case Element::int32:
+      return {kDLInt, 32, 1};
+    case Element::uint32:
+      return {kDLUInt, 32, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+const char* element_name(Element element) {
+  switch (element) {
+    case Element::fp8:
+      return "fp8";
+    case Element::bf16:
+      return "bfloat16";
+    case Element::fp16:
+      return "float16";
+    case Element::fp32:
+      return "float32";
+    case Element::int32:
+      return "int32";
+    case Element::uint32:
+      return "uint32";
+  }
+  return "?";
+}
 
 Element element_of(afd::Dtype dtype) {
   switch (dtype) {
@@ -170,21 +188,7 @@ py::tuple Slot::strides() const {
 
 std::string Slot::dtype() const {
   memory();
-  switch (layout_.element) {
-    case Element::fp8:
-      return "fp8";
-    case Element::bf16:
-      return "bfloat16";
-    case Element::fp16:
-      return "float16";
-    case Element::fp32:
-      return "float32";
-    case Element::int32:
-      return "int32";
-    case Element::uint32:
-      return "uint32";
-  }
-  return "?";
+  return element_name(layout_.element);
 }
 
 uint64_t Slot::nbytes() const {

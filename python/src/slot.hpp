@@ -24,6 +24,10 @@ namespace py = pybind11;
 // hetmesh.as_tensor views it as torch.float8_e4m3fn where torch has that.
 enum class Element { fp8, bf16, fp16, fp32, int32, uint32 };
 Element element_of(afd::Dtype dtype);
+// "fp8", "bfloat16", "float16", "float32", "int32", "uint32"
+const char* element_name(Element element);
+// Its DLPack type (fp8: uint8).
+DLDataType dl_type(Element element);
 
 struct SlotLayout {
   std::vector<int64_t> shape;
@@ -59,7 +63,7 @@ class Slot {
   uintptr_t data_ptr() const;
   py::tuple shape() const;
   py::tuple strides() const;
-  // "fp8", "bfloat16", "float16", "float32", "int32", "uint32"
+  // element_name of its elements
   std::string dtype() const;
   uint64_t nbytes() const;
   std::string repr() const;

@@ -85,18 +85,33 @@ def doubling_ffn(spawn, store, job, rank=0):
     return spawn(DOUBLING_FFN.format(job=job, rank=rank, store=store.address))
 
 
+# Threads serve() started; each test's end joins them, so no engine thread is still in native
+# code when the interpreter finalizes (a daemon thread that was once made it abort now and then).
+_served: list[threading.Thread] = []
+
+
 def serve(store, job, rank=0):
     """An FFN instance in a thread of this process that answers every batch as it came (the
-    engines release the GIL while they wait); returns the thread."""
+    engines release the GIL while they wait); returns the thread, which the test's end joins."""
 
     def run():
-        f = hetmesh.FfnEngine(rank=rank, store=store.address, **job)
-        for batch in f.batches():
-            f.respond(batch)
+        with hetmesh.FfnEngine(rank=rank, store=store.address, **job) as f:
+            for batch in f.batches():
+                f.respond(batch)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
+    _served.append(thread)
     return thread
+
+
+@pytest.fixture(autouse=True)
+def _join_served_ffns():
+    yield
+    while _served:
+        thread = _served.pop()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "an FFN thread of serve() did not end within 120 s"
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 // its own, an F responds from a buffer of its own, each registered once at first sight (row slices
 // of varying length find that registration), and the counters say no byte went through a slot.
 #include "child_job.hpp"
+#include "small_engine_job.hpp"
 #include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -23,24 +24,9 @@ namespace {
 using test::has_line;
 using test::joined;
 
-constexpr std::chrono::milliseconds kTimeout{60000};
+constexpr auto kTimeout = test::kSmallJobTimeout;
 constexpr int kSteps = 6;
 constexpr uint32_t kRows[kSteps] = {8, 3, 8, 1, 5, 8};  // tokens per step: row slices
-
-EngineSpec small_spec(TransportKind kind) {
-  EngineSpec s;
-  s.ffn = 2;
-  s.micro_batches = 2;
-  s.tokens = 8;
-  s.hidden = 32;
-  s.top_k = 2;
-  s.a2f_bytes = 2;
-  s.f2a_bytes = 2;
-  s.timeout = kTimeout;
-  s.heartbeat = kTimeout;
-  s.transport.kind = kind;
-  return s;
-}
 
 uint8_t token_byte(int step, uint64_t i) {
   return static_cast<uint8_t>(i * 7 + step);
@@ -56,10 +42,7 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store) {
   while (auto batch = engine.get_batch(kTimeout)) {
     for (auto& part : batch->parts) {
       if (spec.rank == 1) part.output = own.data();
-      const auto* in = static_cast<const uint8_t*>(part.tokens_data);
-      auto* out = static_cast<uint8_t*>(part.output);
-      for (uint64_t i = 0; i < uint64_t{part.tokens} * spec.hidden * spec.f2a_bytes; ++i)
-        out[i] = static_cast<uint8_t>(in[i] + spec.rank + 1);
+      test::answer_plus_rank(spec, part);
       const auto* routing = static_cast<const int32_t*>(part.routing_data);
       for (uint32_t t = 0; t < part.tokens; ++t) {
         float weight;
@@ -163,10 +146,7 @@ int run_group_ffn(const EngineSpec& spec, KeyValueStore& store) {
   while (auto batch = engine.get_batch(kTimeout)) {
     for (const auto& part : batch->parts) {
       served.insert(part.rank);
-      const auto* in = static_cast<const uint8_t*>(part.tokens_data);
-      auto* out = static_cast<uint8_t*>(part.output);
-      for (uint64_t i = 0; i < uint64_t{part.tokens} * spec.hidden * spec.f2a_bytes; ++i)
-        out[i] = static_cast<uint8_t>(in[i] + spec.rank + 1);
+      test::answer_plus_rank(spec, part);
     }
     engine.respond(*batch);
   }
@@ -206,7 +186,7 @@ int child_main(int argc, char** argv) {
   // --role ROLE --rank RANK --store STORE --out DIR TRANSPORT [groups]
   if (argc < 10) return 2;
   const std::string role = argv[2];
-  EngineSpec spec = small_spec(parse_transport_kind(argv[9]));
+  EngineSpec spec = test::small_spec(1, 2, parse_transport_kind(argv[9]));
   spec.rank = std::stoi(argv[4]);
   const bool groups = argc > 10 && std::string(argv[10]) == "groups";
   if (groups) {
@@ -244,7 +224,7 @@ TEST_P(AfdCallerBuffersTest, TheApplicationsOwnBuffersTravelInPlace) {
       << joined(lines);
   // Every byte sent came from the application's buffers and every answer went into them: tokens
   // and routing to both Fs, answers from both. Three allocations, each registered once.
-  const EngineSpec spec = small_spec(GetParam());
+  const EngineSpec spec = test::small_spec(1, 2, GetParam());
   uint64_t rows = 0;
   for (uint32_t r : kRows)
     rows += r;

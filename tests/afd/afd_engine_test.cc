@@ -3,6 +3,7 @@
 #include "child_output.hpp"
 #include "join.hpp"
 #include "side_band.hpp"
+#include "small_engine_job.hpp"
 #include "wire.hpp"
 
 #include "verbs_support.hpp"
@@ -26,24 +27,7 @@
 namespace hetmesh::afd {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{60000};
-
-EngineSpec small_spec(int attention, int ffn, Gather gather, TransportKind kind) {
-  EngineSpec s;
-  s.attention = attention;
-  s.ffn = ffn;
-  s.micro_batches = 2;
-  s.tokens = 8;
-  s.hidden = 32;
-  s.top_k = 2;
-  s.a2f_bytes = 2;
-  s.f2a_bytes = 2;
-  s.gather = gather;
-  s.timeout = kTimeout;
-  s.heartbeat = kTimeout;  // measured nowhere here: a loaded machine's pause is no hang
-  s.transport.kind = kind;
-  return s;
-}
+constexpr auto kTimeout = test::kSmallJobTimeout;
 
 // ---- child roles ----
 
@@ -55,10 +39,7 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, bool held = false) {
   while (auto batch = engine.get_batch(kTimeout)) {
     if (held) store.get(fmt::format("go/{}", batch->micro_batch), kTimeout);
     for (const auto& part : batch->parts) {
-      auto* in = static_cast<const uint8_t*>(part.tokens_data);
-      auto* out = static_cast<uint8_t*>(part.output);
-      for (uint64_t i = 0; i < uint64_t{part.tokens} * spec.hidden * spec.f2a_bytes; ++i)
-        out[i] = static_cast<uint8_t>(in[i] + spec.rank + 1);
+      test::answer_plus_rank(spec, part);
     }
     std::cout << "batch " << batch->micro_batch << " parts " << batch->parts.size() << std::endl;
     engine.respond(*batch);
@@ -204,9 +185,9 @@ int child_main(int argc, char** argv) {
   if (argc < 13) return 2;
   std::string role = argv[2];
   int rank = std::stoi(argv[4]);
-  EngineSpec spec = small_spec(std::stoi(argv[9]), std::stoi(argv[10]),
-                               std::string(argv[11]) == "eager" ? Gather::eager : Gather::all,
-                               parse_transport_kind(argv[12]));
+  EngineSpec spec =
+      test::small_spec(std::stoi(argv[9]), std::stoi(argv[10]), parse_transport_kind(argv[12]));
+  spec.gather = std::string(argv[11]) == "eager" ? Gather::eager : Gather::all;
   spec.rank = rank;
   set_log_identity(fmt::format("{}:{}", role, rank));
   std::unique_ptr<KeyValueStore> store;

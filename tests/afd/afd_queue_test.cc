@@ -4,6 +4,7 @@
 // wait that ends when its engine is finished from another thread, a timed-out wait waited for
 // again, empty pushes from an idle rank, and an F's finish() ending its get_batch.
 #include "child_job.hpp"
+#include "small_engine_job.hpp"
 #include "verbs_support.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -24,23 +25,8 @@
 namespace hetmesh::afd {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{60000};
+constexpr auto kTimeout = test::kSmallJobTimeout;
 constexpr int kLayers = 8;  // the engine's default queue depth: every layer queued at once
-
-EngineSpec small_spec(int ffn, TransportKind kind) {
-  EngineSpec s;
-  s.ffn = ffn;
-  s.micro_batches = 2;
-  s.tokens = 8;
-  s.hidden = 32;
-  s.top_k = 2;
-  s.a2f_bytes = 2;
-  s.f2a_bytes = 2;
-  s.timeout = kTimeout;
-  s.heartbeat = kTimeout;  // measured nowhere here: a loaded machine's pause is no hang
-  s.transport.kind = kind;
-  return s;
-}
 
 uint64_t token_bytes(const EngineSpec& spec) {
   return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes;
@@ -88,10 +74,7 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, const std::string& mod
     if (mode == "held") store.get(fmt::format("go/{}", batch->micro_batch), kTimeout);
     for (const auto& part : batch->parts) {
       if (mode == "die-at" && part.tag == static_cast<uint64_t>(at)) raise(SIGKILL);
-      auto* in = static_cast<const uint8_t*>(part.tokens_data);
-      auto* out = static_cast<uint8_t*>(part.output);
-      for (uint64_t i = 0; i < uint64_t{part.tokens} * spec.hidden * spec.f2a_bytes; ++i)
-        out[i] = static_cast<uint8_t>(in[i] + spec.rank + 1);
+      test::answer_plus_rank(spec, part);
       std::cout << fmt::format("part mb {} tokens {}", batch->micro_batch, part.tokens)
                 << std::endl;
     }
@@ -293,7 +276,7 @@ int child_main(int argc, char** argv) {
   //   (LocalJob's arguments, then the test's)
   if (argc < 11) return 2;
   const std::string role = argv[2];
-  EngineSpec spec = small_spec(std::stoi(argv[10]), parse_transport_kind(argv[9]));
+  EngineSpec spec = test::small_spec(1, std::stoi(argv[10]), parse_transport_kind(argv[9]));
   spec.rank = std::stoi(argv[4]);
   const std::string mode = argc > 11 ? argv[11] : "";
   set_log_identity(fmt::format("{}:{}", role, spec.rank));
