@@ -2,6 +2,7 @@
 #include "comm_thread.hpp"
 
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <pthread.h>
 
@@ -18,10 +19,10 @@ void pin_thread(std::thread& thread, int cpu, const char* what) {
 }
 
 CommThread::CommThread(const std::vector<int>& cpus, std::function<void()> step)
-    : thread_([this, step = std::move(step)] {
+    : thread_(start_thread("hm-comm", [this, step = std::move(step)] {
         while (!stopping_.load(std::memory_order_acquire))
           step();
-      }) {
+      })) {
   if (!cpus.empty()) pin_thread(thread_, cpus.front(), "the comm thread");
 }
 

@@ -5,6 +5,7 @@
 #include "wire.hpp"
 
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/thread.hpp>
 
 namespace hetmesh::afd {
 
@@ -46,8 +47,8 @@ PeerGroup::~PeerGroup() {
 
 void PeerGroup::start_rejoin(std::unique_ptr<KeyValueStore> store) {
   ask_store_ = store->clone();
-  rejoin_ =
-      std::thread([this, store = std::move(store)]() mutable { rejoin_loop(std::move(store)); });
+  rejoin_ = start_thread(
+      "hm-rejoin", [this, store = std::move(store)]() mutable { rejoin_loop(std::move(store)); });
 }
 
 void PeerGroup::stop_rejoin() {

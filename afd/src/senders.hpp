@@ -10,6 +10,7 @@
 #include <hetmesh/core/device.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/spin.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
 
@@ -37,7 +38,7 @@ class PeerSender {
 
   PeerSender(size_t capacity, std::string name, int cpu, Run run)
       : name_(std::move(name)), run_(std::move(run)), ring_(capacity) {
-    thread_ = std::thread([this] { loop(); });
+    thread_ = start_thread("hm-sender", [this] { loop(); });
     if (cpu >= 0) pin_thread(thread_, cpu, "an AFD sender thread");
   }
   ~PeerSender() { stop(); }

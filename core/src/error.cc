@@ -1,4 +1,7 @@
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/thread.hpp>
+
+#include <fmt/format.h>
 
 #include <cerrno>
 #include <cstring>
@@ -56,6 +59,14 @@ std::string describe_errno(int error) {
     default:
       return text;
   }
+}
+
+void throw_thread_start_failed(const char* name, const std::system_error& e) {
+  throw Error(HM_ERR_OUT_OF_MEMORY,
+              fmt::format("cannot start thread {}: {} (this process is out of threads, or of "
+                          "address space for a thread's stack: check ulimit -u and ulimit -v, "
+                          "and the machine's free memory)",
+                          name, e.code().message()));
 }
 
 }  // namespace hetmesh

@@ -10,6 +10,7 @@
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/socket.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
 
@@ -70,7 +71,7 @@ struct Shared {
       throw Error(kStatusProtocolError,
                   fmt::format("etcd {}: lease grant answered without an ID", client->endpoint()));
     if (keeper.joinable()) keeper.join();  // the keeper of an expired lease, which has ended
-    keeper = std::thread([this] { keep_alive(); });
+    keeper = start_thread("hm-etcd-lease", [this] { keep_alive(); });
     return lease;
   }
 

@@ -2,6 +2,7 @@
 // opening under way, with the nearest deadline as its timeout.
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/socket_gate.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
 
@@ -52,7 +53,7 @@ Gate::Gate(Fd listener, std::string name, MakeOpening make, Admit admit, GateLim
   if (!wake_)
     throw Error(HM_ERR_BACKEND, fmt::format("{}: eventfd: {}", name_, describe_errno(errno)));
   spare_ = open_spare();
-  thread_ = std::thread([this] { serve(); });
+  thread_ = start_thread("hm-gate", [this] { serve(); });
 }
 
 Gate::~Gate() {

@@ -19,6 +19,7 @@
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/socket.hpp>
 #include <hetmesh/core/socket_gate.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
 
@@ -115,6 +116,7 @@ class TcpStoreServer::Impl {
   std::deque<Client*> ready_;  // clients whose request arrived, for the next free worker
   size_t idle_workers_ = 0;
   std::vector<std::thread> workers_;  // started by the watcher; joined after it ended
+  bool worker_failure_said_ = false;  // the watcher's own
   std::thread watcher_;
   std::unique_ptr<net::Gate> gate_;
 };
@@ -182,7 +184,7 @@ TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> s
   if (!epoll_ || !wake_ || epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &wake) != 0)
     throw Error(HM_ERR_BACKEND, fmt::format("tcp store {}: creating its client watcher: {}",
                                             address_, describe_errno(errno)));
-  watcher_ = std::thread([this] { watch(); });
+  watcher_ = start_thread("hm-store-watch", [this] { watch(); });
   net::GateLimits gate_limits;
   gate_limits.deadline = kFrameTimeout;
   gate_ = std::make_unique<net::Gate>(
@@ -278,8 +280,10 @@ void TcpStoreServer::Impl::watch() {
       try {
         workers_.emplace_back([this] { work(); });
       } catch (const std::system_error& e) {  // the clients wait for a worker that exists
-        log(LogLevel::warn, "tcp store {}: cannot start a worker ({} run): {}", address_,
-            workers_.size(), e.what());
+        if (!worker_failure_said_)            // once: it is tried again for every client that comes
+          log(LogLevel::warn, "tcp store {}: cannot start a worker ({} run): {}", address_,
+              workers_.size(), e.what());
+        worker_failure_said_ = true;
         std::lock_guard lock(queue_mutex_);
         idle_workers_ -= start - i;
         break;

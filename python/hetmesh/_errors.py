@@ -99,7 +99,8 @@ def from_native(status: int, status_name: str, message: str) -> Error:
     return cls(message, status, status_name, peer)
 
 
-_NAMES = {1: "HM_ERR_INVALID_ARGUMENT", 2: "HM_ERR_NOT_SUPPORTED", 1000: "PEER_LOST", 1004: "CLOSED"}
+_NAMES = {1: "HM_ERR_INVALID_ARGUMENT", 2: "HM_ERR_NOT_SUPPORTED", 1000: "PEER_LOST",
+          1001: "PROTOCOL_ERROR", 1004: "CLOSED"}
 
 
 def make(cls, message: str, peer: str | None = None) -> Error:

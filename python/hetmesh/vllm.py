@@ -1,8 +1,9 @@
 """hetmesh's connector in vLLM's AFD plugin (vllm-project/afd-plugin): import this module in every
 vLLM process of the job (before the plugin builds its connector) and select it with
-`additional_config = {"afd": {"connector": "HetmeshAFDConnector", ...}}`. The plugin's config
-checks connector names against its own list (SUPPORTED_AFD_CONNECTORS in afd_plugin/config.py):
-until it names this one, add "HetmeshAFDConnector" there. docs/embedding.md says more.
+`additional_config = {"afd": {"connector": "HetmeshAFDConnector", ...}}`. Importing it registers
+the connector with the plugin's factory and adds its name to the plugin's list of connectors
+(SUPPORTED_AFD_CONNECTORS in afd_plugin/config.py, which its config check reads). docs/embedding.md
+says more.
 
 Unlike hetmesh.vllm_afd, which holds the connector itself, this module imports the plugin (and so
 vLLM): it is the plugin's loader that imports it.
@@ -11,14 +12,16 @@ vLLM): it is the plugin's loader that imports it.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 from typing import Any
 
+import afd_plugin.config
 from afd_plugin.connectors import metadata as _plugin
 from afd_plugin.connectors.base import AFDConnectorBase, AFDControlPlane, ConnectorExtraInfo
 from afd_plugin.connectors.factory import AFDConnectorFactory
 
-from . import vllm_afd
+from . import ClosedError, NotSupportedError, _errors, vllm_afd
 
 NAME = "HetmeshAFDConnector"
 
@@ -42,8 +45,9 @@ class HetmeshExtraInfo(ConnectorExtraInfo):
 
 
 class HetmeshAFDControlPlane(AFDControlPlane):
-    def __init__(self, plane: vllm_afd.ControlPlane):
+    def __init__(self, plane: vllm_afd.ControlPlane, closed: threading.Event):
         self._plane = plane
+        self._closed = closed
 
     def update_state_from_dp_metadata(self, payload) -> None:
         self._plane.update_state_from_dp_metadata(payload)
@@ -52,7 +56,15 @@ class HetmeshAFDControlPlane(AFDControlPlane):
         self._plane.send_dp_metadata_list(payload)
 
     def recv_dp_metadata_list(self):
-        return self._plane.recv_dp_metadata_list()
+        try:
+            return self._plane.recv_dp_metadata_list()
+        except ClosedError:
+            # The As have all left, or shutdown closed the connector under the wait. The plugin's
+            # FFN loop (v1/worker/ffn_worker.py) counts any Exception as its failure, and its
+            # shutdown sets its stop flag only before closing the connector: once closed, end
+            # that loop's thread quietly (threading ignores SystemExit), as a stop would.
+            self._closed.wait()
+            raise SystemExit(0) from None
 
 
 class HetmeshAFDConnector(AFDConnectorBase):
@@ -65,15 +77,23 @@ class HetmeshAFDConnector(AFDConnectorBase):
     def __init__(self, rank, local_rank, vllm_config, afd_config, role_rank):
         super().__init__(rank, local_rank, vllm_config, afd_config, role_rank)
         model = vllm_config.model_config
+        if not model.enforce_eager:
+            # Its calls are host calls on tensors' addresses, which neither a CUDA graph nor
+            # torch.compile's tracing of the model's forward can hold.
+            raise _errors.make(NotSupportedError, f"{NAME} needs enforce_eager (no CUDA graphs, no "
+                               f"compiled forward) until hetmesh's device-triggered round trips")
+        if afd_config.compute_gate_on_attention:
+            raise _errors.make(NotSupportedError, vllm_afd._NO_ROUTER_LOGITS)
         self.connector = vllm_afd.AfdConnector(
             role=afd_config.role, role_rank=role_rank,
             attention=afd_config.num_attention_ranks, ffn=afd_config.num_ffn_ranks,
-            hidden=model.hf_config.hidden_size, dtype=model.dtype,
+            hidden=model.get_hidden_size(), dtype=model.dtype,
             max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             local_rank=local_rank, default_store=f"{afd_config.host}:{afd_config.port}",
             options=self.extra_info.to_mapping(), types=_PLUGIN_TYPES)
         self.attn_size, self.ffn_size = self.connector.attn_size, self.connector.ffn_size
-        self.control_plane = HetmeshAFDControlPlane(self.connector.control_plane)
+        self._closed = threading.Event()
+        self.control_plane = HetmeshAFDControlPlane(self.connector.control_plane, self._closed)
 
     def init_afd_connector(self) -> None:
         self.connector.init_afd_connector()
@@ -84,6 +104,7 @@ class HetmeshAFDConnector(AFDConnectorBase):
 
     def close(self) -> None:
         self.connector.close()
+        self._closed.set()
 
     def send_attn_output(self, hidden_states, context, **kwargs) -> None:
         self.connector.send_attn_output(hidden_states, context, **kwargs)
@@ -100,3 +121,5 @@ class HetmeshAFDConnector(AFDConnectorBase):
 
 # Importing this module again (a reload) registers it again, in place of the first.
 AFDConnectorFactory.register_connector(NAME, __name__, NAME, replace=True)
+if NAME not in afd_plugin.config.SUPPORTED_AFD_CONNECTORS:
+    afd_plugin.config.SUPPORTED_AFD_CONNECTORS += (NAME,)

@@ -33,7 +33,7 @@ from typing import Any
 
 from . import _errors
 from . import (AttentionEngine, ClosedError, FfnEngine, InvalidArgumentError, NotSupportedError,
-               PeerLostError, StoreServer, as_tensor, import_torch)
+               PeerLostError, ProtocolError, StoreServer, as_tensor, import_torch)
 
 _log = logging.getLogger("hetmesh.vllm_afd")
 
@@ -136,39 +136,47 @@ def _wire_dtype(dtype) -> str:
     return _WIRE_DTYPES[name]
 
 
-class _Direction:
-    """One direction's buffers: the application's own allocations, registered once each, while
-    that is the cheaper way. From then on, copies through the engine's slots (said once): after
-    more than `limit` new allocations, and when a new one's bytes went through host staging (the
-    transport could not reach that memory; one copy into the engine's own memory costs less)."""
+class _Buffers:
+    """Which of the application's allocations one direction uses in place. An allocation is used
+    in place from its first sight (registered once), unless that is the dearer way: its first
+    exchange's bytes went through host staging (the transport could not reach that memory, and one
+    copy into the engine's own memory costs less), or more than `limit` allocations came (tensors
+    at a new address every step would pin memory without bound). Then it copies through the
+    engine's slots, said once."""
 
     def __init__(self, what: str, limit: int, staged_bytes):
         self.what, self.limit, self.staged_bytes = what, limit, staged_bytes
-        self.seen, self.copying, self.watching = set(), False, None
+        self.in_place = {}  # allocation base -> used in place
+        self.probes = {}  # stage -> (base, staged bytes before its first exchange)
+        self.said = set()
 
-    def in_place(self, tensor) -> bool:
-        if self.copying:
+    def use(self, tensor, stage: int) -> bool:
+        """Whether this exchange of `stage` goes from/into `tensor` in place."""
+        base = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
+        known = self.in_place.get(base)
+        if known is not None:
+            return known
+        if len(self.in_place) >= self.limit:
+            self._say("more", f"came from more than {self.limit} allocations (a new one every "
+                      f"step?), and registering each would pin memory without bound")
             return False
-        if self.watching is not None:  # the last new allocation has moved since
-            if self.staged_bytes() > self.watching:
-                return self._copy_from_now_on(
-                    "is memory the transport reaches only through host staging")
-            self.watching = None
-        base = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()  # its storage
-        if base not in self.seen:
-            if len(self.seen) == self.limit:
-                return self._copy_from_now_on(
-                    f"came from {self.limit + 1} different allocations (a new one every step?), "
-                    f"and registering each would pin memory without bound")
-            self.seen.add(base)
-            self.watching = self.staged_bytes()
+        self.in_place[base] = True
+        self.probes[stage] = (base, self.staged_bytes())
         return True
 
-    def _copy_from_now_on(self, why: str) -> bool:
-        self.copying = True
-        _log.warning("hetmesh connector: %s %s; copying it through hetmesh's slots from now on",
-                     self.what, why)
-        return False
+    def settle(self, stage: int) -> None:
+        """Once the exchange of `stage` has moved its bytes: did its first sight go through host
+        staging?"""
+        probe = self.probes.pop(stage, None)
+        if probe is not None and self.staged_bytes() > probe[1]:
+            self.in_place[probe[0]] = False
+            self._say("staged", "is memory the transport reaches only through host staging")
+
+    def _say(self, reason: str, why: str) -> None:
+        if reason not in self.said:
+            self.said.add(reason)
+            _log.warning("hetmesh connector: %s %s; copying it through hetmesh's slots", self.what,
+                         why)
 
 
 def _stream_of(tensor):
@@ -219,8 +227,9 @@ class AfdConnector:
         def staged() -> int:
             return self.engine.counters()["staged_bytes"]
 
-        self._a2f = _Direction("the hidden states sent", limit, staged)
-        self._f2a = _Direction("the FFN output", limit, staged)
+        self._a2f = _Buffers("the hidden states sent", limit, staged)
+        self._f2a = _Buffers("the FFN output", limit, staged)
+        self._dtype = dtype
 
     # ---- lifecycle ----
 
@@ -285,9 +294,8 @@ class AfdConnector:
 
     def send_attn_output(self, hidden_states, context, **kwargs) -> None:
         """Sends one (layer, stage) of hidden states to this A's F; returns at once."""
+        _refuse_extras(kwargs, "send_attn_output")
         engine = self.engine
-        if kwargs.get("router_logits") is not None:
-            raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
         metadata = context.metadata
         rows = int(hidden_states.shape[0])
         if rows != metadata.total_tokens:
@@ -298,7 +306,7 @@ class AfdConnector:
             raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
                                f"recv_ffn_output")
         stream = _stream_of(hidden_states)
-        if self._a2f.in_place(hidden_states):
+        if self._fits(hidden_states) and self._a2f.use(hidden_states, stage):
             handle = engine.push_pull(stage, rows, stream=stream, send=hidden_states,
                                       results_into=hidden_states)
             self._sent[stage] = (handle, hidden_states, rows, True)
@@ -308,13 +316,22 @@ class AfdConnector:
         self._sent[stage] = (handle, hidden_states, rows, False)
 
     def recv_ffn_output(self, ref_tensor, ubatch_idx: int = 0, **kwargs):
-        """Waits for the F's answer to stage `ubatch_idx` and returns it in `ref_tensor`."""
+        """Waits for the F's answer to stage `ubatch_idx` and returns it in `ref_tensor`. A wait
+        that times out can be called again."""
         engine = self.engine
         if ubatch_idx not in self._sent:
             raise RuntimeError(f"hetmesh connector: recv_ffn_output for stage {ubatch_idx}, which "
                                f"has no send_attn_output before it")
-        handle, sent, rows, in_place = self._sent.pop(ubatch_idx)
-        engine.wait(handle)
+        handle, sent, rows, in_place = self._sent[ubatch_idx]
+        try:
+            engine.wait(handle)
+        except TimeoutError:
+            raise  # still in flight: the same call may wait for it again
+        except BaseException:
+            del self._sent[ubatch_idx]
+            raise
+        del self._sent[ubatch_idx]
+        self._a2f.settle(ubatch_idx)
         if in_place:
             answer = sent
         else:
@@ -325,14 +342,21 @@ class AfdConnector:
             ref_tensor[:rows].copy_(answer)
         return ref_tensor
 
+    def _fits(self, tensor) -> bool:
+        """Whether the engine can use `tensor` in place: C order, the job's dtype, its device."""
+        on_gpu = not self.device.startswith("cpu")
+        return (tensor.is_contiguous() and tensor.dtype == self._dtype
+                and (tensor.device.type != "cpu") == on_gpu)
+
     # ---- the FFN side ----
 
     def recv_attn_output(self, ubatch_idx: int = 0, **kwargs):
         """Stage `ubatch_idx` from every A of this F's group, as one [sum of rows, hidden] tensor
         (the As' rows in rank order; copied together where there are several As)."""
-        engine = self.engine
+        _refuse_extras(kwargs, "recv_attn_output", allowed=("routing_spec",))
         if kwargs.get("routing_spec") is not None:
             raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
+        engine = self.engine
         if ubatch_idx in self._open:
             raise RuntimeError(f"hetmesh connector: stage {ubatch_idx} received again before its "
                                f"send_ffn_output")
@@ -343,8 +367,13 @@ class AfdConnector:
                 raise self._group_left()
             if got.micro_batch == ubatch_idx:
                 batch = got
+            elif got.micro_batch in self._held:
+                raise _errors.make(ProtocolError, f"hetmesh connector (ffn {self.role_rank}): a "
+                                   f"second batch of stage {got.micro_batch} came while the "
+                                   f"runner waited for stage {ubatch_idx}")
             else:
                 self._held[got.micro_batch] = got
+        self._f2a.settle(ubatch_idx)  # the last answer of this stage has reached its As
         parts = sorted(batch.parts, key=lambda part: part.rank)
         rows = [as_tensor(part.tokens) for part in parts]
         torch = import_torch()
@@ -374,13 +403,25 @@ class AfdConnector:
             by_rank[part.rank] = ffn_output[start:start + part.count]
             start += part.count
         stream = _stream_of(ffn_output)
-        if self._f2a.in_place(ffn_output):
+        if self._fits(ffn_output) and self._f2a.use(ffn_output, stage):
             engine.respond(batch, stream=stream,
                            outputs=[by_rank[part.rank] for part in batch.parts])
             return
         for part in batch.parts:
             as_tensor(part.output)[:part.count].copy_(by_rank[part.rank])
         engine.respond(batch, stream=stream)
+
+
+def _refuse_extras(kwargs: dict, call: str, allowed=("router_logits",)) -> None:
+    """Keyword arguments a model passes that this connector cannot carry are refused, not
+    dropped: router logits, top-k ids and weights (the gate computed on the attention side)."""
+    if kwargs.get("router_logits") is not None:
+        raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
+    extra = sorted(k for k, v in kwargs.items() if k not in allowed and v is not None)
+    if extra:
+        raise _errors.make(NotSupportedError, f"hetmesh connector: {call} cannot carry "
+                           f"{', '.join(extra)} yet; set the plugin's compute_gate_on_attention "
+                           f"= false")
 
 
 class ControlPlane:
@@ -443,7 +484,7 @@ class ControlPlane:
             capturing, warmup = bool(body["capturing"]), bool(body["warmup"])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise _errors.make(
-                InvalidArgumentError,
+                ProtocolError,
                 f"hetmesh connector: {role} {rank} sent a control message "
                 f"that is not one: {e}")
         t = self.connector.types

@@ -93,18 +93,19 @@ CUDA = any(d["plugin"] == "cuda" for d in hetmesh.devices()) and torch.cuda.is_a
 @pytest.mark.skipif(not CUDA, reason="needs the cuda plugin's device and a CUDA torch")
 @pytest.mark.parametrize("ffn_device", ["cpu:0", "cuda:0"])
 def test_an_attention_on_cuda_gets_the_one_process_numbers(spawn, ffn_device):
-    from vllm_runner import STEPS
+    from vllm_runner import HIDDEN, STAGES, STEPS, token_counts
 
     out = finish(start_job(spawn, 2, 1, devices={"attention": "cuda:0", "ffn": ffn_device}))
     for a in range(2):
         line = out["attention", a]
         assert f"attention {a}: verified {STEPS} steps" in line, line
         # torch's CUDA memory is not the plugin's own: ipc reaches it only through host staging,
-        # so after the first exchange the connector copies through the engine's slots.
+        # so each stage's buffer goes in place once (its first exchange, staged), then through
+        # the engine's slots.
         moved = counters(line)
-        assert moved["caller_bytes"] > 0, moved
-        assert moved["staged_bytes"] in (0, moved["caller_bytes"]), moved
-        print(f"attention {a} on cuda:0, ffn on {ffn_device}: {moved}")
+        first = sum(token_counts(0, stage, 2)[a] for stage in STAGES) * HIDDEN * 2 * 2
+        assert moved["caller_bytes"] == first and moved["staged_bytes"] == first, moved
+        assert moved["slot_bytes"] > first, moved
     assert f"ffn 0: served {STEPS} steps" in out["ffn", 0]
 
 
@@ -132,9 +133,20 @@ def test_tensors_at_new_addresses_every_step_go_through_the_slots_after_the_boun
     assert code == 0, err
     assert f"attention 0: verified {STEPS} steps" in out, out
     moved = counters(out)
-    assert moved["caller_buffers"] == 3 and moved["slot_bytes"] > 0, moved
-    assert "came from 4 different allocations" in err and "copying it through" in err, err
+    assert 1 <= moved["caller_buffers"] <= 3 and moved["slot_bytes"] > 0, moved
+    assert "came from more than 3 allocations" in err and "copying it through" in err, err
     assert finish({k: v for k, v in instances.items() if k[0] == "ffn"})
+
+
+def test_stages_sent_in_reverse_are_served_in_the_runners_order(spawn):
+    from vllm_runner import STEPS
+
+    # The As send (and wait for) stage 1 before stage 0; the F's runner asks for stage 0 first, so
+    # stage 1's batch waits for its turn (and the F checks each stage's token counts).
+    out = finish(start_job(spawn, 2, 1, extra={("attention", a): {"reverse_stages": True}
+                                               for a in range(2)}))
+    for a in range(2):
+        assert f"attention {a}: verified {STEPS} steps" in out["attention", a], out
 
 
 def test_options_and_payloads_it_cannot_serve_are_refused_by_name():
@@ -151,8 +163,18 @@ def test_options_and_payloads_it_cannot_serve_are_refused_by_name():
     with pytest.raises(hetmesh.NotSupportedError, match="CUDA graph capture"):
         c.control_plane.update_state_from_dp_metadata(
             vllm_afd.ControlPayload({}, is_graph_capturing=True))
+    context = vllm_afd.TransferContext(vllm_afd.TransferMetadata(0, 0, [1]))
+    x = torch.zeros(1, 8, dtype=torch.bfloat16)
+    # What a model computes on the attention side for the gate cannot travel yet: refused, not
+    # dropped.
+    with pytest.raises(hetmesh.NotSupportedError, match="router_logits do not travel yet"):
+        c.send_attn_output(x, context, router_logits=torch.zeros(1, 4))
+    with pytest.raises(hetmesh.NotSupportedError,
+                       match="send_attn_output cannot carry topk_ids, topk_weights"):
+        c.send_attn_output(x, context, topk_weights=torch.ones(1, 2), topk_ids=torch.ones(1, 2))
+    with pytest.raises(hetmesh.NotSupportedError, match="router_logits do not travel yet"):
+        c.recv_attn_output(0, routing_spec=(4, torch.float32))
     with pytest.raises(hetmesh.ClosedError, match="not initialized"):
-        c.send_attn_output(torch.zeros(1, 8), vllm_afd.TransferContext(
-            vllm_afd.TransferMetadata(0, 0, [1])))
+        c.send_attn_output(x, context)
     c.close()
     c.close()  # again, and after no initialization

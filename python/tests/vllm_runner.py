@@ -62,9 +62,11 @@ def connector(role, rank, attention, ffn, store, options):
     return c
 
 
-def run_attention(rank, attention, ffn, store, options, fresh_tensors=False):
+def run_attention(rank, attention, ffn, store, options, fresh_tensors=False,
+                  reverse_stages=False):
     """An A as the plugin's model runner drives it: each step's control payload, then per layer
-    every stage's send_attn_output before any recv_ffn_output (two ubatches in flight)."""
+    every stage's send_attn_output before any recv_ffn_output (two ubatches in flight), in stage
+    order or, with reverse_stages, the last stage first."""
     c = connector("attention", rank, attention, ffn, store, options)
     device = tensor_device(c)
     static = {stage: torch.zeros(MAX_TOKENS, HIDDEN, dtype=torch.bfloat16, device=device)
@@ -85,11 +87,12 @@ def run_attention(rank, attention, ffn, store, options, fresh_tensors=False):
                     if fresh_tensors else static[stage]
                 kept.append(buffer)
                 xs[stage] = buffer[:rows].copy_(attention_input(step, stage, rank, rows))
+            order = STAGES[::-1] if reverse_stages else STAGES
             for layer in range(LAYERS):
-                for stage in STAGES:
+                for stage in order:
                     metadata = vllm_afd.TransferMetadata(layer, stage, [xs[stage].shape[0]])
                     c.send_attn_output(xs[stage], vllm_afd.TransferContext(metadata))
-                for stage in STAGES:
+                for stage in order:
                     out = c.recv_ffn_output(ref_tensor=xs[stage], ubatch_idx=stage)
                     assert out.data_ptr() == xs[stage].data_ptr(), "not the ref_tensor"
                     attention_layer(out)

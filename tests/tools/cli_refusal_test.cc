@@ -169,6 +169,40 @@ TEST(CliRefusal, RunningOutOfDescriptorsNamesWhatAndWhatToDo) {
                        "limit, ulimit -n)"});
 }
 
+// Out of address space (a real RLIMIT_AS, set by the shell before exec): at every limit, a job
+// that cannot run says what it could not do (a thread it could not start, memory it could not
+// allocate) in one error line; no instance aborts (a constructor that had started one thread and
+// failed to start the next once did: "terminate called without an active exception").
+TEST(CliRefusal, RunningOutOfAddressSpaceIsNamedNeverAnAbort) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "not under the sanitizers: their shadow memory needs more address space";
+#endif
+  int refused = 0;
+  for (const char* kib : {"150000", "250000", "400000"}) {
+    SCOPED_TRACE(std::string("ulimit -v ") + kib);
+    CliRun run = run_cli({"/bin/sh", "-c",
+                          std::string("ulimit -v ") + kib + " && exec " + HETMESH_CLI +
+                              " bench afd --iterations 20 --no-bare"},
+                         {}, std::chrono::seconds(120), /*bare=*/true);
+    EXPECT_FALSE(run.result.timed_out);
+    EXPECT_EQ(run.result.err.find("terminate called"), std::string::npos) << run.result.err;
+    EXPECT_EQ(run.result.err.find("Aborted"), std::string::npos) << run.result.err;
+    EXPECT_EQ(run.result.signal, 0) << run.result.describe();
+    if (run.result.exit_code == 0) continue;  // that much was enough here
+    ++refused;
+    EXPECT_EQ(run.result.exit_code, 1) << run.result.describe();
+    // The first error line (an instance's, or the command's own) names what failed.
+    const std::string& err = run.result.err;
+    const size_t at = err.find("hetmesh: error: ");
+    ASSERT_NE(at, std::string::npos) << err;
+    const std::string line = err.substr(at, err.find('\n', at) - at);
+    EXPECT_TRUE(line.find(": cannot start thread hm-") != std::string::npos ||
+                line.find(": out of memory") != std::string::npos)
+        << line;
+  }
+  EXPECT_GT(refused, 0) << "no limit was low enough to fail the job";
+}
+
 TEST(CliRefusal, AnyExceptionIsPrintedNotAborted) {
   // A child's rank beyond the job's: std::out_of_range from the device list, not a hetmesh::Error.
   CliRun run = run_cli(

@@ -40,6 +40,7 @@
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/spin.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <pthread.h>
 
@@ -88,14 +89,14 @@ class IpcConnection : public Connection {
         ring_(*link_),
         routes_(shared_, peer_id_),
         queue_(kMaxInFlight) {
-    progress_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "hm-ipc-progress");
-      link_->run_progress();
-    });
-    completer_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "hm-ipc-complete");
-      complete_in_order();
-    });
+    progress_ = start_thread("hm-ipc-progress", [this] { link_->run_progress(); });
+    try {
+      completer_ = start_thread("hm-ipc-complete", [this] { complete_in_order(); });
+    } catch (...) {  // the progress thread ends with its link; a running one would abort here
+      link_->close();
+      progress_.join();
+      throw;
+    }
     shared_->add_link(link_);
   }
 

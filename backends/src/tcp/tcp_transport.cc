@@ -11,6 +11,7 @@
 #include "common/staging.hpp"
 
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -84,7 +85,7 @@ class TcpConnection : public Connection {
         shared_(std::move(shared)),
         peer_id_(std::move(peer_id)),
         socket_(std::move(socket)) {
-    receiver_ = std::thread([this] { receive(); });
+    receiver_ = start_thread("hm-tcp-recv", [this] { receive(); });
   }
 
   ~TcpConnection() override {

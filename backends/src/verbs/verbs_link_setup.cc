@@ -4,6 +4,7 @@
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/socket.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
 
@@ -215,7 +216,7 @@ void VerbsLink::to_rts(uint32_t psn) {
 }
 
 void VerbsLink::start() {
-  receiver_ = std::thread([this] { receive(); });
+  receiver_ = start_thread("hm-verbs-recv", [this] { receive(); });
 }
 
 void VerbsLink::close() {

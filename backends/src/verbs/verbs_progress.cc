@@ -4,6 +4,7 @@
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/spin.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
 
@@ -42,7 +43,7 @@ void VerbsShared::deliver(VerbsDelivery delivery) {
 }
 
 CompletionPoller::CompletionPoller(std::shared_ptr<VerbsShared> shared)
-    : shared_(std::move(shared)), thread_([this] { run(); }) {}
+    : shared_(std::move(shared)), thread_(start_thread("hm-verbs-poll", [this] { run(); })) {}
 
 void CompletionPoller::stop() {
   if (!thread_.joinable()) return;
@@ -53,7 +54,6 @@ void CompletionPoller::stop() {
 }
 
 void CompletionPoller::pin() {
-  pthread_setname_np(pthread_self(), "hm-verbs-poll");
   int cpu = shared_->options.poller_cpu;
   if (cpu < 0) return;
   cpu_set_t set;
@@ -172,7 +172,7 @@ void CompletionPoller::handle_async_events(const std::vector<std::shared_ptr<Ver
 }
 
 DeliveryThread::DeliveryThread(std::shared_ptr<VerbsShared> shared)
-    : shared_(std::move(shared)), thread_([this] { run(); }) {}
+    : shared_(std::move(shared)), thread_(start_thread("hm-verbs-stage", [this] { run(); })) {}
 
 void DeliveryThread::stop() {
   if (!thread_.joinable()) return;
@@ -186,7 +186,6 @@ void DeliveryThread::stop() {
 
 // Staged copies (and the notifications behind them), in arrival order.
 void DeliveryThread::run() {
-  pthread_setname_np(pthread_self(), "hm-verbs-stage");
   for (;;) {
     VerbsDelivery d;
     {

@@ -6,9 +6,17 @@
 //     out and sized like the engine's slots (so the same cache footprint).
 #include "bench_afd.hpp"
 
+#include <hetmesh/core/error.hpp>
+#include <hetmesh/core/thread.hpp>
+
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cstring>
+#include <latch>
+#include <new>
 #include <thread>
 
 namespace hetmesh::cli {
@@ -29,9 +37,16 @@ double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples) {
       v.emplace_back(bytes, static_cast<uint8_t>(fill + i));
     return v;
   };
-  auto a_send = buffers(A, M * a2f, 1), a_receive = buffers(A, uint64_t(M) * F * f2a, 2);
-  auto f_receive = buffers(F, uint64_t(A) * M * a2f, 3),
-       f_send = buffers(F, uint64_t(A) * M * f2a, 4);
+  std::vector<std::vector<uint8_t>> a_send, a_receive, f_receive, f_send;
+  try {
+    a_send = buffers(A, M * a2f, 1), a_receive = buffers(A, uint64_t(M) * F * f2a, 2);
+    f_receive = buffers(F, uint64_t(A) * M * a2f, 3), f_send = buffers(F, uint64_t(A) * M * f2a, 4);
+  } catch (const std::bad_alloc&) {
+    throw Error(HM_ERR_OUT_OF_MEMORY,
+                fmt::format("bench afd: the parallel memcpy baseline's buffers (the job's slots "
+                            "over again, {:.1f} MiB in this process): out of memory",
+                            2.0 * uint64_t(A) * M * (a2f + uint64_t(F) * f2a) / (1 << 20)));
+  }
   const int warmup = 5, total = warmup + samples;
   std::vector<int64_t> end(static_cast<size_t>(A * F));
   std::vector<double> us;
@@ -51,22 +66,37 @@ double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples) {
     ++phase;
   };
   std::barrier sync(A * F, on_phase);
+  // Every pair's thread starts before any copies: one that cannot start ends the others at once
+  // (each would wait at the barrier for it) and the error names it.
+  std::latch started(1);
+  std::atomic<bool> abandon{false};
   std::vector<std::thread> threads;
-  for (int a = 0; a < A; ++a)
-    for (int f = 0; f < F; ++f)
-      threads.emplace_back([&, a, f] {
-        auto ua = static_cast<size_t>(a), uf = static_cast<size_t>(f);
-        for (int it = 0; it < total; ++it) {
-          const uint64_t mb = static_cast<uint64_t>(it % M);
-          sync.arrive_and_wait();
-          std::memcpy(f_receive[uf].data() + (ua * M + mb) * a2f, a_send[ua].data() + mb * a2f,
-                      a2f);
-          std::memcpy(a_receive[ua].data() + (mb * F + uf) * f2a,
-                      f_send[uf].data() + (ua * M + mb) * f2a, f2a);
-          end[ua * F + uf] = now_ns();
-          sync.arrive_and_wait();
-        }
-      });
+  auto pair = [&](int a, int f) {
+    started.wait();
+    if (abandon) return;
+    auto ua = static_cast<size_t>(a), uf = static_cast<size_t>(f);
+    for (int it = 0; it < total; ++it) {
+      const uint64_t mb = static_cast<uint64_t>(it % M);
+      sync.arrive_and_wait();
+      std::memcpy(f_receive[uf].data() + (ua * M + mb) * a2f, a_send[ua].data() + mb * a2f, a2f);
+      std::memcpy(a_receive[ua].data() + (mb * F + uf) * f2a,
+                  f_send[uf].data() + (ua * M + mb) * f2a, f2a);
+      end[ua * F + uf] = now_ns();
+      sync.arrive_and_wait();
+    }
+  };
+  try {
+    for (int a = 0; a < A; ++a)
+      for (int f = 0; f < F; ++f)
+        threads.push_back(start_thread("hm-memcpy", [&pair, a, f] { pair(a, f); }));
+  } catch (...) {
+    abandon = true;
+    started.count_down();
+    for (auto& t : threads)
+      t.join();
+    throw;
+  }
+  started.count_down();
   for (auto& t : threads)
     t.join();
   return afd::percentiles(us).p50;

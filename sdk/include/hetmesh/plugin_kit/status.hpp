@@ -11,6 +11,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 
@@ -59,6 +60,15 @@ hm_status guarded(const char* slot, Body&& body) noexcept {
     return failure.status;
   } catch (const std::bad_alloc&) {
     last_error_storage() = std::string(slot) + ": out of host memory";
+    return HM_ERR_OUT_OF_MEMORY;
+  } catch (const std::system_error& e) {
+    // A thread that could not start (EAGAIN): out of threads or of address space for its stack.
+    if (e.code() != std::errc::resource_unavailable_try_again) {
+      last_error_storage() = std::string(slot) + ": internal error: " + e.what();
+      return HM_ERR_INTERNAL;
+    }
+    last_error_storage() = std::string(slot) + ": cannot start a thread: " + e.what() +
+                           " (out of threads, or of address space for a thread's stack)";
     return HM_ERR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     last_error_storage() = std::string(slot) + ": internal error: " + e.what();
