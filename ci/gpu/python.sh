@@ -49,20 +49,15 @@ section "the PyTorch MoE example, A on cpu:0, F on cpu:0"
 timeout -k 10 200 "$python" examples/python/moe_layer.py
 echo "exit $?"
 
-section "python3 -m hetmesh.bench"
-for shape in "--tokens 1 --hidden 64" "--tokens 128 --hidden 7168"; do
-  for device in cpu:0 cuda:0; do
-    name=$(echo "$shape $device" | tr -c 'a-z0-9' '-')
-    timeout -k 10 120 "$python" -m hetmesh.bench $shape --attention-device "$device" \
-      --json "$OUT/python-bench-$name.json"
-  done
-done
-
-section "python3 -m hetmesh.bench_vllm (the vLLM connector against the bare engine)"
-for shape in "--tokens 1 --hidden 64" "--tokens 128 --hidden 7168"; do
-  for device in cpu:0 cuda:0; do
-    name=$(echo "$shape $device" | tr -c 'a-z0-9' '-')
-    timeout -k 10 120 "$python" -m hetmesh.bench_vllm $shape --attention-device "$device" \
-      --json "$OUT/python-bench-vllm-$name.json"
+# hetmesh.bench (Python against C++) and hetmesh.bench_vllm (the vLLM connector against the bare
+# engine), each on a small and the StepMesh shape, A on cpu:0 and cuda:0.
+for bench in bench bench_vllm; do
+  section "python3 -m hetmesh.$bench"
+  for shape in "--tokens 1 --hidden 64" "--tokens 128 --hidden 7168"; do
+    for device in cpu:0 cuda:0; do
+      name=$(echo "$shape $device" | tr -c 'a-z0-9' '-')
+      timeout -k 10 120 "$python" -m "hetmesh.$bench" $shape --attention-device "$device" \
+        --json "$OUT/python-${bench//_/-}-$name.json"
+    done
   done
 done

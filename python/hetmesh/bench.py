@@ -46,6 +46,22 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[int(q * (len(ordered) - 1) + 0.5)]
 
 
+def run_info() -> dict:
+    """Where and when a benchmark ran, for its JSON."""
+    return {"host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "hetmesh_version": hetmesh.__version__, "python": platform.python_version()}
+
+
+def write_json(results: dict, path: str | None) -> None:
+    """The results as JSON to `path` ('-': stdout; None: nowhere)."""
+    if path == "-":
+        json.dump(results, sys.stdout, indent=1)
+        print()
+    elif path:
+        with open(path, "w") as out:
+            json.dump(results, out, indent=1)
+
+
 def serve(store: str, job: dict, device: str) -> None:
     f = hetmesh.FfnEngine(rank=0, store=store, device=device, **job)
     for batch in f.batches():
@@ -88,8 +104,7 @@ def measure(args, job: dict) -> dict:
     cpp_p50, python_p50 = percentile(cpp_us, 0.5), percentile(python_us, 0.5)
     between_p50 = percentile(between_us, 0.5)
     return {
-        "run": {"host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "hetmesh_version": hetmesh.__version__, "python": platform.python_version()},
+        "run": run_info(),
         "job": job, "attention_device": args.attention_device, "ffn_device": args.ffn_device,
         "round_trips_per_side": len(cpp_us),
         "cpp_round_trip_us": {"p50": cpp_p50, "p99": percentile(cpp_us, 0.99)},
@@ -138,12 +153,7 @@ def main() -> int:
           f"{r['binding_calls_us_p50']:.2f} us the binding's two calls, "
           f"{r['interpreter_between_round_trips_us_p50']:.2f} us the interpreter between round "
           f"trips")
-    if args.json == "-":
-        json.dump(r, sys.stdout, indent=1)
-        print()
-    elif args.json:
-        with open(args.json, "w") as out:
-            json.dump(r, out, indent=1)
+    write_json(r, args.json)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import time
 
 import hetmesh
 from hetmesh import vllm_afd
-from hetmesh.bench import percentile
+from hetmesh.bench import percentile, run_info, write_json
 
 
 def serve_bare(store: str, job: dict, device: str) -> None:
@@ -122,8 +121,7 @@ def measure(args) -> dict:
     connector_us = [n / 1000 for n in connector_ns]
     bare_p50, connector_p50 = percentile(bare_us, 0.5), percentile(connector_us, 0.5)
     return {
-        "run": {"host": platform.node(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "hetmesh_version": hetmesh.__version__, "python": platform.python_version()},
+        "run": run_info(),
         "job": job, "attention_device": args.attention_device, "ffn_device": args.ffn_device,
         "exchanges_per_side": len(bare_us),
         "bare_cpp_round_trip_us": {"p50": bare_p50, "p99": percentile(bare_us, 0.99)},
@@ -165,12 +163,7 @@ def main() -> int:
         print(f"{name:<34}{r[key]['p50']:>10.1f}{r[key]['p99']:>10.1f}")
     print(f"connector cost per layer exchange: {r['connector_cost_us_p50']:.2f} us (p50); "
           f"its counters {r['connector_counters']}")
-    if args.json == "-":
-        json.dump(r, sys.stdout, indent=1)
-        print()
-    elif args.json:
-        with open(args.json, "w") as out:
-            json.dump(r, out, indent=1)
+    write_json(r, args.json)
     return 0
 
 

@@ -4,6 +4,7 @@ an F killed mid-step; tensors at new addresses every step; and what the connecto
 
 import os
 import re
+import threading
 
 import pytest
 import torch
@@ -147,6 +148,35 @@ def test_stages_sent_in_reverse_are_served_in_the_runners_order(spawn):
                                                for a in range(2)}))
     for a in range(2):
         assert f"attention {a}: verified {STEPS} steps" in out["attention", a], out
+
+
+def test_a_control_message_that_is_not_one_is_a_protocol_error_naming_its_sender():
+    # A peer that passed the job's secret and then sends nonsense on the side band.
+    store = f"127.0.0.1:{_free_port()}"
+    shape = dict(attention=1, ffn=1, hidden=8, dtype=torch.bfloat16, max_tokens=4,
+                 default_store=store, options={"device": "cpu:0", "job": "hostile"})
+    f = vllm_afd.AfdConnector(role="ffn", role_rank=0, **shape)
+    a = vllm_afd.AfdConnector(role="attention", role_rank=0, **shape)
+    joined = threading.Thread(target=f.init_afd_connector)
+    joined.start()  # F 0 hosts the store, then waits for the A
+    try:
+        a.init_afd_connector()
+        joined.join(120)
+        for bad in (b"not json", b"[]", b'{"stages": {"0": ["x"]}, "capturing": false}',
+                    b'{"stages": {"0": [1]}}'):
+            a.engine.send_message(0, bad)
+            with pytest.raises(hetmesh.ProtocolError,
+                               match="attention 0 sent a control message that is not one"):
+                f.control_plane.recv_dp_metadata_list()
+        # A good one after them still arrives.
+        payload = vllm_afd.ControlPayload({0: vllm_afd.DPMetadata(torch.tensor([3]))})
+        a.control_plane.send_dp_metadata_list(payload)
+        got = f.control_plane.recv_dp_metadata_list()
+        assert got.dp_metadata_list[0].num_tokens_across_dp_cpu.tolist() == [3]
+    finally:
+        a.close()
+        joined.join(120)
+        f.close()
 
 
 def test_options_and_payloads_it_cannot_serve_are_refused_by_name():
