@@ -32,9 +32,20 @@ struct Pending {
   RoundTrip trip;
   std::vector<bool> from;  // [f]: answered, or lost before it answered
   std::string failure;     // the first F lost before it answered: the round trip failed
-  // The application's buffers push_pull named (no region: the engine's slot).
-  CallerBuffers::Found tokens_from, routing_from;
+  // Per A2F tensor: the rows sent, and the application's buffer push_pull named (no region: the
+  // engine's slot); where the rows land in each F's row spaces.
+  std::array<uint32_t, kMaxA2fTensors> rows{};
+  std::array<CallerBuffers::Found, kMaxA2fTensors> sources;
+  uint32_t row_offset = 0;
   std::vector<CallerBuffers::Found> results_into;  // [f]
+};
+
+// Where an F wants an A's rows of a micro-batch, as it last said (a landing frame): its layout's
+// number and, per A2F tensor, its registration (null: its own row spaces) and offset there.
+struct Landing {
+  uint32_t id = 0;
+  std::array<std::shared_ptr<RemoteRegion>, kMaxA2fTensors> regions;
+  std::array<uint64_t, kMaxA2fTensors> offsets{};
 };
 
 // A micro-batch for one F's sender, or the next side-band message to it.
@@ -50,7 +61,7 @@ struct AttentionEngine::State final : PeerHandler {
   EngineSpec spec;
   Device device;
   std::unique_ptr<Transport> transport;
-  Buffer a2f_send;                          // [mb] tokens then routing
+  Buffer a2f_send;                          // [mb][tensor][tokens rows]
   HostBuffer a2f_headers;                   // [mb][f]: each F's sender stamps its own copy
   Buffer f2a_receive;                       // [mb][f]
   HostBuffer f2a_headers;                   // [mb][f]
@@ -63,6 +74,8 @@ struct AttentionEngine::State final : PeerHandler {
   PublishedRegions mine;
   std::shared_ptr<Region> a2f_send_region, a2f_header_region, f2a_receive_region;
   std::optional<CallerBuffers> caller;  // the application's buffers, once the transport is made
+  // "push_pull's tokens", "push_pull's router_logits": what a refused buffer is called.
+  std::array<std::string, kMaxA2fTensors> source_names;
   MovedBytes moved;
 
   std::mutex mutex;
@@ -71,9 +84,12 @@ struct AttentionEngine::State final : PeerHandler {
   // spec.queue_depth of them in flight, posted in order.
   std::vector<Pending> pending;
   std::vector<uint64_t> last_sequence;  // [mb]: the last one pushed
-  // [f][id]: the caller's buffer of that registration number was announced to F f's incarnation
-  // (a region frame), so its headers may name it.
-  std::vector<std::vector<bool>> announced;
+  // The caller's buffers announced to each F's incarnation (region frames), so its headers may
+  // name them; the F's receive buffers it announced to this A, and where it wants each
+  // micro-batch's rows ([f][mb]).
+  AnnouncedRegions announced;
+  PeerRegions ffn_regions;
+  std::vector<Landing> landings;
   SideBand side_band;  // messages to and from the F instances
   FirstFailure failure;
   // finish() or the destructor: the threads are stopped. Atomic for wait's spin.
@@ -92,7 +108,7 @@ struct AttentionEngine::State final : PeerHandler {
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("engine spec: queue_depth {} (1..64) or micro_batches {} (1..255)",
                               s.queue_depth, s.micro_batches));
-    check_topology(s);
+    check_shape(s);
     return s;
   }
 
@@ -105,8 +121,13 @@ struct AttentionEngine::State final : PeerHandler {
         f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
         pending(static_cast<size_t>(s.micro_batches * s.queue_depth)),
         last_sequence(static_cast<size_t>(s.micro_batches), 0),
-        announced(static_cast<size_t>(s.ffn)),
-        side_band(Role::attention, s.rank, Role::ffn, s.ffn) {}
+        announced(s.ffn),
+        ffn_regions(Role::ffn, s.ffn),
+        landings(static_cast<size_t>(s.ffn * s.micro_batches)),
+        side_band(Role::attention, s.rank, Role::ffn, s.ffn) {
+    for (int t = 0; t < s.a2f_tensors(); ++t)
+      source_names[static_cast<size_t>(t)] = fmt::format("push_pull's {}", s.a2f_tensor_name(t));
+  }
 
   Pending& entry(int mb, uint64_t sequence) {
     return pending[static_cast<size_t>(mb * spec.queue_depth) +
@@ -128,7 +149,9 @@ struct AttentionEngine::State final : PeerHandler {
   const WireHeader* receive_header(int mb, int f) {
     return reinterpret_cast<const WireHeader*>(f2a_headers.data()) + mb * spec.ffn + f;
   }
-  uint64_t routing_offset() const { return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes; }
+  Landing& landing(int f, int mb) {
+    return landings[static_cast<size_t>(f * spec.micro_batches + mb)];
+  }
 
   void on_failure(hm_status status, const std::string& reason) override {
     {
@@ -182,7 +205,11 @@ struct AttentionEngine::State final : PeerHandler {
 
   void on_rejoined_locked(int f) override {
     side_band.restart_locked(f);
-    announced[static_cast<size_t>(f)].clear();  // the new incarnation knows none of them
+    // The new incarnation knows none of this A's buffers, and says anew where it wants rows.
+    announced.clear_locked(f);
+    ffn_regions.clear_locked(f);
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      landing(f, mb) = Landing{};
     changed.notify_all();
   }
 
@@ -209,25 +236,51 @@ struct AttentionEngine::State final : PeerHandler {
       changed.notify_all();
       for (uint32_t slot : released)
         on_result(f, slot);
+    } else if (auto region = region_of(e.payload)) {
+      // A receive buffer of the F's.
+      for (uint32_t slot :
+           receive_region(ffn_regions, side_band, mutex, f, *peers->at(f).link, *region))
+        on_result(f, slot);
+    } else if (auto frame = landing_of(e.payload)) {
+      std::vector<uint32_t> released;
+      {
+        std::lock_guard lock(mutex);
+        on_landing_locked(f, *frame);
+        released = side_band.counted_locked(f);
+      }
+      for (uint32_t slot : released)
+        on_result(f, slot);
     }
   }
 
-  // F `f`'s sender: the next side-band message to it.
-  void send_side_band(int f) {
-    std::vector<uint8_t> frame;
-    std::shared_ptr<const Link> link;
-    {
-      std::lock_guard lock(mutex);
-      frame = side_band.take_frame_locked(f);
-      const Peer& peer = peers->at(f);
-      if (frame.empty() || failure.has() || peer.lost) return;
-      link = peer.link;
+  // F `f` wants this A's rows of a micro-batch in buffers of its own from now on: each one it
+  // announced, with room for the F's whole row space of that tensor. Caller holds mutex.
+  void on_landing_locked(int f, const LandingFrame& frame) {
+    const std::string from = peer_name(Role::ffn, f);
+    auto bad = [&](const std::string& what) {
+      throw Error(kStatusProtocolError, fmt::format("{}: refused landing: {}", from, what));
+    };
+    if (frame.micro_batch >= static_cast<uint32_t>(spec.micro_batches))
+      bad(fmt::format("micro-batch {} (0..{})", frame.micro_batch, spec.micro_batches - 1));
+    Landing next;
+    next.id = frame.landing;
+    for (int t = 0; t < kMaxA2fTensors; ++t) {
+      const auto i = static_cast<size_t>(t);
+      if (frame.region[i] == 0) continue;
+      const uint64_t bytes = spec.ffn_rows() * spec.a2f_row_bytes(t);
+      std::shared_ptr<RemoteRegion> region = ffn_regions.find_locked(f, frame.region[i]);
+      if (t >= spec.a2f_tensors() || bytes == 0)
+        bad(fmt::format("a buffer for tensor {}, which this job does not send", t));
+      if (region == nullptr) bad(fmt::format("its buffer {}, never announced", frame.region[i]));
+      if (region->size() < bytes || frame.offset[i] > region->size() - bytes)
+        bad(fmt::format(
+            "{} bytes of its buffer {} at offset {} for {}'s rows, which it holds {} "
+            "bytes",
+            bytes, frame.region[i], frame.offset[i], spec.a2f_tensor_name(t), region->size()));
+      next.regions[i] = std::move(region);
+      next.offsets[i] = frame.offset[i];
     }
-    try {
-      link->connection->send_control(frame);
-    } catch (const Error& e) {
-      if (e.status() != kStatusPeerLost) rethrow_for_peer(e, Role::ffn, f);
-    }
+    landing(f, static_cast<int>(frame.micro_batch)) = std::move(next);
   }
 
   // Waits until F `f` is done with micro-batch mb's round trip before `sequence` (its slot is
@@ -242,14 +295,14 @@ struct AttentionEngine::State final : PeerHandler {
   }
 
   // F `f`'s sender: once F is done with micro-batch mb's previous round trip and this one is
-  // ready, its tokens, routing, then the header that notifies. The fields of the entry read here
+  // ready, each tensor's rows, then the header that notifies. The fields of the entry read here
   // were set by push_pull before the job was queued and stay put until every F has answered, which
   // needs this post first.
   void post(int f, const PostJob& job, const std::atomic<bool>& stopping) {
     const int mb = job.mb;
     Pending& p = entry(mb, job.sequence);
     try {
-      if (job.message) return send_side_band(f);
+      if (job.message) return send_next_frame(*this, f, Role::ffn);
       if (!wait_previous(mb, job.sequence, f, stopping)) return;
       if (!wait_ready(p.ready, stopping)) return;
       int64_t ready_at = now_ns();
@@ -257,6 +310,7 @@ struct AttentionEngine::State final : PeerHandler {
       uint32_t messages;
       const CallerBuffers::Found& reply = p.results_into[static_cast<size_t>(f)];
       bool announce = false;  // the reply buffer is new to this F: its region frame goes first
+      Landing to;             // where the F wants the rows (copied: a landing frame may come)
       {
         // A job for an F lost meanwhile has nothing to do: the loss settled its share.
         std::lock_guard lock(mutex);
@@ -265,24 +319,26 @@ struct AttentionEngine::State final : PeerHandler {
             p.from[static_cast<size_t>(f)])
           return;
         link = peer.link;
-        if (reply.id != 0) {
-          std::vector<bool>& known = announced[static_cast<size_t>(f)];
-          if (known.size() <= reply.id) known.resize(reply.id + 1, false);
-          if (!known[reply.id]) {
-            known[reply.id] = announce = true;
-            side_band.note_sent_locked(f);  // counted, so the header waits for it at the F
-          }
+        if (reply.id != 0 && announced.first_locked(f, reply.id)) {
+          announce = true;
+          side_band.note_sent_locked(f);  // counted, so the header waits for it at the F
         }
         messages = side_band.sent_locked(f);
+        to = landing(f, mb);
       }
+      uint64_t payload = 0;
+      for (int t = 0; t < spec.a2f_tensors(); ++t)
+        payload += uint64_t{p.rows[static_cast<size_t>(t)]} * spec.a2f_row_bytes(t);
       WireHeader* h = send_header(mb, f);
       *h = make_header(spec, peers->own_epoch(), MessageKind::a2f, mb, p.sequence, p.tokens,
-                       uint64_t{p.tokens} * (uint64_t{spec.hidden} * spec.a2f_bytes +
-                                             spec.routing_bytes_per_token()));
+                       payload);
       h->tag = p.tag;
       h->messages = messages;
       h->reply_region = reply.id;
       h->reply_offset = reply.offset;
+      h->row_offset = p.row_offset;
+      h->landing = to.id;
+      std::copy(p.rows.begin(), p.rows.end(), h->rows);
       h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
       h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
       int64_t posted = now_ns();
@@ -294,35 +350,29 @@ struct AttentionEngine::State final : PeerHandler {
         p.trip.ffn[static_cast<size_t>(f)].posted_at_a = posted;
         ++p.posted;
       }
-      uint64_t slot = spec.a2f_slot_bytes();
-      uint64_t token_bytes = uint64_t{p.tokens} * spec.hidden * spec.a2f_bytes;
-      uint64_t routing_bytes = uint64_t{p.tokens} * spec.routing_bytes_per_token();
-      // F's slot for (this A, mb).
-      uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
+      // F's header slot for (this A, mb).
+      const uint64_t remote_slot = static_cast<uint64_t>(spec.rank * spec.micro_batches + mb);
       try {
         Connection& c = *link->connection;
         if (announce) c.send_control(region_frame(reply.id, reply.region->describe()));
-        const RemoteRegion& payload = link->region("a2f_payload");
-        // From the application's buffers, or from the slot (where a full push's routing follows
-        // its tokens: one write).
-        const Region& tokens_src = p.tokens_from.region ? *p.tokens_from.region : *a2f_send_region;
-        const uint64_t tokens_at = p.tokens_from.region ? p.tokens_from.offset : mb * slot;
-        const Region& routing_src =
-            p.routing_from.region ? *p.routing_from.region : *a2f_send_region;
-        const uint64_t routing_at =
-            p.routing_from.region ? p.routing_from.offset : mb * slot + routing_offset();
-        if (token_bytes == 0) {  // an idle rank's empty push: the header alone
-        } else if (!p.tokens_from.region && !p.routing_from.region &&
-                   token_bytes == routing_offset()) {
-          c.write(tokens_src, tokens_at, payload, remote_slot * slot, token_bytes + routing_bytes,
-                  std::nullopt, 0);
-        } else {
-          c.write(tokens_src, tokens_at, payload, remote_slot * slot, token_bytes, std::nullopt, 0);
-          c.write(routing_src, routing_at, payload, remote_slot * slot + routing_offset(),
-                  routing_bytes, std::nullopt, 0);
+        for (int t = 0; t < spec.a2f_tensors(); ++t) {
+          const auto i = static_cast<size_t>(t);
+          const uint64_t row_bytes = spec.a2f_row_bytes(t);
+          const uint64_t bytes = uint64_t{p.rows[i]} * row_bytes;
+          if (bytes == 0) continue;  // an idle rank's empty push is the header alone
+          // From the application's buffer or the slot, into the F's buffer or its row space.
+          const CallerBuffers::Found& source = p.sources[i];
+          const Region& from = source.region ? *source.region : *a2f_send_region;
+          const uint64_t from_at =
+              source.region ? source.offset
+                            : mb * spec.a2f_slot_bytes() + tensor_offset(spec, spec.tokens, t);
+          const RemoteRegion& into = to.regions[i] ? *to.regions[i] : link->region("a2f_payload");
+          const uint64_t into_at = to.regions[i]
+                                       ? to.offsets[i] + uint64_t{p.row_offset} * row_bytes
+                                       : ffn_input_offset(spec, mb, t, p.row_offset);
+          c.write(from, from_at, into, into_at, bytes, std::nullopt, 0);
+          moved.add(from, source.region != nullptr, bytes);
         }
-        moved.add(tokens_src, p.tokens_from.region != nullptr, token_bytes);
-        moved.add(routing_src, p.routing_from.region != nullptr, routing_bytes);
         c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),
                 link->region("a2f_headers"), remote_slot * sizeof(WireHeader), sizeof(WireHeader),
                 static_cast<uint32_t>(remote_slot), 0);
@@ -347,15 +397,7 @@ struct AttentionEngine::State final : PeerHandler {
       throw Error(kStatusProtocolError, fmt::format("{} notified slot {}, which belongs to ffn {}",
                                                     from, slot, static_cast<int>(slot) % spec.ffn));
     WireHeader h = *receive_header(mb, f);
-    SlotLimits limits{MessageKind::f2a,
-                      static_cast<uint32_t>(spec.ffn),
-                      static_cast<uint32_t>(spec.micro_batches),
-                      spec.tokens,
-                      spec.hidden,
-                      spec.top_k,
-                      spec.f2a_slot_bytes(),
-                      uint64_t{spec.hidden} * spec.f2a_bytes};
-    validate(h, limits, static_cast<uint32_t>(f), peers->at(f).link->epoch,
+    validate(h, spec, MessageKind::f2a, static_cast<uint32_t>(f), peers->at(f).link->epoch,
              static_cast<uint32_t>(mb), from.c_str());
     int64_t now = now_ns();
     {
@@ -485,12 +527,13 @@ void AttentionEngine::finish() {
   s.failure.throw_if_set();
 }
 
-void* AttentionEngine::tokens(int mb) const {
-  return static_cast<uint8_t*>(state_->a2f_send.data()) + mb * state_->spec.a2f_slot_bytes();
-}
-
-void* AttentionEngine::routing(int mb) const {
-  return static_cast<uint8_t*>(tokens(mb)) + state_->routing_offset();
+void* AttentionEngine::tensor(int mb, int tensor) const {
+  const EngineSpec& spec = state_->spec;
+  if (mb < 0 || mb >= spec.micro_batches || tensor < 0 || tensor >= spec.a2f_tensors() ||
+      spec.a2f_row_bytes(tensor) == 0)
+    return nullptr;
+  return static_cast<uint8_t*>(state_->a2f_send.data()) + mb * spec.a2f_slot_bytes() +
+         tensor_offset(spec, spec.tokens, tensor);
 }
 
 void* AttentionEngine::result(int mb, int f) const {
@@ -554,6 +597,44 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
                 fmt::format("push_pull: {} result buffers for {} ffn instance(s) (one each, null "
                             "for an F's own result slot)",
                             push.results_into.size(), s.spec.ffn));
+  if (!push.tensors.empty() && push.tensors.size() != static_cast<size_t>(s.spec.a2f_tensors()))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("push_pull: {} tensors for the job's {} (tokens, routing{}: one each)",
+                            push.tensors.size(), s.spec.a2f_tensors(),
+                            s.spec.a2f_extra.empty() ? "" : ", then its extra tensors"));
+  // Each tensor's rows: `tokens` unless its entry says (the tokens always `tokens`; none of a
+  // tensor of no bytes, the routing of a job without top_k), every one within a window.
+  std::array<uint32_t, kMaxA2fTensors> rows{};
+  uint32_t most = 0;
+  for (int t = 0; t < s.spec.a2f_tensors(); ++t) {
+    const auto i = static_cast<size_t>(t);
+    const bool given = !push.tensors.empty() && push.tensors[i].rows.has_value();
+    const uint32_t asked = given ? *push.tensors[i].rows : tokens;
+    rows[i] = s.spec.a2f_row_bytes(t) == 0 ? 0 : asked;
+    if ((t == kTokensTensor && asked != tokens) || rows[i] > s.spec.tokens ||
+        (given && asked != 0 && s.spec.a2f_row_bytes(t) == 0))
+      throw Error(
+          HM_ERR_INVALID_ARGUMENT,
+          fmt::format("push_pull: {} rows of {} ({})", asked, s.spec.a2f_tensor_name(t),
+                      t == kTokensTensor             ? fmt::format("it sends the push's {}", tokens)
+                      : s.spec.a2f_row_bytes(t) == 0 ? std::string("the job has none: top_k is 0")
+                                                     : fmt::format("0..{}", s.spec.tokens)));
+    most = std::max(most, rows[i]);
+  }
+  // An eager F serves each part alone, into output rows at the part's offset: offsets that move
+  // from step to step would land one A's rows on another's still being answered.
+  if (push.row_offset && s.spec.gather == Gather::eager)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "push_pull: row_offset needs gather = \"all\" (an eager F serves each A's part "
+                "alone, at its own window)");
+  const uint32_t row_offset = push.row_offset.value_or(
+      static_cast<uint32_t>(s.spec.window_of(s.spec.rank)) * s.spec.tokens);
+  if (uint64_t{row_offset} + most > s.spec.ffn_rows())
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("push_pull: rows {}..{} at row_offset {}: an F's row spaces of a "
+                            "micro-batch hold {} rows ({} As x {} tokens)",
+                            row_offset, uint64_t{row_offset} + most, row_offset, s.spec.ffn_rows(),
+                            s.spec.attention_per_ffn(), s.spec.tokens));
   uint64_t sequence;
   Pending* entry;
   {
@@ -604,20 +685,25 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   try {
     // The application's buffers, registered at first sight (the entry's Found values are reset
     // in place: nothing is allocated once each buffer is known).
-    const uint64_t rows = tokens;
     auto found = [&](const void* data, uint64_t bytes, const char* what) {
-      return data != nullptr && rows > 0 ? s.caller->find_or_register(data, bytes, what)
-                                         : CallerBuffers::Found{};
+      return data != nullptr && bytes > 0 ? s.caller->find_or_register(data, bytes, what)
+                                          : CallerBuffers::Found{};
     };
-    p.tokens_from =
-        found(push.tokens_from, rows * s.spec.hidden * s.spec.a2f_bytes, "push_pull's tokens");
-    p.routing_from =
-        found(push.routing_from, rows * s.spec.routing_bytes_per_token(), "push_pull's routing");
+    p.rows = rows;
+    p.row_offset = row_offset;
+    for (int t = 0; t < kMaxA2fTensors; ++t) {
+      const auto i = static_cast<size_t>(t);
+      p.sources[i] = push.tensors.empty() || t >= s.spec.a2f_tensors()
+                         ? CallerBuffers::Found{}
+                         : found(push.tensors[i].from, uint64_t{rows[i]} * s.spec.a2f_row_bytes(t),
+                                 s.source_names[i].c_str());
+    }
     for (size_t f = 0; f < p.results_into.size(); ++f)
-      p.results_into[f] = push.results_into.empty()
-                              ? CallerBuffers::Found{}
-                              : found(push.results_into[f], rows * s.spec.hidden * s.spec.f2a_bytes,
-                                      "push_pull's result buffer");
+      p.results_into[f] =
+          push.results_into.empty()
+              ? CallerBuffers::Found{}
+              : found(push.results_into[f], uint64_t{tokens} * s.spec.f2a_bytes_per_token(),
+                      "push_pull's result buffer");
     if (ready.stream != nullptr) event.record(*ready.stream);
   } catch (const Error&) {
     std::lock_guard lock(s.mutex);
@@ -725,17 +811,7 @@ void AttentionEngine::send_message(int f, std::span<const uint8_t> bytes) {
 }
 
 std::optional<Message> AttentionEngine::receive_message(std::chrono::milliseconds timeout) {
-  State& s = *state_;
-  std::unique_lock lock(s.mutex);
-  s.changed.wait_for(lock, timeout, [&] {
-    return s.side_band.has_message_locked() || s.failure.has() || s.closed;
-  });
-  if (auto message = s.side_band.receive_locked()) return message;
-  s.failure.throw_if_set();
-  if (s.closed)
-    throw Error(kStatusClosed,
-                fmt::format("attention {}: receive_message after finish()", s.spec.rank));
-  return std::nullopt;
+  return receive_next_message(*state_, timeout);
 }
 
 bool AttentionEngine::register_buffer(const void* data, uint64_t bytes) {

@@ -24,6 +24,11 @@ struct Arrival {
   uint64_t tag = 0;
   int64_t received = 0;
   int64_t batch_ready = 0;
+  // Where its rows are: from this row of the row spaces, in the layout of receive buffers of this
+  // number (0: the engine's own), each tensor's count.
+  uint32_t row_offset = 0;
+  uint32_t landing = 0;
+  std::array<uint32_t, kMaxA2fTensors> rows{};
   // Where the answer goes: the A's registration of this number (0: its result slot), and where
   // it comes from: the application's buffer respond() found in the part (none: the slot).
   uint32_t reply_region = 0;
@@ -43,23 +48,37 @@ struct RespondJob {
   bool message = false;  // instead: the next side-band message to this A
 };
 
+// A layout of the application's receive buffers for a micro-batch (FfnEngine::receive_into): per
+// A2F tensor, the registration of its buffer and where it starts (none: the engine's row space).
+struct ReceiveLayout {
+  std::array<CallerBuffers::Found, kMaxA2fTensors> found;
+  std::array<uint8_t*, kMaxA2fTensors> data{};
+};
+
 }  // namespace
 
 struct FfnEngine::State final : PeerHandler {
   EngineSpec spec;
   Device device;
   std::unique_ptr<Transport> transport;
-  Buffer a2f_receive;               // [a][mb] tokens then routing
+  Buffer a2f_receive;               // [mb][tensor][ffn_rows rows]: the input row spaces
   HostBuffer a2f_headers;           // [a][mb]
-  Buffer f2a_send;                  // [a][mb] outputs
+  Buffer f2a_send;                  // [mb][ffn_rows rows]: the output row spaces
   HostBuffer f2a_headers;           // [a][mb]
   std::vector<Event> ready_events;  // [a][mb], recorded on the caller's stream by respond
   PublishedRegions mine;
   std::shared_ptr<Region> f2a_send_region, f2a_header_region, a2f_receive_region;
   std::optional<CallerBuffers> caller;  // the application's buffers, once the transport is made
   MovedBytes moved;
-  // [a]: the A's result buffers it announced (region frames), imported on its current link.
-  std::vector<std::map<uint32_t, std::shared_ptr<RemoteRegion>>> replies;
+  // The As' result buffers they announced (region frames), imported on their current links; the
+  // receive buffers of this F's announced to each A's incarnation.
+  PeerRegions a_regions;
+  AnnouncedRegions announced;
+  // [mb][landing - 1]: the layouts of receive buffers each micro-batch had, and [mb] the one its
+  // As are told of (0: the engine's row spaces).
+  std::vector<std::vector<ReceiveLayout>> layouts;
+  std::vector<uint32_t> current_layout;
+  static constexpr size_t kMaxLayouts = 64;  // per micro-batch
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -80,13 +99,16 @@ struct FfnEngine::State final : PeerHandler {
   std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
 
   State(const EngineSpec& s, const Device& d)
-      : spec((check_topology(s), s)),
+      : spec((check_shape(s), s)),
         device(d),
-        a2f_receive(d.allocate(s.a2f_slot_bytes() * s.attention * s.micro_batches)),
+        a2f_receive(d.allocate(s.ffn_rows() * s.a2f_bytes_per_token() * s.micro_batches)),
         a2f_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
-        f2a_send(d.allocate(s.f2a_slot_bytes() * s.attention * s.micro_batches)),
+        f2a_send(d.allocate(s.ffn_rows() * s.f2a_bytes_per_token() * s.micro_batches)),
         f2a_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
-        replies(static_cast<size_t>(s.attention)),
+        a_regions(Role::attention, s.attention),
+        announced(s.attention),
+        layouts(static_cast<size_t>(s.micro_batches)),
+        current_layout(static_cast<size_t>(s.micro_batches), 0),
         arrivals(static_cast<size_t>(s.attention * s.micro_batches)),
         side_band(Role::ffn, s.rank, Role::attention, s.attention) {
     for (size_t i = 0; i < arrivals.size(); ++i)
@@ -108,17 +130,64 @@ struct FfnEngine::State final : PeerHandler {
   }
 
   size_t slot(int a, int mb) const { return static_cast<size_t>(a * spec.micro_batches + mb); }
-  uint64_t routing_offset() const { return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes; }
 
-  Batch::FromAttention part(int a, int mb) {
-    const Arrival& arrival = arrivals[slot(a, mb)];
-    auto* in = static_cast<uint8_t*>(a2f_receive.data()) + slot(a, mb) * spec.a2f_slot_bytes();
-    return {a,  peers->at(a).link->epoch, arrival.sequence,  arrival.tag, arrival.tokens,
-            in, in + routing_offset(),    output_slot(a, mb)};
+  // Row `row` of micro-batch mb's output row space, and of A2F tensor `tensor`'s input rows in
+  // the layout `landing` (0: the engine's row spaces).
+  uint8_t* output_rows(int mb, uint64_t row) const {
+    return static_cast<uint8_t*>(f2a_send.data()) + ffn_output_offset(spec, mb, row);
+  }
+  uint8_t* input_rows(int mb, int tensor, uint32_t landing, uint64_t row) const {
+    if (spec.a2f_row_bytes(tensor) == 0) return nullptr;
+    uint8_t* buffer =
+        landing == 0
+            ? nullptr
+            : layouts[static_cast<size_t>(mb)][landing - 1].data[static_cast<size_t>(tensor)];
+    if (buffer == nullptr)
+      return static_cast<uint8_t*>(a2f_receive.data()) + ffn_input_offset(spec, mb, tensor, row);
+    return buffer + row * spec.a2f_row_bytes(tensor);
   }
 
-  void* output_slot(int a, int mb) const {
-    return static_cast<uint8_t*>(f2a_send.data()) + slot(a, mb) * spec.f2a_slot_bytes();
+  // A's part of micro-batch mb as it arrived. Caller holds mutex.
+  Batch::FromAttention part(int a, int mb) {
+    const Arrival& arrival = arrivals[slot(a, mb)];
+    Batch::FromAttention part;
+    part.rank = a;
+    part.epoch = peers->at(a).link->epoch;
+    part.sequence = arrival.sequence;
+    part.tag = arrival.tag;
+    part.tokens = arrival.tokens;
+    part.row_offset = arrival.row_offset;
+    for (int t = 0; t < spec.a2f_tensors(); ++t) {
+      part.inputs[static_cast<size_t>(t)] = input_rows(mb, t, arrival.landing, arrival.row_offset);
+      part.rows[static_cast<size_t>(t)] = arrival.rows[static_cast<size_t>(t)];
+    }
+    part.output = output_rows(mb, arrival.row_offset);
+    return part;
+  }
+
+  // A batch whose parts lie back to back from row 0, in one layout: one tensor of each kind.
+  // Caller holds mutex.
+  void mark_packed(Batch& batch) const {
+    uint32_t next = 0;
+    for (const Batch::FromAttention& part : batch.parts) {
+      const Arrival& arrival = arrivals[slot(part.rank, batch.micro_batch)];
+      if (part.row_offset != next ||
+          arrival.landing != arrivals[slot(batch.parts[0].rank, batch.micro_batch)].landing)
+        return;
+      next += part.tokens;
+    }
+    // Every tensor in all parts or in none (a dense layer's router logits).
+    for (int t = 0; t < spec.a2f_tensors(); ++t) {
+      const auto i = static_cast<size_t>(t);
+      bool all = true, none = true;
+      for (const Batch::FromAttention& part : batch.parts) {
+        all = all && part.rows[i] == part.tokens;
+        none = none && part.rows[i] == 0;
+      }
+      if (!all && !none) return;
+    }
+    batch.packed = !batch.parts.empty();
+    batch.packed_rows = next;
   }
 
   void on_failure(hm_status status, const std::string& reason) override {
@@ -174,6 +243,7 @@ struct FfnEngine::State final : PeerHandler {
       for (int a = 0; a < spec.attention; ++a) {
         if (!arrivals[slot(a, mb)].waiting) continue;
         ready_batches.push_back(Batch{mb, {hand_out(a, mb, now)}, now});
+        mark_packed(ready_batches.back());
         news.store(true, std::memory_order_release);
       }
       return;
@@ -193,6 +263,7 @@ struct FfnEngine::State final : PeerHandler {
     Batch batch{mb, {}, now};
     for (int a = 0; a < spec.attention; ++a)
       if (arrivals[slot(a, mb)].waiting) batch.parts.push_back(hand_out(a, mb, now));
+    mark_packed(batch);
     ready_batches.push_back(std::move(batch));
     news.store(true, std::memory_order_release);
   }
@@ -206,15 +277,7 @@ struct FfnEngine::State final : PeerHandler {
                   fmt::format("{} notified slot {}, which belongs to attention {}", from,
                               slot_index, static_cast<int>(slot_index) / spec.micro_batches));
     WireHeader h = reinterpret_cast<const WireHeader*>(a2f_headers.data())[slot(a, mb)];
-    SlotLimits limits{MessageKind::a2f,
-                      static_cast<uint32_t>(spec.attention),
-                      static_cast<uint32_t>(spec.micro_batches),
-                      spec.tokens,
-                      spec.hidden,
-                      spec.top_k,
-                      spec.a2f_slot_bytes(),
-                      uint64_t{spec.hidden} * spec.a2f_bytes + spec.routing_bytes_per_token()};
-    validate(h, limits, static_cast<uint32_t>(a), peers->at(a).link->epoch,
+    validate(h, spec, MessageKind::a2f, static_cast<uint32_t>(a), peers->at(a).link->epoch,
              static_cast<uint32_t>(mb), from.c_str());
     if (!spec.sends(a, spec.rank))
       throw Error(
@@ -225,19 +288,22 @@ struct FfnEngine::State final : PeerHandler {
     std::lock_guard lock(mutex);
     if (h.reply_region != 0) {
       // A buffer of the A's own that it announced, with room for the whole answer.
-      auto& announced = replies[static_cast<size_t>(a)];
-      auto region = announced.find(h.reply_region);
-      const uint64_t answer = uint64_t{h.tokens} * spec.hidden * spec.f2a_bytes;
-      if (region == announced.end() || region->second->size() < answer ||
-          h.reply_offset > region->second->size() - answer)
-        throw Error(kStatusProtocolError,
-                    fmt::format("{}: refused header: answer to its buffer {} at offset {} ({} "
-                                "bytes), {}",
-                                from, h.reply_region, h.reply_offset, answer,
-                                region == announced.end()
-                                    ? "which it never announced"
-                                    : fmt::format("which holds {} bytes", region->second->size())));
+      std::shared_ptr<RemoteRegion> region = a_regions.find_locked(a, h.reply_region);
+      const uint64_t answer = uint64_t{h.tokens} * spec.f2a_bytes_per_token();
+      if (region == nullptr || region->size() < answer || h.reply_offset > region->size() - answer)
+        throw Error(
+            kStatusProtocolError,
+            fmt::format("{}: refused header: answer to its buffer {} at offset {} ({} "
+                        "bytes), {}",
+                        from, h.reply_region, h.reply_offset, answer,
+                        region == nullptr ? "which it never announced"
+                                          : fmt::format("which holds {} bytes", region->size())));
     }
+    if (h.landing > layouts[static_cast<size_t>(mb)].size())
+      throw Error(kStatusProtocolError,
+                  fmt::format("{}: refused header: landing {} of micro-batch {}, which this F "
+                              "never announced",
+                              from, h.landing, mb));
     Arrival& arrival = arrivals[slot(a, mb)];
     // Sequences go up by one per slot; a new incarnation of this F (sequence 0 here) takes up
     // where the A's count is.
@@ -250,10 +316,40 @@ struct FfnEngine::State final : PeerHandler {
                               arrival.waiting || arrival.responding ? "is still in use"
                                                                     : "expects the next one",
                               arrival.sequence));
+    // Its rows must not lie over a part of another A that this F still holds unanswered (waiting,
+    // or handed out and not yet given to respond()): the bytes have landed, and that part's are
+    // gone. A part respond() took is done with its inputs (its answer waits for the compute).
+    const uint64_t begin = h.row_offset, end = begin + std::max(header_rows(h), h.tokens);
+    for (int b = 0; b < spec.attention && end > begin; ++b) {
+      const Arrival& other = arrivals[slot(b, mb)];
+      if (b == a || !(other.waiting || (other.responding && !other.queued))) continue;
+      const uint64_t other_end =
+          other.row_offset +
+          uint64_t{std::max(*std::max_element(other.rows.begin(), other.rows.end()), other.tokens)};
+      if (begin < other_end && other.row_offset < end)
+        throw Error(kStatusProtocolError,
+                    fmt::format("{} pushed micro-batch {} at rows {}..{}, over the rows {}..{} "
+                                "of {}'s part that this F still holds (row offsets that overlap "
+                                "across steps: every A must push each step, at offsets agreed "
+                                "for that step)",
+                                from, mb, begin, end, other.row_offset, other_end,
+                                peer_name(Role::attention, b)));
+    }
     arrival.sequence = h.sequence;
     arrival.tokens = h.tokens;
     arrival.tag = h.tag;
-    moved.add(*a2f_receive_region, false, h.payload_bytes);
+    arrival.row_offset = h.row_offset;
+    arrival.landing = h.landing;
+    std::copy(std::begin(h.rows), std::end(h.rows), arrival.rows.begin());
+    for (int t = 0; t < spec.a2f_tensors(); ++t) {
+      const CallerBuffers::Found* into =
+          h.landing == 0
+              ? nullptr
+              : &layouts[static_cast<size_t>(mb)][h.landing - 1].found[static_cast<size_t>(t)];
+      const bool application = into != nullptr && into->region != nullptr;
+      moved.add(application ? *into->region : *a2f_receive_region, application,
+                uint64_t{h.rows[t]} * spec.a2f_row_bytes(t));
+    }
     arrival.reply_region = h.reply_region;
     arrival.reply_offset = h.reply_offset;
     arrival.received = now_ns();
@@ -269,7 +365,7 @@ struct FfnEngine::State final : PeerHandler {
     const int mb = job.mb;
     const size_t s = slot(a, mb);
     try {
-      if (job.message) return send_side_band(a);
+      if (job.message) return send_next_frame(*this, a, Role::attention);
       if (!wait_ready(ReadyWait{job.after_event ? &ready_events[s] : nullptr}, stopping)) return;
       WireHeader* h = reinterpret_cast<WireHeader*>(f2a_headers.data()) + s;
       int64_t received, batch_ready;
@@ -278,6 +374,7 @@ struct FfnEngine::State final : PeerHandler {
       std::shared_ptr<RemoteRegion> reply;  // the A's buffer, or none: its result slot
       uint64_t reply_offset = 0;
       CallerBuffers::Found output;
+      uint32_t row_offset;
       {
         std::lock_guard lock(mutex);
         if (failure.has()) return;
@@ -290,15 +387,16 @@ struct FfnEngine::State final : PeerHandler {
         received = arrivals[s].received;
         batch_ready = arrivals[s].batch_ready;
         if (arrivals[s].reply_region != 0) {
-          reply = replies[static_cast<size_t>(a)].at(arrivals[s].reply_region);
+          reply = a_regions.find_locked(a, arrivals[s].reply_region);
           reply_offset = arrivals[s].reply_offset;
         }
         output = arrivals[s].output;
+        row_offset = arrivals[s].row_offset;
         messages = side_band.sent_locked(a);
         link = peer.link;
       }
       *h = make_header(spec, peers->own_epoch(), MessageKind::f2a, mb, job.sequence, job.tokens,
-                       uint64_t{job.tokens} * spec.hidden * spec.f2a_bytes);
+                       uint64_t{job.tokens} * spec.f2a_bytes_per_token());
       h->messages = messages;
       h->stamps[kReceived] = static_cast<uint64_t>(received);
       h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
@@ -310,10 +408,11 @@ struct FfnEngine::State final : PeerHandler {
       try {
         if (h->payload_bytes > 0) {  // an empty part's answer is the header alone
           const Region& from = output.region ? *output.region : *f2a_send_region;
-          link->connection->write(from, output.region ? output.offset : s * spec.f2a_slot_bytes(),
-                                  reply ? *reply : link->region("f2a_payload"),
-                                  reply ? reply_offset : remote_slot * spec.f2a_slot_bytes(),
-                                  h->payload_bytes, std::nullopt, 0);
+          link->connection->write(
+              from, output.region ? output.offset : ffn_output_offset(spec, mb, row_offset),
+              reply ? *reply : link->region("f2a_payload"),
+              reply ? reply_offset : remote_slot * spec.f2a_slot_bytes(), h->payload_bytes,
+              std::nullopt, 0);
           moved.add(from, output.region != nullptr, h->payload_bytes);
         }
         {
@@ -360,6 +459,10 @@ struct FfnEngine::State final : PeerHandler {
         return true;
       });
     std::erase_if(ready_batches, [](const Batch& batch) { return batch.parts.empty(); });
+    for (Batch& batch : ready_batches) {
+      batch.packed = false;
+      mark_packed(batch);
+    }
     news.store(!ready_batches.empty(), std::memory_order_relaxed);
     for (int mb = 0; mb < spec.micro_batches; ++mb) {
       if (arrivals[slot(a, mb)].waiting) waiting_parts.fetch_sub(1, std::memory_order_relaxed);
@@ -396,49 +499,11 @@ struct FfnEngine::State final : PeerHandler {
     if (released) changed.notify_all();
   }
 
-  // A `a` announced a buffer of its own for answers: imported on its link (the comm thread's, as
-  // a link is replaced only by it), then the headers held for it are let through.
-  void on_reply_region(int a, const RegionFrame& frame) {
-    const std::string from = peer_name(Role::attention, a);
-    if (frame.id == 0 || frame.id > CallerBuffers::kMaxRegistrations)
-      throw Error(kStatusProtocolError, fmt::format("{} announced buffer {} (1..{})", from,
-                                                    frame.id, CallerBuffers::kMaxRegistrations));
-    std::shared_ptr<RemoteRegion> imported =
-        peers->at(a).link->connection->import_region(frame.descriptor);
-    std::vector<uint32_t> released;
-    {
-      std::lock_guard lock(mutex);
-      if (!replies[static_cast<size_t>(a)].emplace(frame.id, std::move(imported)).second)
-        throw Error(kStatusProtocolError,
-                    fmt::format("{} announced its buffer {} twice", from, frame.id));
-      released = side_band.counted_locked(a);
-    }
-    for (uint32_t slot_index : released)
-      on_request(a, slot_index);
-  }
-
-  // A `a`'s sender: the next side-band message to it.
-  void send_side_band(int a) {
-    std::vector<uint8_t> frame;
-    std::shared_ptr<const Link> link;
-    {
-      std::lock_guard lock(mutex);
-      frame = side_band.take_frame_locked(a);
-      const Peer& peer = peers->at(a);
-      if (frame.empty() || failure.has() || peer.lost) return;
-      link = peer.link;
-    }
-    try {
-      link->connection->send_control(frame);
-    } catch (const Error& e) {
-      if (e.status() != kStatusPeerLost) rethrow_for_peer(e, Role::attention, a);
-    }
-  }
-
   // A's replacement starts afresh: its slots' sequences start again, and gather-all waits for it.
   void on_rejoined_locked(int a) override {
     side_band.restart_locked(a);
-    replies[static_cast<size_t>(a)].clear();  // imported on the old incarnation's link
+    a_regions.clear_locked(a);  // imported on the old incarnation's link
+    announced.clear_locked(a);
     const Peer& peer = peers->at(a);
     if (peer.lost || peer.left) --gone;
     if (peer.left) --left;
@@ -446,7 +511,54 @@ struct FfnEngine::State final : PeerHandler {
       if (arrivals[slot(a, mb)].waiting) waiting_parts.fetch_sub(1, std::memory_order_relaxed);
       arrivals[slot(a, mb)] = Arrival{};
     }
+    // The replacement hears where this F wants its rows (until it has, it sends them to the row
+    // spaces, which a part then says).
+    if (spec.sends(a, spec.rank))
+      for (int mb = 0; mb < spec.micro_batches; ++mb)
+        if (current_layout[static_cast<size_t>(mb)] != 0) {
+          try {
+            announce_locked(a, mb);
+          } catch (const Error& e) {
+            log(LogLevel::warn, "ffn {}: {}", spec.rank, e.what());
+            break;
+          }
+        }
     changed.notify_all();
+  }
+
+  // Tells A `a` where its rows of micro-batch mb land from now on (the layout current_layout[mb]):
+  // the region frames of buffers new to it, then the landing, each a job of its sender, in order
+  // with this F's answers. Throws Error(INVALID_ARGUMENT), changing nothing, when the frames do
+  // not fit the A's queue of messages. Caller holds mutex.
+  void announce_locked(int a, int mb) {
+    const uint32_t id = current_layout[static_cast<size_t>(mb)];
+    LandingFrame frame{static_cast<uint32_t>(mb), id, {}, {}};
+    std::vector<std::vector<uint8_t>> frames;
+    std::vector<uint32_t> fresh;  // registrations new to this A
+    if (id != 0) {
+      const ReceiveLayout& layout = layouts[static_cast<size_t>(mb)][id - 1];
+      for (size_t t = 0; t < layout.found.size(); ++t) {
+        const CallerBuffers::Found& found = layout.found[t];
+        if (!found.region) continue;
+        frame.region[t] = found.id;
+        frame.offset[t] = found.offset;
+        if (!announced.has_locked(a, found.id) &&
+            std::find(fresh.begin(), fresh.end(), found.id) == fresh.end()) {
+          fresh.push_back(found.id);
+          frames.push_back(region_frame(found.id, found.region->describe()));
+        }
+      }
+    }
+    frames.push_back(landing_frame(frame));
+    const size_t count = frames.size();
+    side_band.queue_frames_locked(a, std::move(frames));  // all of them, or none
+    for (uint32_t registration : fresh)
+      announced.first_locked(a, registration);
+    for (size_t i = 0; i < count; ++i) {
+      RespondJob job;
+      job.message = true;
+      senders[static_cast<size_t>(a)]->push(job);
+    }
   }
 
   // The application holds none of A's parts any more (each answered, or skipped because A is
@@ -479,7 +591,10 @@ struct FfnEngine::State final : PeerHandler {
       for (uint32_t slot_index : released)
         on_request(a, slot_index);
     } else if (auto region = region_of(e.payload)) {
-      on_reply_region(a, *region);
+      // A buffer of the A's own for answers.
+      for (uint32_t slot_index :
+           receive_region(a_regions, side_band, mutex, a, *peers->at(a).link, *region))
+        on_request(a, slot_index);
     } else if (decode_control(e.payload) == ControlWord::leave) {
       std::lock_guard lock(mutex);
       Peer& peer = peers->at(a);
@@ -566,16 +681,7 @@ void FfnEngine::send_message(int a, std::span<const uint8_t> bytes) {
 }
 
 std::optional<Message> FfnEngine::receive_message(std::chrono::milliseconds timeout) {
-  State& s = *state_;
-  std::unique_lock lock(s.mutex);
-  s.changed.wait_for(lock, timeout, [&] {
-    return s.side_band.has_message_locked() || s.failure.has() || s.closed;
-  });
-  if (auto message = s.side_band.receive_locked()) return message;
-  s.failure.throw_if_set();
-  if (s.closed)
-    throw Error(kStatusClosed, fmt::format("ffn {}: receive_message after finish()", s.spec.rank));
-  return std::nullopt;
+  return receive_next_message(*state_, timeout);
 }
 
 std::vector<std::string> FfnEngine::lost_attention() const {
@@ -710,10 +816,11 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
   std::vector<CallerBuffers::Found> outputs;
   for (size_t i = 0; i < batch.parts.size(); ++i) {
     const auto& part = batch.parts[i];
-    if (part.output == s.output_slot(part.rank, batch.micro_batch) || part.tokens == 0) continue;
+    if (part.output == s.output_rows(batch.micro_batch, part.row_offset) || part.tokens == 0)
+      continue;
     outputs.resize(batch.parts.size());
     outputs[i] = s.caller->find_or_register(
-        part.output, uint64_t{part.tokens} * s.spec.hidden * s.spec.f2a_bytes, "a part's output");
+        part.output, uint64_t{part.tokens} * s.spec.f2a_bytes_per_token(), "a part's output");
   }
   // Each part's slot event is free: its last record was waited for before the slot's previous
   // answer was posted. Recording it is all the engine keeps of the caller's stream; a record that
@@ -745,6 +852,79 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
     s.senders[static_cast<size_t>(part.rank)]->push(
         RespondJob{batch.micro_batch, part.epoch, part.sequence, part.tokens, after != nullptr,
                    compute_start_ns, compute_end});
+  }
+}
+
+void* FfnEngine::inputs(int mb, int tensor) const {
+  const EngineSpec& spec = state_->spec;
+  if (mb < 0 || mb >= spec.micro_batches || tensor < 0 || tensor >= spec.a2f_tensors())
+    return nullptr;
+  return state_->input_rows(mb, tensor, 0, 0);
+}
+
+void* FfnEngine::outputs(int mb) const {
+  if (mb < 0 || mb >= state_->spec.micro_batches) return nullptr;
+  return state_->output_rows(mb, 0);
+}
+
+void FfnEngine::receive_into(int mb, int tensor, void* data, uint64_t bytes) {
+  State& s = *state_;
+  const EngineSpec& spec = s.spec;
+  if (mb < 0 || mb >= spec.micro_batches || tensor < 0 || tensor >= spec.a2f_tensors() ||
+      spec.a2f_row_bytes(tensor) == 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("receive_into: micro-batch {} tensor {}: the job has micro-batches "
+                            "0..{} and {} A2F tensors{}",
+                            mb, tensor, spec.micro_batches - 1, spec.a2f_tensors(),
+                            spec.top_k == 0 ? " (no routing: top_k is 0)" : ""));
+  const uint64_t need = spec.ffn_rows() * spec.a2f_row_bytes(tensor);
+  if (data != nullptr && bytes < need)
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        fmt::format("receive_into: a buffer of {} bytes for the {} of micro-batch {}: it "
+                    "holds this F's whole row space, {} rows ({} As x {} tokens) of {} "
+                    "bytes, {} bytes",
+                    bytes, spec.a2f_tensor_name(tensor), mb, spec.ffn_rows(),
+                    spec.attention_per_ffn(), spec.tokens, spec.a2f_row_bytes(tensor), need));
+  CallerBuffers::Found found = data
+                                   ? s.caller->find_or_register(data, need, "receive_into's buffer")
+                                   : CallerBuffers::Found{};
+  std::lock_guard lock(s.mutex);
+  s.failure.throw_if_set();
+  if (s.closed)
+    throw Error(kStatusClosed, fmt::format("ffn {}: receive_into after finish()", spec.rank));
+  auto& layouts = s.layouts[static_cast<size_t>(mb)];
+  uint32_t& current = s.current_layout[static_cast<size_t>(mb)];
+  ReceiveLayout next = current == 0 ? ReceiveLayout{} : layouts[current - 1];
+  next.found[static_cast<size_t>(tensor)] = found;
+  next.data[static_cast<size_t>(tensor)] = static_cast<uint8_t*>(data);
+  // A layout it had before keeps its number (a framework that swaps two buffers uses two).
+  auto same = std::find_if(layouts.begin(), layouts.end(),
+                           [&](const ReceiveLayout& l) { return l.data == next.data; });
+  const bool engine_own =
+      std::all_of(next.data.begin(), next.data.end(), [](uint8_t* d) { return d == nullptr; });
+  uint32_t id = engine_own ? 0 : static_cast<uint32_t>(same - layouts.begin()) + 1;
+  if (!engine_own && same == layouts.end()) {
+    if (layouts.size() == State::kMaxLayouts)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("receive_into: micro-batch {} had {} layouts of receive buffers "
+                              "already, the most it keeps: receive buffers are set up once",
+                              mb, State::kMaxLayouts));
+    layouts.push_back(next);
+  }
+  if (id == current) return;
+  const uint32_t before = current;
+  current = id;
+  // Every A this F serves hears of it, in order with this F's answers to it.
+  for (int a = 0; a < spec.attention; ++a) {
+    const Peer& peer = s.peers->at(a);
+    if (!spec.sends(a, spec.rank) || peer.lost || peer.left) continue;
+    try {
+      s.announce_locked(a, mb);
+    } catch (const Error&) {
+      current = before;  // the As that heard of it send to one of its layouts: still right
+      throw;
+    }
   }
 }
 

@@ -36,6 +36,9 @@ EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
   spec.top_k = static_cast<uint32_t>(c.model.top_k);
   spec.a2f_bytes = static_cast<uint32_t>(dtype_bytes(c.model.a2f_dtype));
   spec.f2a_bytes = static_cast<uint32_t>(dtype_bytes(c.model.f2a_dtype));
+  for (const TensorSection& t : c.model.a2f_tensors)
+    spec.a2f_extra.push_back(
+        {t.name, static_cast<uint32_t>(static_cast<uint64_t>(t.columns) * dtype_bytes(t.dtype))});
   spec.gather = c.job.gather;
   spec.topology = c.job.topology;
   spec.queue_depth = c.job.queue_depth;

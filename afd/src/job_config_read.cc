@@ -34,7 +34,10 @@ constexpr int64_t kMaxCpu = 1023;                         // CPU_SETSIZE - 1
 constexpr size_t kMaxConfigBytes = 4 << 20;
 
 // The names in the file, indexed by the enums' values.
-constexpr std::array<std::string_view, 4> kDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
+constexpr std::array<std::string_view, 6> kDtypeNames = {"fp8",  "bf16",  "fp16",
+                                                         "fp32", "int32", "int64"};
+// The hidden states' (a2f_dtype, f2a_dtype): the floating ones, first in kDtypeNames.
+constexpr std::array<std::string_view, 4> kHiddenDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
 constexpr std::array<std::string_view, 2> kGatherNames = {"all", "eager"};
 constexpr std::array<std::string_view, 2> kTopologyNames = {"all", "groups"};
 constexpr std::array<std::string_view, 2> kRendezvousNames = {"tcp", "etcd"};
@@ -250,6 +253,52 @@ PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& roo
   return out;
 }
 
+// [model.a2f_tensors]: its keys are the tensors' names, so they are checked here (TomlSection
+// takes the names it is given as its known keys), each value a table of dtype and columns.
+std::vector<TensorSection> read_tensors(const TomlReporter& reporter, const TomlSection& model,
+                                        int tokens) {
+  const toml::node* raw = model.raw() ? model.raw()->get("a2f_tensors") : nullptr;
+  if (raw == nullptr) return {};
+  if (!raw->is_table())
+    model.fail("a2f_tensors",
+               fmt::format("expected a table of tensor names, got {}", toml_describe(*raw)));
+  static constexpr std::array<std::string_view, 5> kReserved = {"tokens", "routing", "experts",
+                                                                "weights", "output"};
+  std::vector<std::string> names;
+  for (auto&& [key, value] : *raw->as_table()) {
+    const std::string name(key.str());
+    if (!valid_plugin_name(name) ||
+        std::find(kReserved.begin(), kReserved.end(), name) != kReserved.end())
+      reporter.fail(key.source(),
+                    fmt::format("[model.a2f_tensors] {}: not a tensor name ([a-z0-9_], at most 32 "
+                                "characters, none of {})",
+                                name, fmt::join(kReserved, ", ")));
+    names.push_back(name);
+  }
+  if (names.size() > static_cast<size_t>(kMaxA2fTensors - 2))
+    model.fail("a2f_tensors", fmt::format("{} tensors; a push carries at most {} beside the "
+                                          "tokens and routing",
+                                          names.size(), kMaxA2fTensors - 2));
+  const std::vector<std::string_view> known(names.begin(), names.end());
+  TomlSection tensors = model.table("a2f_tensors", known);
+  static constexpr std::array<std::string_view, 2> kTensor = {"dtype", "columns"};
+  std::vector<TensorSection> out;
+  for (const std::string& name : names) {
+    TomlSection tensor = tensors.table(name, kTensor);
+    TensorSection t{name, tensor.enumeration("dtype", Dtype::fp32, kDtypeNames),
+                    tensor.small_integer("columns", 1, 1, 1 << 20)};
+    const uint64_t bytes = uint64_t{static_cast<uint32_t>(tokens)} *
+                           static_cast<uint64_t>(t.columns) * dtype_bytes(t.dtype);
+    if (bytes > kMaxMicroBatchBytes)
+      tensor.fail("columns",
+                  fmt::format("tokens x columns x {} bytes = {} bytes per micro-batch exceeds the "
+                              "{} GiB limit",
+                              dtype_bytes(t.dtype), bytes, kMaxMicroBatchBytes >> 30));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 // The slots one instance allocates (EngineSpec::instance_slot_bytes, computed as the engine will)
 // stay under a cap; with the caps above, none of that arithmetic can overflow.
 void check_slots_fit(const TomlSection& job, const TomlSection& model, const JobConfig& c) {
@@ -334,15 +383,16 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
       job.integer("gather_window_ms", std::min(c.job.gather_window, c.job.timeout).count(), 1,
                   c.job.timeout.count()));
 
-  static constexpr std::array<std::string_view, 6> kModel = {"tokens", "hidden",    "experts",
-                                                             "top_k",  "a2f_dtype", "f2a_dtype"};
+  static constexpr std::array<std::string_view, 7> kModel = {
+      "tokens", "hidden", "experts", "top_k", "a2f_dtype", "f2a_dtype", "a2f_tensors"};
   TomlSection model = root.table("model", kModel);
   c.model.tokens = model.small_integer("tokens", c.model.tokens, 1, kIntMax);
   c.model.hidden = model.small_integer("hidden", c.model.hidden, 1, kIntMax);
   c.model.experts = model.small_integer("experts", c.model.experts, 1, kIntMax);
-  c.model.top_k = model.small_integer("top_k", c.model.top_k, 1, kMaxTopK);
-  c.model.a2f_dtype = model.enumeration("a2f_dtype", c.model.a2f_dtype, kDtypeNames);
-  c.model.f2a_dtype = model.enumeration("f2a_dtype", c.model.f2a_dtype, kDtypeNames);
+  c.model.top_k = model.small_integer("top_k", c.model.top_k, 0, kMaxTopK);
+  c.model.a2f_dtype = model.enumeration("a2f_dtype", c.model.a2f_dtype, kHiddenDtypeNames);
+  c.model.f2a_dtype = model.enumeration("f2a_dtype", c.model.f2a_dtype, kHiddenDtypeNames);
+  c.model.a2f_tensors = read_tensors(reporter, model, c.model.tokens);
   check_model_fits(job, model, c);
 
   static constexpr std::array<std::string_view, 2> kDevices = {"attention", "ffn"};
@@ -431,7 +481,10 @@ size_t dtype_bytes(Dtype dtype) {
     case Dtype::fp16:
       return 2;
     case Dtype::fp32:
+    case Dtype::int32:
       return 4;
+    case Dtype::int64:
+      return 8;
   }
   return 0;
 }

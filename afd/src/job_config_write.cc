@@ -50,6 +50,12 @@ std::string to_toml(const JobConfig& c) {
       "f2a_dtype = {}\n",
       c.model.tokens, c.model.hidden, c.model.experts, c.model.top_k,
       toml_quote(to_string(c.model.a2f_dtype)), toml_quote(to_string(c.model.f2a_dtype)));
+  if (!c.model.a2f_tensors.empty()) {
+    out += "\n[model.a2f_tensors]\n";
+    for (const TensorSection& t : c.model.a2f_tensors)
+      out += fmt::format("{} = {{ dtype = {}, columns = {} }}\n", t.name,
+                         toml_quote(to_string(t.dtype)), t.columns);
+  }
   out += fmt::format("\n[devices]\nattention = {}\nffn = {}\n", toml_selectors(c.devices.attention),
                      toml_selectors(c.devices.ffn));
   out += fmt::format("\n[hosts]\nattention = {}\nffn = {}\nattention_nic = {}\nffn_nic = {}\n",

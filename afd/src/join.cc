@@ -40,10 +40,11 @@ std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uin
 
 std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role peer_role) {
   const uint64_t header = sizeof(WireHeader);
-  const uint64_t slots = uint64_t(spec.attention) * spec.micro_batches;  // an F's, per A
+  const uint64_t slots = uint64_t(spec.attention) * spec.micro_batches;  // an F's headers, per A
   const uint64_t results = uint64_t(spec.micro_batches) * spec.ffn;      // an A's, per F
-  if (peer_role == Role::ffn)
-    return {{"a2f_payload", spec.a2f_slot_bytes() * slots}, {"a2f_headers", header * slots}};
+  if (peer_role == Role::ffn)  // an F's row spaces of every micro-batch
+    return {{"a2f_payload", spec.ffn_rows() * spec.a2f_bytes_per_token() * spec.micro_batches},
+            {"a2f_headers", header * slots}};
   return {{"f2a_payload", spec.f2a_slot_bytes() * results}, {"f2a_headers", header * results}};
 }
 

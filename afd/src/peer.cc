@@ -42,12 +42,22 @@ std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers) {
   return out;
 }
 
-void check_topology(const EngineSpec& spec) {
+void check_shape(const EngineSpec& spec) {
   if (spec.topology == JobTopology::groups && spec.attention % spec.ffn != 0)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("engine spec: topology groups maps attention / ffn As to each F: {} "
                             "As do not divide among {} Fs",
                             spec.attention, spec.ffn));
+  if (spec.a2f_tensors() > kMaxA2fTensors)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("engine spec: {} extra A2F tensors; a push carries at most {}",
+                            spec.a2f_extra.size(), kMaxA2fTensors - 2));
+  for (const ExtraTensor& t : spec.a2f_extra)
+    if (t.row_bytes == 0 || t.name.empty())
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("engine spec: extra A2F tensor '{}' of {} bytes a row (a name and at "
+                              "least a byte)",
+                              t.name, t.row_bytes));
 }
 
 void rethrow_for_peer(const Error& e, Role role, int rank) {

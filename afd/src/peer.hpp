@@ -40,8 +40,8 @@ struct Peer {
 std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers);
 
 // Throws Error(INVALID_ARGUMENT) for JobTopology::groups with an attention count that is not a
-// multiple of ffn.
-void check_topology(const EngineSpec& spec);
+// multiple of ffn, and for extra A2F tensors past kMaxA2fTensors or without a name or bytes.
+void check_shape(const EngineSpec& spec);
 
 // Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
 [[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);

@@ -2,6 +2,7 @@
 // (side_band.hpp).
 #include "side_band.hpp"
 
+#include "caller_buffers.hpp"
 #include "peer.hpp"
 
 #include <hetmesh/core/error.hpp>
@@ -19,6 +20,10 @@ constexpr uint8_t kMessageTag = 0x01;
 // An engine's own frame: a registration of the caller's memory the peer is to write into (the
 // number the headers name it by, then its transport descriptor).
 constexpr uint8_t kRegionTag = 0x02;
+// An F's landing of an A's rows in its receive buffers (micro-batch, layout, then per tensor the
+// registration and the offset).
+constexpr uint8_t kLandingTag = 0x03;
+constexpr size_t kLandingBytes = 1 + 8 + kMaxA2fTensors * 12;
 
 // `count` has reached `wanted`, counting modulo 2^32.
 bool reached(uint32_t count, uint32_t wanted) {
@@ -55,6 +60,69 @@ std::optional<RegionFrame> region_of(std::span<const uint8_t> frame) {
   return region;
 }
 
+std::vector<uint8_t> landing_frame(const LandingFrame& landing) {
+  std::vector<uint8_t> frame(kLandingBytes);
+  uint8_t* at = frame.data();
+  *at++ = kLandingTag;
+  auto put = [&at](const auto& value) {
+    std::memcpy(at, &value, sizeof value);
+    at += sizeof value;
+  };
+  put(landing.micro_batch);
+  put(landing.landing);
+  for (int t = 0; t < kMaxA2fTensors; ++t) {
+    put(landing.region[static_cast<size_t>(t)]);
+    put(landing.offset[static_cast<size_t>(t)]);
+  }
+  return frame;
+}
+
+std::optional<LandingFrame> landing_of(std::span<const uint8_t> frame) {
+  if (frame.size() != kLandingBytes || frame[0] != kLandingTag) return std::nullopt;
+  LandingFrame landing;
+  const uint8_t* at = frame.data() + 1;
+  auto get = [&at](auto& value) {
+    std::memcpy(&value, at, sizeof value);
+    at += sizeof value;
+  };
+  get(landing.micro_batch);
+  get(landing.landing);
+  for (int t = 0; t < kMaxA2fTensors; ++t) {
+    get(landing.region[static_cast<size_t>(t)]);
+    get(landing.offset[static_cast<size_t>(t)]);
+  }
+  return landing;
+}
+
+void PeerRegions::check_id(int peer, uint32_t id) const {
+  if (id == 0 || id > CallerBuffers::kMaxRegistrations)
+    throw Error(kStatusProtocolError,
+                fmt::format("{} announced buffer {} (1..{})", peer_name(peer_role_, peer), id,
+                            CallerBuffers::kMaxRegistrations));
+}
+
+void PeerRegions::add_locked(int peer, uint32_t id, std::shared_ptr<RemoteRegion> region) {
+  check_id(peer, id);
+  if (!regions_[static_cast<size_t>(peer)].emplace(id, std::move(region)).second)
+    throw Error(kStatusProtocolError,
+                fmt::format("{} announced its buffer {} twice", peer_name(peer_role_, peer), id));
+}
+
+std::vector<uint32_t> receive_region(PeerRegions& regions, SideBand& side_band, std::mutex& mutex,
+                                     int peer, const Link& link, const RegionFrame& frame) {
+  regions.check_id(peer, frame.id);
+  std::shared_ptr<RemoteRegion> imported = link.connection->import_region(frame.descriptor);
+  std::lock_guard lock(mutex);
+  regions.add_locked(peer, frame.id, std::move(imported));
+  return side_band.counted_locked(peer);
+}
+
+std::shared_ptr<RemoteRegion> PeerRegions::find_locked(int peer, uint32_t id) const {
+  const auto& regions = regions_[static_cast<size_t>(peer)];
+  auto it = regions.find(id);
+  return it == regions.end() ? nullptr : it->second;
+}
+
 SideBand::SideBand(Role self, int self_rank, Role peer_role, int peers)
     : self_(self),
       self_rank_(self_rank),
@@ -62,7 +130,8 @@ SideBand::SideBand(Role self, int self_rank, Role peer_role, int peers)
       outbox_(static_cast<size_t>(peers)),
       sent_(static_cast<size_t>(peers), 0),
       received_(static_cast<size_t>(peers), 0),
-      held_(static_cast<size_t>(peers)) {}
+      held_(static_cast<size_t>(peers)),
+      unread_(static_cast<size_t>(peers), 0) {}
 
 void SideBand::queue_locked(int peer, std::span<const uint8_t> body) {
   if (body.size() > kMaxMessageBytes)
@@ -70,13 +139,21 @@ void SideBand::queue_locked(int peer, std::span<const uint8_t> body) {
                 fmt::format("{}: send_message of {} bytes to {}: the most a message holds is {}",
                             peer_name(self_, self_rank_), body.size(), peer_name(peer_role_, peer),
                             kMaxMessageBytes));
+  std::vector<std::vector<uint8_t>> frames;
+  frames.push_back(message_frame(body));
+  queue_frames_locked(peer, std::move(frames));
+}
+
+void SideBand::queue_frames_locked(int peer, std::vector<std::vector<uint8_t>> frames) {
   auto& queue = outbox_[static_cast<size_t>(peer)];
-  if (queue.size() == kMaxQueued)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("{}: {} messages to {} wait for their sender already (the pushes "
-                            "queued before them are not ready yet)",
-                            peer_name(self_, self_rank_), kMaxQueued, peer_name(peer_role_, peer)));
-  queue.push_back(message_frame(body));
+  if (queue.size() + frames.size() > kMaxQueued)
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        fmt::format("{}: {} messages to {} wait for their sender already (the pushes "
+                    "queued before them are not ready yet)",
+                    peer_name(self_, self_rank_), queue.size(), peer_name(peer_role_, peer)));
+  for (std::vector<uint8_t>& frame : frames)
+    queue.push_back(std::move(frame));
 }
 
 std::vector<uint8_t> SideBand::take_frame_locked(int peer) {
@@ -96,6 +173,13 @@ bool SideBand::admit_locked(int peer, uint32_t slot, uint32_t messages_before) {
 }
 
 std::vector<uint32_t> SideBand::arrived_locked(int peer, std::span<const uint8_t> body) {
+  size_t& unread = unread_[static_cast<size_t>(peer)];
+  if (unread == kMaxUnread)
+    throw Error(kStatusProtocolError,
+                fmt::format("{} sent {}: {} of its messages wait for receive_message already, "
+                            "the most an engine keeps of one peer",
+                            peer_name(peer_role_, peer), peer_name(self_, self_rank_), kMaxUnread));
+  ++unread;
   inbox_.push_back(Message{peer_role_, peer, {body.begin(), body.end()}});
   return counted_locked(peer);
 }
@@ -115,6 +199,7 @@ std::optional<Message> SideBand::receive_locked() {
   if (inbox_.empty()) return std::nullopt;
   Message message = std::move(inbox_.front());
   inbox_.pop_front();
+  --unread_[static_cast<size_t>(message.rank)];
   return message;
 }
 

@@ -1,4 +1,4 @@
-// The AFD wire format. The header: 128 bytes in host memory beside every payload slot, written
+// The AFD wire format. The header: 176 bytes in host memory beside every payload slot, written
 // after the payload on the same connection (so its notification implies the payload landed) and
 // checked against the receiver's slot table before anything is read from the slot; made by
 // make_header, its notification's slot index checked by check_slot. The control words engines
@@ -19,8 +19,9 @@
 namespace hetmesh::afd {
 
 constexpr uint32_t kWireMagic = 0x46414d48;  // "HMAF"
-// 2: the sender's epoch and the application's tag; 3: messages; 4: the caller's result buffers
-constexpr uint16_t kWireVersion = 4;
+// 2: the sender's epoch and the application's tag; 3: messages; 4: the caller's result buffers;
+// 5: several A2F tensors with their rows, row offsets, the F's receive buffers, the job's layout
+constexpr uint16_t kWireVersion = 5;
 enum class MessageKind : uint16_t { a2f = 1, f2a = 2 };
 
 // The control messages between engines, on a connection's control channel beside the slots.
@@ -70,7 +71,7 @@ struct WireHeader {
   uint32_t hidden;
   uint32_t top_k;
   uint32_t epoch;          // the sender's incarnation (membership.hpp), low 32 bits
-  uint64_t payload_bytes;  // tokens (and for A2F, routing) bytes at the start of the slot
+  uint64_t payload_bytes;  // A2F: the rows of every tensor; F2A: the answer's
   uint64_t stamps[kStampCount];
   uint64_t tag;  // A2F: the application's value for the micro-batch (push_pull), e.g. a layer
   // Side-band messages the sender had sent this receiver before this header (low 32 bits): the
@@ -80,50 +81,103 @@ struct WireHeader {
   // that number (a region frame on the side band announced it), at reply_offset.
   uint32_t reply_region;
   uint64_t reply_offset;
+  uint32_t layout;  // job_layout() of the sender's job: both ends must run the same shapes
+  // A2F: the row the part's rows start at in the F's row spaces, and which of the F's layouts of
+  // receive buffers they landed in (0: its own row spaces; FfnEngine::receive_into).
+  uint32_t row_offset;
+  uint32_t landing;
+  uint32_t reserved;
+  uint32_t rows[kMaxA2fTensors];  // A2F: rows of each tensor (tokens for kTokensTensor)
 };
-static_assert(sizeof(WireHeader) == 128);
+static_assert(sizeof(WireHeader) == 176);
 
-// What a receiver knows about the slot a header arrived in.
-struct SlotLimits {
-  MessageKind kind;
-  uint32_t senders;  // number of peers in the sender's role
-  uint32_t micro_batches;
-  uint32_t max_tokens;
-  uint32_t hidden;
-  uint32_t top_k;
-  uint64_t capacity;         // payload bytes the slot holds
-  uint64_t bytes_per_token;  // payload bytes per token (including routing for A2F)
-};
+// A digest of what both ends of a job must agree on for the slots to line up: the model's sizes
+// and dtypes, the A2F tensors (names and row bytes), the rows of an F's row spaces.
+inline uint32_t job_layout(const EngineSpec& spec) {
+  uint32_t hash = 2166136261u;  // FNV-1a
+  auto mix = [&hash](const void* data, size_t size) {
+    for (size_t i = 0; i < size; ++i)
+      hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 16777619u;
+  };
+  const uint64_t values[] = {spec.tokens,    spec.hidden,     spec.top_k,           spec.a2f_bytes,
+                             spec.f2a_bytes, spec.ffn_rows(), spec.a2f_extra.size()};
+  mix(values, sizeof values);
+  for (const ExtraTensor& t : spec.a2f_extra) {
+    mix(t.name.data(), t.name.size() + 1);
+    mix(&t.row_bytes, sizeof t.row_bytes);
+  }
+  return hash;
+}
 
-// Throws Error(kStatusProtocolError) naming the field unless `h` fits `limits` and arrived in the
-// slot of (`source`, `micro_batch`) from the sender's incarnation `epoch` (an older one's header,
-// written by a process that was replaced, is refused).
-inline void validate(const WireHeader& h, const SlotLimits& limits, uint32_t source, uint64_t epoch,
-                     uint32_t micro_batch, const char* where) {
+// Where A2F tensor `tensor` starts in a block of `rows` rows of every tensor, one after the other
+// (an A's send slot: tokens rows; an F's row spaces of a micro-batch: ffn_rows()).
+inline uint64_t tensor_offset(const EngineSpec& spec, uint64_t rows, int tensor) {
+  uint64_t before = 0;
+  for (int t = 0; t < tensor; ++t)
+    before += spec.a2f_row_bytes(t);
+  return rows * before;
+}
+
+// Offsets in an F's own memory: A2F tensor `tensor`'s row `row` of micro-batch mb in its input row
+// spaces, and output row `row` of mb.
+inline uint64_t ffn_input_offset(const EngineSpec& spec, int mb, int tensor, uint64_t row) {
+  return static_cast<uint64_t>(mb) * spec.ffn_rows() * spec.a2f_bytes_per_token() +
+         tensor_offset(spec, spec.ffn_rows(), tensor) + row * spec.a2f_row_bytes(tensor);
+}
+inline uint64_t ffn_output_offset(const EngineSpec& spec, int mb, uint64_t row) {
+  return (static_cast<uint64_t>(mb) * spec.ffn_rows() + row) * spec.f2a_bytes_per_token();
+}
+
+// The most rows any tensor of an A2F header carries (what of the F's row spaces it covers).
+inline uint32_t header_rows(const WireHeader& h) {
+  return *std::max_element(std::begin(h.rows), std::end(h.rows));
+}
+
+// Throws Error(kStatusProtocolError) naming the field unless `h` fits the receiver's job `spec`
+// (kind `kind`) and arrived in the slot of (`source`, `micro_batch`) from the sender's
+// incarnation `epoch` (an older one's header, written by a process that was replaced, is
+// refused).
+inline void validate(const WireHeader& h, const EngineSpec& spec, MessageKind kind, uint32_t source,
+                     uint64_t epoch, uint32_t micro_batch, const char* where) {
   auto bad = [&](const std::string& what) {
     throw Error(kStatusProtocolError, fmt::format("{}: refused header: {}", where, what));
   };
   if (h.magic != kWireMagic) bad(fmt::format("magic {:08x}", h.magic));
   if (h.version != kWireVersion)
     bad(fmt::format("version {} (this build speaks {})", h.version, kWireVersion));
-  if (h.kind != static_cast<uint16_t>(limits.kind)) bad(fmt::format("kind {}", h.kind));
+  if (h.kind != static_cast<uint16_t>(kind)) bad(fmt::format("kind {}", h.kind));
   if (h.source != source) bad(fmt::format("source {} in the slot of sender {}", h.source, source));
   if (h.epoch != static_cast<uint32_t>(epoch))
     bad(fmt::format("epoch {} from the sender's incarnation {}", h.epoch, epoch));
   if (h.micro_batch != micro_batch)
     bad(fmt::format("micro-batch {} in the slot of micro-batch {}", h.micro_batch, micro_batch));
-  if (h.tokens > limits.max_tokens)
-    bad(fmt::format("{} tokens (slot holds 0..{})", h.tokens, limits.max_tokens));
-  if (h.hidden != limits.hidden)
-    bad(fmt::format("hidden {} (job has {})", h.hidden, limits.hidden));
-  if (h.top_k != limits.top_k) bad(fmt::format("top_k {} (job has {})", h.top_k, limits.top_k));
-  // By division, never by multiplying: tokens x bytes_per_token of a hostile header could wrap
-  // 64 bits to a size that fits.
-  const uint64_t per_token = limits.bytes_per_token;
-  if (per_token == 0 || h.payload_bytes > limits.capacity || h.payload_bytes % per_token != 0 ||
-      h.payload_bytes / per_token != h.tokens)
-    bad(fmt::format("payload of {} bytes for {} tokens (slot holds {} bytes)", h.payload_bytes,
-                    h.tokens, limits.capacity));
+  if (h.tokens > spec.tokens)
+    bad(fmt::format("{} tokens (slot holds 0..{})", h.tokens, spec.tokens));
+  if (h.hidden != spec.hidden) bad(fmt::format("hidden {} (job has {})", h.hidden, spec.hidden));
+  if (h.top_k != spec.top_k) bad(fmt::format("top_k {} (job has {})", h.top_k, spec.top_k));
+  if (h.layout != job_layout(spec))
+    bad(
+        fmt::format("the sender's job has other shapes (its A2F tensors, sizes or dtypes: layout "
+                    "{:08x}, this job's {:08x})",
+                    h.layout, job_layout(spec)));
+  // Rows are at most 2^20 and rows bytes 2^32, so these sums cannot wrap.
+  uint64_t payload = uint64_t{h.tokens} * spec.f2a_bytes_per_token();
+  if (kind == MessageKind::a2f) {
+    if (h.rows[kTokensTensor] != h.tokens)
+      bad(fmt::format("{} rows of tokens for {} tokens", h.rows[kTokensTensor], h.tokens));
+    payload = 0;
+    for (int t = 0; t < kMaxA2fTensors; ++t) {
+      if (h.rows[t] > (t < spec.a2f_tensors() && spec.a2f_row_bytes(t) > 0 ? spec.tokens : 0))
+        bad(fmt::format("{} rows of tensor {} (the job's holds 0..{})", h.rows[t], t,
+                        t < spec.a2f_tensors() && spec.a2f_row_bytes(t) > 0 ? spec.tokens : 0));
+      payload += uint64_t{h.rows[t]} * spec.a2f_row_bytes(t);
+    }
+    if (uint64_t{h.row_offset} + header_rows(h) > spec.ffn_rows())
+      bad(fmt::format("rows {}..{} (the row spaces hold {})", h.row_offset,
+                      uint64_t{h.row_offset} + header_rows(h), spec.ffn_rows()));
+  }
+  if (h.payload_bytes != payload)
+    bad(fmt::format("payload of {} bytes for its rows ({} bytes)", h.payload_bytes, payload));
 }
 
 // The header of a message from this instance (spec.role, spec.rank, `epoch`) in micro-batch slot
@@ -142,6 +196,7 @@ inline WireHeader make_header(const EngineSpec& spec, uint64_t epoch, MessageKin
   h.hidden = spec.hidden;
   h.top_k = spec.top_k;
   h.payload_bytes = payload_bytes;
+  h.layout = job_layout(spec);
   return h;
 }
 

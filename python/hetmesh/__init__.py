@@ -81,6 +81,7 @@ _KEYS = {
     "top_k": ("model", "top_k"),
     "a2f_dtype": ("model", "a2f_dtype"),
     "f2a_dtype": ("model", "f2a_dtype"),
+    "a2f_tensors": ("model.a2f_tensors", None),
     "attention_devices": ("devices", "attention"),
     "ffn_devices": ("devices", "ffn"),
     "transport": ("transport", "kind"),
@@ -97,6 +98,31 @@ def _toml_value(name: str, value) -> str:
         return str(value)
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
+
+def _tensor_lines(tensors) -> list[str]:
+    """a2f_tensors={"router_logits": ("float32", 256)} (or {"dtype": ..., "columns": ...}) as the
+    lines of [model.a2f_tensors]."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"hetmesh: a2f_tensors={tensors!r}: expected a dict of name -> "
+                        f"(dtype, columns)")
+    lines = []
+    for name, spec in tensors.items():
+        if isinstance(spec, dict):
+            dtype, columns = spec.get("dtype"), spec.get("columns")
+        elif isinstance(spec, (tuple, list)) and len(spec) == 2:
+            dtype, columns = spec
+        else:
+            raise TypeError(f"hetmesh: a2f_tensors[{name!r}]={spec!r}: expected (dtype, columns)")
+        dtype = _DTYPE_NAMES.get(str(dtype).removeprefix("torch."), str(dtype))
+        lines.append(f"{_toml_value('a2f_tensors', str(name))} = {{ dtype = "
+                     f"{_toml_value('a2f_tensors', dtype)}, columns = "
+                     f"{_toml_value('a2f_tensors', columns)} }}")
+    return lines
+
+
+# torch's names for the wire's dtypes.
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+                "float8_e4m3fn": "fp8"}
 
 # Keyword-built configs default the A2F dtype to bf16, not the file's fp8: fp8 needs a torch with
 # float8_e4m3fn to be computed on (as_tensor), and a file states its dtypes for every process.
@@ -129,6 +155,9 @@ def config(path: str | os.PathLike | None = None, **job) -> Config:
             raise TypeError(f"hetmesh: unknown job setting '{name}'{hint}; known: "
                             f"{', '.join(sorted(_KEYS))}")
         section, key = _KEYS[name]
+        if key is None:
+            sections.setdefault(section, []).extend(_tensor_lines(value))
+            continue
         sections.setdefault(section, []).append(f"{key} = {_toml_value(name, value)}")
     text = "".join(f"[{s}]\n" + "\n".join(lines) + "\n\n" for s, lines in sections.items())
     return Config.parse(text, "<keyword arguments>")

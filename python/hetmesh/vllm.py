@@ -82,15 +82,20 @@ class HetmeshAFDConnector(AFDConnectorBase):
             # torch.compile's tracing of the model's forward can hold.
             raise _errors.make(NotSupportedError, f"{NAME} needs enforce_eager (no CUDA graphs, no "
                                f"compiled forward) until hetmesh's device-triggered round trips")
-        if afd_config.compute_gate_on_attention:
-            raise _errors.make(NotSupportedError, vllm_afd._NO_ROUTER_LOGITS)
+        options = self.extra_info.to_mapping()
+        if afd_config.compute_gate_on_attention and not options["router_logits_width"]:
+            # The gate runs on the attention side: its logits travel, one per routed expert.
+            experts = getattr(model.hf_config, "n_routed_experts", None)
+            if not experts:
+                raise _errors.make(NotSupportedError, vllm_afd._NO_ROUTER_LOGITS)
+            options["router_logits_width"] = int(experts)
         self.connector = vllm_afd.AfdConnector(
             role=afd_config.role, role_rank=role_rank,
             attention=afd_config.num_attention_ranks, ffn=afd_config.num_ffn_ranks,
             hidden=model.get_hidden_size(), dtype=model.dtype,
             max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
             local_rank=local_rank, default_store=f"{afd_config.host}:{afd_config.port}",
-            options=self.extra_info.to_mapping(), types=_PLUGIN_TYPES)
+            options=options, types=_PLUGIN_TYPES)
         self.attn_size, self.ffn_size = self.connector.attn_size, self.connector.ffn_size
         self._closed = threading.Event()
         self.control_plane = HetmeshAFDControlPlane(self.connector.control_plane, self._closed)

@@ -17,9 +17,12 @@ payload objects are the plain classes below, with the same fields.
   (said once) where that costs less: its memory went through host staging, or tensors keep coming
   at new addresses (`max_buffers`). On a GPU, torch's current stream orders the engine's reads.
 - The control plane rides the job's side band: the first A of each group sends its F the step's
-  per-stage token counts, in order with the data that follows.
-- Router logits do not travel yet (`compute_gate_on_attention = false`: the F computes the gate),
-  and a step under CUDA graph capture is refused: both are named where asked for.
+  per-stage token counts, in order with the data that follows. From the same counts each A pushes
+  its rows right after those of the As before it in its group, so the F gets its group's rows as
+  one tensor, in place.
+- Router logits travel beside the hidden states where the model computes the gate on the
+  attention side (`router_logits_width`: the model's routed experts); a step under CUDA graph
+  capture is refused by name.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ OPTIONS = {
     "timeout_ms": (60000, "the bound of every wait for a peer's data"),
     "join_timeout_ms": (1800000, "how long an instance waits for the others to start"),
     "max_buffers": (64, "new allocations registered per direction before copying through slots"),
+    "router_logits_width": (0, "router logits a token (the model's routed experts; 0: none travel)"),
+    "router_logits_dtype": ("", "their dtype (default: the hidden states')"),
 }
 
 
@@ -120,8 +125,9 @@ def parse_options(raw) -> dict:
     return options
 
 
-_NO_ROUTER_LOGITS = ("hetmesh connector: router_logits do not travel yet; set the plugin's "
-                     "compute_gate_on_attention = false (the F computes the gate)")
+_NO_ROUTER_LOGITS = ("hetmesh connector: router_logits travel only where the job declares them: "
+                     "set connector_extra_config's router_logits_width (the model's routed "
+                     "experts), or the plugin's compute_gate_on_attention = false")
 
 _WIRE_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
@@ -209,18 +215,28 @@ class AfdConnector:
         self.types = types
         self.device = self.options["device"].format(local_rank=local_rank)
         self.store_address = self.options["store"] or default_store
+        # No routing travels (the F computes the gate, or gets the router logits); batches wait
+        # for every A of the group (vLLM's ranks step together; a partial batch is no stage).
         self.job = dict(attention=attention, ffn=ffn, topology="groups",
                         micro_batches=self.options["micro_batches"], tokens=max_tokens,
-                        hidden=hidden, experts=ffn, top_k=1, a2f_dtype=_wire_dtype(dtype),
+                        hidden=hidden, experts=ffn, top_k=0, a2f_dtype=_wire_dtype(dtype),
                         f2a_dtype=_wire_dtype(dtype), timeout_ms=self.options["timeout_ms"],
+                        gather_window_ms=self.options["timeout_ms"],
                         join_timeout_ms=self.options["join_timeout_ms"])
+        self._logits = None  # (width, torch dtype name) of the router logits that travel
+        if self.options["router_logits_width"] > 0:
+            logits_dtype = self.options["router_logits_dtype"] or str(dtype)
+            self._logits = (self.options["router_logits_width"],
+                            logits_dtype.removeprefix("torch."))
+            self.job["a2f_tensors"] = {"router_logits": self._logits[::-1]}
         for key in ("transport", "listen_host"):
             if self.options[key]:
                 self.job[key] = self.options[key]
         self.control_plane = ControlPlane(self)
         self._engine = None
         self._store = None
-        self._sent: dict[int, tuple] = {}  # A: stage -> (handle, tensor, rows, in place)
+        # A: stage -> (handle, tensor, rows, in place, router logits)
+        self._sent: dict[int, tuple] = {}
         self._held: dict[int, Any] = {}  # F: stage -> batch got ahead of its turn
         self._open: dict[int, Any] = {}  # F: stage -> batch received, not yet answered
         limit = self.options["max_buffers"]
@@ -229,7 +245,9 @@ class AfdConnector:
 
         self._a2f = _Buffers("the hidden states sent", limit, staged)
         self._f2a = _Buffers("the FFN output", limit, staged)
+        self._gate = _Buffers("the router logits sent", limit, staged)
         self._dtype = dtype
+        self._said = set()
 
     # ---- lifecycle ----
 
@@ -293,8 +311,12 @@ class AfdConnector:
     # ---- the attention side ----
 
     def send_attn_output(self, hidden_states, context, **kwargs) -> None:
-        """Sends one (layer, stage) of hidden states to this A's F; returns at once."""
+        """Sends one (layer, stage) of hidden states (and the layer's router logits, where the
+        gate ran here) to this A's F; returns at once."""
         _refuse_extras(kwargs, "send_attn_output")
+        logits = kwargs.get("router_logits")
+        if logits is not None and self._logits is None:
+            raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
         engine = self.engine
         metadata = context.metadata
         rows = int(hidden_states.shape[0])
@@ -305,15 +327,33 @@ class AfdConnector:
         if stage in self._sent:
             raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
                                f"recv_ffn_output")
-        stream = _stream_of(hidden_states)
+        push = dict(stream=_stream_of(hidden_states),
+                    row_offset=self.control_plane.row_offset(stage, rows))
+        if self._logits is not None:
+            push["rows"] = {"router_logits": 0 if logits is None else rows}
+        if logits is not None:
+            self._check_logits(logits, rows)
+            if self._fits(logits, logits.dtype) and self._gate.use(logits, stage):
+                push["tensors"] = {"router_logits": logits}
+            else:
+                as_tensor(engine.tensor(stage, "router_logits"))[:rows].copy_(logits)
         if self._fits(hidden_states) and self._a2f.use(hidden_states, stage):
-            handle = engine.push_pull(stage, rows, stream=stream, send=hidden_states,
-                                      results_into=hidden_states)
-            self._sent[stage] = (handle, hidden_states, rows, True)
+            handle = engine.push_pull(stage, rows, send=hidden_states, results_into=hidden_states,
+                                      **push)
+            self._sent[stage] = (handle, hidden_states, rows, True, logits)
             return
         as_tensor(engine.tokens(stage))[:rows].copy_(hidden_states)
-        handle = engine.push_pull(stage, rows, stream=stream)
-        self._sent[stage] = (handle, hidden_states, rows, False)
+        handle = engine.push_pull(stage, rows, **push)
+        # The tensors sent in place are held until the answer is in: the model drops its router
+        # logits at once, and their memory must not be reused while the engine reads it.
+        self._sent[stage] = (handle, hidden_states, rows, False, logits)
+
+    def _check_logits(self, logits, rows: int) -> None:
+        width, dtype = self._logits
+        if tuple(logits.shape) != (rows, width) or str(logits.dtype) != f"torch.{dtype}":
+            raise ValueError(f"hetmesh connector: router_logits {tuple(logits.shape)} "
+                             f"{logits.dtype}, and the job carries [{rows}, {width}] {dtype} "
+                             f"(router_logits_width, router_logits_dtype)")
 
     def recv_ffn_output(self, ref_tensor, ubatch_idx: int = 0, **kwargs):
         """Waits for the F's answer to stage `ubatch_idx` and returns it in `ref_tensor`. A wait
@@ -322,7 +362,7 @@ class AfdConnector:
         if ubatch_idx not in self._sent:
             raise RuntimeError(f"hetmesh connector: recv_ffn_output for stage {ubatch_idx}, which "
                                f"has no send_attn_output before it")
-        handle, sent, rows, in_place = self._sent[ubatch_idx]
+        handle, sent, rows, in_place, _ = self._sent[ubatch_idx]
         try:
             engine.wait(handle)
         except TimeoutError:
@@ -332,6 +372,7 @@ class AfdConnector:
             raise
         del self._sent[ubatch_idx]
         self._a2f.settle(ubatch_idx)
+        self._gate.settle(ubatch_idx)
         if in_place:
             answer = sent
         else:
@@ -342,20 +383,25 @@ class AfdConnector:
             ref_tensor[:rows].copy_(answer)
         return ref_tensor
 
-    def _fits(self, tensor) -> bool:
+    def _fits(self, tensor, dtype=None) -> bool:
         """Whether the engine can use `tensor` in place: C order, the job's dtype, its device."""
         on_gpu = not self.device.startswith("cpu")
-        return (tensor.is_contiguous() and tensor.dtype == self._dtype
+        return (tensor.is_contiguous() and tensor.dtype == (dtype or self._dtype)
                 and (tensor.device.type != "cpu") == on_gpu)
 
     # ---- the FFN side ----
 
     def recv_attn_output(self, ubatch_idx: int = 0, **kwargs):
         """Stage `ubatch_idx` from every A of this F's group, as one [sum of rows, hidden] tensor
-        (the As' rows in rank order; copied together where there are several As)."""
+        (the As' rows in rank order, in place where they landed back to back), with their router
+        logits where the layer's `routing_spec` asks for them."""
         _refuse_extras(kwargs, "recv_attn_output", allowed=("routing_spec",))
-        if kwargs.get("routing_spec") is not None:
-            raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
+        spec = kwargs.get("routing_spec")
+        if spec is not None and (self._logits is None or (
+                int(spec.router_logits_width), str(spec.router_logits_dtype)) !=
+                (self._logits[0], f"torch.{self._logits[1]}")):
+            raise _errors.make(NotSupportedError, f"{_NO_ROUTER_LOGITS} (the layer asks for "
+                               f"{spec.router_logits_width} {spec.router_logits_dtype})")
         engine = self.engine
         if ubatch_idx in self._open:
             raise RuntimeError(f"hetmesh connector: stage {ubatch_idx} received again before its "
@@ -375,15 +421,33 @@ class AfdConnector:
                 self._held[got.micro_batch] = got
         self._f2a.settle(ubatch_idx)  # the last answer of this stage has reached its As
         parts = sorted(batch.parts, key=lambda part: part.rank)
-        rows = [as_tensor(part.tokens) for part in parts]
-        torch = import_torch()
-        hidden_states = rows[0] if len(rows) == 1 else torch.cat(rows)
+        hidden_states = self._whole(batch, parts, "tokens")
+        router_logits = None if spec is None else self._whole(batch, parts, "router_logits")
         self._open[ubatch_idx] = batch
         t = self.types
         metadata = t.transfer_metadata(layer_idx=0, stage_idx=ubatch_idx,
                                        seq_lens=[part.count for part in parts])
-        return t.a2f_payload(hidden_states=hidden_states,
-                             context=t.transfer_context(metadata=metadata))
+        payload = t.a2f_payload(hidden_states=hidden_states,
+                                context=t.transfer_context(metadata=metadata))
+        if router_logits is not None:
+            payload.router_logits = router_logits
+        return payload
+
+    def _whole(self, batch, parts, name: str):
+        """A tensor of the batch as one: in place where its As pushed back to back (the control
+        plane's counts), else their rows copied together (said once)."""
+        if batch.packed:
+            return as_tensor(batch.tokens if name == "tokens" else batch.tensor(name))
+        rows = [as_tensor(part.tokens if name == "tokens" else part.tensor(name))
+                for part in parts]
+        if len(rows) == 1:
+            return rows[0]
+        if "unpacked" not in self._said:
+            self._said.add("unpacked")
+            _log.warning("hetmesh connector (ffn %d): the As' rows did not land back to back (their "
+                         "token counts differ from the control plane's?); copying them together",
+                         self.role_rank)
+        return import_torch().cat(rows)
 
     def send_ffn_output(self, ffn_output, context, **kwargs) -> None:
         """Sends each A of the group its rows of `ffn_output` (in the order received)."""
@@ -413,15 +477,12 @@ class AfdConnector:
 
 
 def _refuse_extras(kwargs: dict, call: str, allowed=("router_logits",)) -> None:
-    """Keyword arguments a model passes that this connector cannot carry are refused, not
-    dropped: router logits, top-k ids and weights (the gate computed on the attention side)."""
-    if kwargs.get("router_logits") is not None:
-        raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
+    """Keyword arguments a model passes that this connector does not carry are refused, not
+    dropped (top-k ids and weights: the plugin's models send router logits instead)."""
     extra = sorted(k for k, v in kwargs.items() if k not in allowed and v is not None)
     if extra:
         raise _errors.make(NotSupportedError, f"hetmesh connector: {call} cannot carry "
-                           f"{', '.join(extra)} yet; set the plugin's compute_gate_on_attention "
-                           f"= false")
+                           f"{', '.join(extra)}; the router logits (router_logits_width) can")
 
 
 class ControlPlane:
@@ -431,6 +492,18 @@ class ControlPlane:
     def __init__(self, connector: AfdConnector):
         self.connector = connector
         self.payload = None
+        self._counts = {}  # stage -> every DP rank's tokens this step
+
+    def row_offset(self, stage: int, rows: int):
+        """Where this A's rows of `stage` go in its F's batch: after those of the As before it in
+        its group, by this step's counts (None, its own window, without them or where its rows
+        are not what they say)."""
+        c = self.connector
+        counts = self._counts.get(stage)
+        if counts is None or len(counts) != c.attn_size or counts[c.role_rank] != rows:
+            return None
+        first = c.role_rank - c.role_rank % c.ratio
+        return sum(counts[first:c.role_rank])
 
     def update_state_from_dp_metadata(self, payload) -> None:
         if payload.is_graph_capturing:
@@ -440,6 +513,10 @@ class ControlPlane:
                 "trips, which this connector does not use yet; run vLLM with enforce_eager (or "
                 "cudagraph_mode NONE)")
         self.payload = payload
+        self._counts = {
+            int(stage): [int(n) for n in m.num_tokens_across_dp_cpu.flatten().tolist()]
+            for stage, m in payload.dp_metadata_list.items()
+        }
 
     def send_dp_metadata_list(self, payload) -> None:
         c = self.connector

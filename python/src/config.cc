@@ -29,6 +29,17 @@ void bind_config(py::module_& m) {
                              [](const JobConfig& c) { return afd::to_string(c.model.a2f_dtype); })
       .def_property_readonly("f2a_dtype",
                              [](const JobConfig& c) { return afd::to_string(c.model.f2a_dtype); })
+      .def_property_readonly(
+          "a2f_tensors",
+          [](const JobConfig& c) {
+            py::list out;
+            for (const afd::TensorSection& t : c.model.a2f_tensors)
+              out.append(py::make_tuple(t.name, afd::to_string(t.dtype), t.columns));
+            return out;
+          },
+          "The extra A2F tensors: (name, dtype, columns) each, in name order.")
+      .def_property_readonly("topology",
+                             [](const JobConfig& c) { return afd::to_string(c.job.topology); })
       .def_property_readonly("attention_devices",
                              [](const JobConfig& c) { return c.devices.attention; })
       .def_property_readonly("ffn_devices", [](const JobConfig& c) { return c.devices.ffn; })

@@ -14,7 +14,9 @@
 #include <hetmesh/afd/instance.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <pybind11/stl.h>
+#include <hetmesh/core/toml_reader.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -144,6 +146,51 @@ Slot weights_slot(void* routing, uint32_t tokens, const Owner& o) {
 }
 Slot rows_slot(void* data, uint32_t tokens, afd::Dtype dtype, const Owner& o) {
   return Slot(data, {{tokens, o.context.spec().hidden}, {}, element_of(dtype)}, o.context.device(),
+              o.object, o.engine);
+}
+
+// A2F tensor `name` of the job: "tokens", "routing" or one of its a2f_tensors, or an index.
+int a2f_index(const Context& c, const py::handle& name) {
+  const afd::EngineSpec& spec = c.spec();
+  if (py::isinstance<py::int_>(name)) {
+    const int index = name.cast<int>();
+    if (index < 0 || index >= spec.a2f_tensors())
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("A2F tensor {}: the job has {} (0..{})", index, spec.a2f_tensors(),
+                              spec.a2f_tensors() - 1));
+    return index;
+  }
+  const std::string wanted = py::str(name);
+  std::vector<std::string_view> names;
+  for (int t = 0; t < spec.a2f_tensors(); ++t) {
+    if (spec.a2f_tensor_name(t) == wanted) return t;
+    names.push_back(spec.a2f_tensor_name(t));
+  }
+  throw Error(HM_ERR_INVALID_ARGUMENT,
+              fmt::format("no A2F tensor '{}' in this job{}; it has {} ([model.a2f_tensors] "
+                          "declares more)",
+                          wanted, toml_did_you_mean(wanted, names), fmt::join(names, ", ")));
+}
+
+// A view of `rows` rows of A2F tensor `t` at `data`: the tokens [rows, hidden] in the A2F dtype,
+// an extra tensor [rows, columns] of its dtype. The routing has two views (experts, weights).
+Slot tensor_slot(void* data, int t, uint32_t rows, const Owner& o) {
+  const afd::JobConfig& config = o.context.config();
+  if (t == afd::kTokensTensor) return rows_slot(data, rows, config.model.a2f_dtype, o);
+  if (t == afd::kRoutingTensor)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "the routing is two views of one tensor: use experts and weights");
+  if (data == nullptr) throw Error(HM_ERR_INVALID_ARGUMENT, "the job has no such tensor");
+  const afd::TensorSection& extra = config.model.a2f_tensors[static_cast<size_t>(t - 2)];
+  // Each row is row_bytes long; an element misaligned for its type would fault on a GPU.
+  if (reinterpret_cast<uintptr_t>(data) % afd::dtype_bytes(extra.dtype) != 0)
+    throw Error(
+        HM_ERR_NOT_SUPPORTED,
+        fmt::format("the rows of {} are not {}-byte aligned (the tensors before it in "
+                    "the slot leave them so): give it a dtype of 1 byte, or make the "
+                    "rows before it a multiple of {} bytes",
+                    extra.name, afd::dtype_bytes(extra.dtype), afd::dtype_bytes(extra.dtype)));
+  return Slot(data, {{rows, extra.columns}, {}, element_of(extra.dtype)}, o.context.device(),
               o.object, o.engine);
 }
 
@@ -345,6 +392,43 @@ struct PyBatch {
   const void* engine = nullptr;  // the FfnEngine it came from: only it may respond to it
 };
 
+// A packed batch (its parts back to back), or the error that says why it is not one.
+const afd::Batch& packed_of(const PyBatch& b) {
+  if (!b.batch.packed)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("micro-batch {}: its {} part(s) do not lie back to back from row 0 "
+                            "(the As push at their own windows unless each names row_offset: the "
+                            "rows of the As before it); use each part's views",
+                            b.batch.micro_batch, b.batch.parts.size()));
+  return b.batch;
+}
+
+// Rows of A2F tensor `t` over a packed batch: every part's tokens, or none where the As left it
+// out.
+uint32_t batch_rows(const afd::Batch& b, int t) {
+  return std::any_of(b.parts.begin(), b.parts.end(),
+                     [t](const auto& part) { return part.rows[static_cast<size_t>(t)] > 0; })
+             ? b.packed_rows
+             : 0;
+}
+
+// The PyFfn a batch came from (each part holds it).
+py::object owner_of(const PyBatch& b) {
+  return py::list(b.parts)[0].cast<const PyPart&>().engine;
+}
+
+// A view over a packed batch: `make` gets the batch and the Owner to build the slot with.
+template <typename Make>
+auto batch_slot(Make make) {
+  return [make](const PyBatch& b) {
+    const afd::Batch& batch = packed_of(b);
+    py::object owner = owner_of(b);
+    const auto& f = owner.cast<const PyFfn&>();
+    std::shared_ptr<Context> c = f.live();
+    return make(batch, Owner{*c, owner, f});
+  };
+}
+
 // push_pull's results_into given as one tensor: for the one F this A sends to (every A of a
 // one-F job; each A of a "groups" job), so it is that F's entry; else, as before, a list of one
 // that the engine refuses for naming too few.
@@ -533,6 +617,19 @@ void bind_engines(py::module_& m) {
           },
           py::arg("micro_batch"), "[tokens, top_k] float32: each token's expert weights.")
       .def(
+          "tensor",
+          [](py::object self, int mb, const py::object& name) {
+            const auto& a = self.cast<const PyAttention&>();
+            std::shared_ptr<Context> c = a.live();
+            check_micro_batch(mb, c->spec());
+            const int t = a2f_index(*c, name);
+            return tensor_slot(attention_of(*c).tensor(mb, t), t, c->spec().tokens,
+                               Owner{*c, self, a});
+          },
+          py::arg("micro_batch"), py::arg("name"),
+          "[tokens, columns] of an A2F tensor of the job (\"tokens\" or one of its a2f_tensors): "
+          "what push_pull sends of it.")
+      .def(
           "result",
           [](py::object self, int mb, int ffn) {
             const auto& a = self.cast<const PyAttention&>();
@@ -551,7 +648,8 @@ void bind_engines(py::module_& m) {
           "push_pull",
           [](const PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
              const py::object& stream, int64_t attention_start_ns, const py::object& send,
-             const py::object& routing, const py::object& results_into) {
+             const py::object& routing, const py::object& results_into, const py::dict& tensors,
+             const py::dict& rows_of, std::optional<uint32_t> row_offset) {
             std::shared_ptr<Context> c = a.live();
             afd::AttentionEngine& engine = attention_of(*c);
             const afd::EngineSpec& spec = c->spec();
@@ -559,60 +657,100 @@ void bind_engines(py::module_& m) {
             push.ready.stream = stream_of(stream, *c);
             push.tag = tag;
             push.attention_start_ns = attention_start_ns;
+            push.row_offset = row_offset;
             // The application's tensors: the rows sent are `tokens`, else send's rows.
-            std::vector<std::pair<py::handle, CallerTensor>> tensors;
+            std::vector<std::pair<py::handle, CallerTensor>> held;
             auto take = [&](const py::handle& object, std::optional<Element> element,
                             uint64_t row_bytes, const char* what) {
-              tensors.emplace_back(object,
-                                   caller_tensor(object, c->device(), element, row_bytes, what));
-              return tensors.back().second;
+              held.emplace_back(object,
+                                caller_tensor(object, c->device(), element, row_bytes, what));
+              return held.back().second;
             };
-            if (!send.is_none()) {
-              CallerTensor t = take(send, element_of(c->config().model.a2f_dtype),
-                                    uint64_t{spec.hidden} * spec.a2f_bytes, "push_pull's send");
-              if (!tokens) tokens = static_cast<uint32_t>(std::min<uint64_t>(t.rows, UINT32_MAX));
-              push.tokens_from = t.data;
+            // Per A2F tensor: its source (send, routing, tensors[name]) and rows (rows[name]).
+            std::vector<afd::PushTensor> each(static_cast<size_t>(spec.a2f_tensors()));
+            std::vector<uint64_t> needed(each.size(), 0);  // rows a source must hold
+            auto source = [&](int t, const py::handle& object, const char* what) {
+              std::optional<Element> element;
+              if (t == afd::kTokensTensor) element = element_of(c->config().model.a2f_dtype);
+              if (t >= 2)
+                element =
+                    element_of(c->config().model.a2f_tensors[static_cast<size_t>(t - 2)].dtype);
+              CallerTensor tensor = take(object, element, spec.a2f_row_bytes(t), what);
+              each[static_cast<size_t>(t)].from = tensor.data;
+              needed[static_cast<size_t>(t)] = tensor.rows;
+            };
+            if (!send.is_none()) source(afd::kTokensTensor, send, "push_pull's send");
+            if (!routing.is_none()) {
+              if (spec.top_k == 0)
+                throw Error(HM_ERR_INVALID_ARGUMENT,
+                            "push_pull: routing for a job without routing (top_k is 0)");
+              CallerTensor tensor = take(routing, std::nullopt, spec.routing_bytes_per_token(),
+                                         "push_pull's routing");
+              each[afd::kRoutingTensor].from = tensor.data;
+              needed[afd::kRoutingTensor] = tensor.rows;
             }
-            const uint32_t rows = tokens.value_or(spec.tokens);
-            if (!routing.is_none())
-              push.routing_from =
-                  take(routing, std::nullopt, spec.routing_bytes_per_token(), "push_pull's routing")
-                      .data;
-            std::vector<void*> into;
-            if (!results_into.is_none()) {
-              py::list each;
-              if (py::isinstance<py::list>(results_into) || py::isinstance<py::tuple>(results_into))
-                each = py::list(results_into);
-              else
-                each = one_result_per_ffn(results_into, spec);
-              for (const py::handle& r : each)
-                into.push_back(r.is_none() ? nullptr
-                                           : take(r, element_of(c->config().model.f2a_dtype),
-                                                  uint64_t{spec.hidden} * spec.f2a_bytes,
-                                                  "push_pull's results_into")
-                                                 .data);
-              push.results_into = into;
+            for (const auto& [name, tensor] : tensors) {
+              const int t = a2f_index(*c, name);
+              if (t < 2)
+                throw Error(HM_ERR_INVALID_ARGUMENT,
+                            fmt::format("push_pull: tensors['{}']: give it as send= or routing=",
+                                        spec.a2f_tensor_name(t)));
+              if (!tensor.is_none()) source(t, tensor, "push_pull's tensors");
             }
-            for (const auto& [object, tensor] : tensors) {
-              if (tensor.rows < rows)
+            if (!tokens && !send.is_none())
+              tokens = static_cast<uint32_t>(std::min<uint64_t>(needed[0], UINT32_MAX));
+            const uint32_t count = tokens.value_or(spec.tokens);
+            for (const auto& [name, rows] : rows_of)
+              each[static_cast<size_t>(a2f_index(*c, name))].rows = rows.cast<uint32_t>();
+            for (size_t t = 0; t < each.size(); ++t) {
+              const uint32_t sent = each[t].rows.value_or(count);
+              if (each[t].from != nullptr && needed[t] < sent)
                 throw Error(
                     HM_ERR_INVALID_ARGUMENT,
-                    fmt::format("push_pull: a tensor of {} rows for {} tokens", tensor.rows, rows));
-              register_tensor(*c, engine, object, tensor);
+                    fmt::format("push_pull: a tensor of {} rows for {} rows of {}", needed[t], sent,
+                                spec.a2f_tensor_name(static_cast<int>(t))));
             }
+            push.tensors = each;
+            std::vector<void*> into;
+            if (!results_into.is_none()) {
+              py::list list;
+              if (py::isinstance<py::list>(results_into) || py::isinstance<py::tuple>(results_into))
+                list = py::list(results_into);
+              else
+                list = one_result_per_ffn(results_into, spec);
+              for (const py::handle& r : list) {
+                if (r.is_none()) {
+                  into.push_back(nullptr);
+                  continue;
+                }
+                CallerTensor t = take(r, element_of(c->config().model.f2a_dtype),
+                                      spec.f2a_bytes_per_token(), "push_pull's results_into");
+                if (t.rows < count)
+                  throw Error(HM_ERR_INVALID_ARGUMENT,
+                              fmt::format("push_pull: results_into of {} rows for {} tokens",
+                                          t.rows, count));
+                into.push_back(t.data);
+              }
+              push.results_into = into;
+            }
+            for (const auto& [object, tensor] : held)
+              register_tensor(*c, engine, object, tensor);
             py::gil_scoped_release unlocked;
-            return engine.push_pull(mb, rows, push);
+            return engine.push_pull(mb, count, push);
           },
           py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
           py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0,
           py::arg("send") = py::none(), py::arg("routing") = py::none(),
-          py::arg("results_into") = py::none(),
+          py::arg("results_into") = py::none(), py::arg("tensors") = py::dict(),
+          py::arg("rows") = py::dict(), py::arg("row_offset") = py::none(),
           "Sends micro-batch `micro_batch`: from its slots, or from the application's own "
           "tensors (send: [tokens, hidden] in the A2F dtype; routing: [tokens, top_k] (int32 "
-          "expert, float32 weight) pairs, e.g. int32 [tokens, top_k, 2]), its results landing in "
-          "the result slots or in results_into (one [tokens, hidden] tensor in the F2A dtype per "
-          "F, a list where there are several, None for a slot; one tensor where the A sends to "
-          "one F). Returns a handle for wait().")
+          "expert, float32 weight) pairs, e.g. int32 [tokens, top_k, 2]; tensors: the job's "
+          "a2f_tensors by name, [rows, columns] of their dtype), `rows` of each by name (default "
+          "`tokens`; 0 leaves a tensor out), landing at `row_offset` of each F's row spaces "
+          "(default: this A's own window), its results in the result slots or in results_into "
+          "(one [tokens, hidden] tensor in the F2A dtype per F, a list where there are several, "
+          "None for a slot; one tensor where the A sends to one F). Returns a handle for wait().")
       .def(
           "wait",
           [](const PyAttention& a, afd::AttentionEngine::Handle handle,
@@ -676,18 +814,40 @@ void bind_engines(py::module_& m) {
       .def_property_readonly(
           "count", [](const PyPart& p) { return p.part.tokens; }, "the tokens this A sent")
       .def_property_readonly(
+          "row_offset", [](const PyPart& p) { return p.part.row_offset; },
+          "the row its rows start at in the F's row spaces of the micro-batch")
+      .def_property_readonly(
           "tokens",
           part_slot([](const afd::Batch::FromAttention& part, const Context& c, const Owner& o) {
-            return rows_slot(part.tokens_data, part.tokens, c.config().model.a2f_dtype, o);
+            return rows_slot(part.tokens_data(), part.tokens, c.config().model.a2f_dtype, o);
           }))
-      .def_property_readonly("experts", part_slot([](const afd::Batch::FromAttention& part,
-                                                     const Context&, const Owner& o) {
-                               return experts_slot(part.routing_data, part.tokens, o);
-                             }))
-      .def_property_readonly("weights", part_slot([](const afd::Batch::FromAttention& part,
-                                                     const Context&, const Owner& o) {
-                               return weights_slot(part.routing_data, part.tokens, o);
-                             }))
+      .def_property_readonly(
+          "experts",
+          part_slot([](const afd::Batch::FromAttention& part, const Context&, const Owner& o) {
+            return experts_slot(part.routing_data(), part.rows[afd::kRoutingTensor], o);
+          }))
+      .def_property_readonly(
+          "weights",
+          part_slot([](const afd::Batch::FromAttention& part, const Context&, const Owner& o) {
+            return weights_slot(part.routing_data(), part.rows[afd::kRoutingTensor], o);
+          }))
+      .def(
+          "tensor",
+          [](const PyPart& p, const py::object& name) {
+            const auto& f = p.engine.cast<const PyFfn&>();
+            std::shared_ptr<Context> c = f.live();
+            const int t = a2f_index(*c, name);
+            return tensor_slot(p.part.inputs[static_cast<size_t>(t)], t,
+                               p.part.rows[static_cast<size_t>(t)], Owner{*c, p.engine, f});
+          },
+          py::arg("name"), "[rows, columns] of one of the job's A2F tensors, as this A sent it.")
+      .def(
+          "rows",
+          [](const PyPart& p, const py::object& name) {
+            std::shared_ptr<Context> c = p.engine.cast<const PyFfn&>().live();
+            return p.part.rows[static_cast<size_t>(a2f_index(*c, name))];
+          },
+          py::arg("name"), "the rows of an A2F tensor this A sent (0: it left the tensor out)")
       .def_property_readonly(
           "output",
           part_slot([](const afd::Batch::FromAttention& part, const Context& c, const Owner& o) {
@@ -697,7 +857,42 @@ void bind_engines(py::module_& m) {
   py::class_<PyBatch>(m, "Batch", gc_visible<PyBatch, &PyBatch::parts>(),
                       "A micro-batch as an FFN instance got it.")
       .def_property_readonly("micro_batch", [](const PyBatch& b) { return b.batch.micro_batch; })
-      .def_readonly("parts", &PyBatch::parts);
+      .def_readonly("parts", &PyBatch::parts)
+      .def_property_readonly(
+          "packed", [](const PyBatch& b) { return b.batch.packed; },
+          "The parts lie back to back from row 0 in the order of `parts`: tokens, tensor(), "
+          "experts, weights and output view the whole batch.")
+      .def_property_readonly(
+          "count", [](const PyBatch& b) { return packed_of(b).packed_rows; },
+          "the tokens of every part (a packed batch)")
+      .def_property_readonly("tokens", batch_slot([](const afd::Batch& b, const Owner& o) {
+                               return rows_slot(b.parts[0].tokens_data(), b.packed_rows,
+                                                o.context.config().model.a2f_dtype, o);
+                             }))
+      .def_property_readonly("experts", batch_slot([](const afd::Batch& b, const Owner& o) {
+                               return experts_slot(b.parts[0].routing_data(),
+                                                   batch_rows(b, afd::kRoutingTensor), o);
+                             }))
+      .def_property_readonly("weights", batch_slot([](const afd::Batch& b, const Owner& o) {
+                               return weights_slot(b.parts[0].routing_data(),
+                                                   batch_rows(b, afd::kRoutingTensor), o);
+                             }))
+      .def_property_readonly("output", batch_slot([](const afd::Batch& b, const Owner& o) {
+                               return rows_slot(b.parts[0].output, b.packed_rows,
+                                                o.context.config().model.f2a_dtype, o);
+                             }))
+      .def(
+          "tensor",
+          [](const PyBatch& b, const py::object& name) {
+            const afd::Batch& batch = packed_of(b);
+            py::object owner = owner_of(b);
+            const auto& f = owner.cast<const PyFfn&>();
+            std::shared_ptr<Context> c = f.live();
+            const int t = a2f_index(*c, name);
+            return tensor_slot(batch.parts[0].inputs[static_cast<size_t>(t)], t,
+                               batch_rows(batch, t), Owner{*c, owner, f});
+          },
+          py::arg("name"), "[rows, columns] of an A2F tensor over the whole packed batch.");
 
   py::class_<PyFfn> ffn(m, "FfnEngine");
   ffn.def(engine_init<PyFfn>(), py::arg("config"), py::arg("rank"), py::arg("store"),
@@ -768,6 +963,65 @@ void bind_engines(py::module_& m) {
           "Sends each part's output back to its A: from the part's output slot, or from the "
           "application's tensors in `outputs` (one [tokens, hidden] tensor in the F2A dtype per "
           "part, None for a slot).")
+      .def(
+          "inputs",
+          [](py::object self, int mb, const py::object& name) {
+            const auto& f = self.cast<const PyFfn&>();
+            std::shared_ptr<Context> c = f.live();
+            check_micro_batch(mb, c->spec());
+            const int t = a2f_index(*c, name);
+            return tensor_slot(ffn_of(*c).inputs(mb, t), t,
+                               static_cast<uint32_t>(c->spec().ffn_rows()), Owner{*c, self, f});
+          },
+          py::arg("micro_batch"), py::arg("name"),
+          "The engine's row space of an A2F tensor for a micro-batch (every A's rows: "
+          "[attention x tokens, columns]), fixed for the engine's life.")
+      .def(
+          "outputs",
+          [](py::object self, int mb) {
+            const auto& f = self.cast<const PyFfn&>();
+            std::shared_ptr<Context> c = f.live();
+            check_micro_batch(mb, c->spec());
+            return rows_slot(ffn_of(*c).outputs(mb), static_cast<uint32_t>(c->spec().ffn_rows()),
+                             c->config().model.f2a_dtype, Owner{*c, self, f});
+          },
+          py::arg("micro_batch"),
+          "The engine's output rows of a micro-batch ([attention x tokens, hidden], F2A dtype): "
+          "where each part's output is unless respond() is given others.")
+      .def(
+          "receive_into",
+          [](const PyFfn& f, int mb, const py::object& name, const py::object& tensor) {
+            std::shared_ptr<Context> c = f.live();
+            check_micro_batch(mb, c->spec());
+            const int t = a2f_index(*c, name);
+            afd::FfnEngine& engine = ffn_of(*c);
+            if (tensor.is_none()) {
+              py::gil_scoped_release unlocked;
+              engine.receive_into(mb, t, nullptr, 0);
+              return;
+            }
+            const afd::EngineSpec& spec = c->spec();
+            std::optional<Element> element;
+            if (t == afd::kTokensTensor) element = element_of(c->config().model.a2f_dtype);
+            if (t >= 2)
+              element = element_of(c->config().model.a2f_tensors[static_cast<size_t>(t - 2)].dtype);
+            CallerTensor buffer = caller_tensor(tensor, c->device(), element, spec.a2f_row_bytes(t),
+                                                "receive_into's tensor");
+            if (buffer.rows < spec.ffn_rows())
+              throw Error(
+                  HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("receive_into: a tensor of {} rows; it holds every A's "
+                              "rows, {} ({} As x {} tokens)",
+                              buffer.rows, spec.ffn_rows(), spec.attention_per_ffn(), spec.tokens));
+            register_tensor(*c, engine, tensor, buffer);
+            py::gil_scoped_release unlocked;
+            engine.receive_into(mb, t, buffer.data, buffer.bytes);
+          },
+          py::arg("micro_batch"), py::arg("name"), py::arg("tensor"),
+          "From now on the As' rows of this A2F tensor of the micro-batch land in `tensor` "
+          "([attention x tokens, columns], the same rows as the engine's row space; None: back to "
+          "the engine's). Each A hears of it in order with this F's answers; a part says where "
+          "its rows did land.")
       .def("lost_attention", [](const PyFfn& f) { return ffn_of(*f.live()).lost_attention(); });
   bind_common<PyFfn>(ffn);
 

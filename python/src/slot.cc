@@ -72,6 +72,8 @@ DLDataType dl_type(Element element) {
       return {kDLInt, 32, 1};
     case Element::uint32:
       return {kDLUInt, 32, 1};
+    case Element::int64:
+      return {kDLInt, 64, 1};
   }
   return {kDLUInt, 8, 1};
 }
@@ -90,6 +92,8 @@ const char* element_name(Element element) {
       return "int32";
     case Element::uint32:
       return "uint32";
+    case Element::int64:
+      return "int64";
   }
   return "?";
 }
@@ -104,6 +108,10 @@ Element element_of(afd::Dtype dtype) {
       return Element::fp16;
     case afd::Dtype::fp32:
       return Element::fp32;
+    case afd::Dtype::int32:
+      return Element::int32;
+    case afd::Dtype::int64:
+      return Element::int64;
   }
   return Element::fp8;
 }

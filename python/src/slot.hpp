@@ -22,9 +22,9 @@ namespace py = pybind11;
 
 // The element types a slot holds. fp8 travels as uint8 (DLPack 0.6 and torch 1.13 have no fp8);
 // hetmesh.as_tensor views it as torch.float8_e4m3fn where torch has that.
-enum class Element { fp8, bf16, fp16, fp32, int32, uint32 };
+enum class Element { fp8, bf16, fp16, fp32, int32, uint32, int64 };
 Element element_of(afd::Dtype dtype);
-// "fp8", "bfloat16", "float16", "float32", "int32", "uint32"
+// "fp8", "bfloat16", "float16", "float32", "int32", "uint32", "int64"
 const char* element_name(Element element);
 // Its DLPack type (fp8: uint8).
 DLDataType dl_type(Element element);

@@ -80,7 +80,7 @@ def test_a_tensor_the_job_cannot_use_is_refused_by_name(store, job, spawn):
             (dict(send=torch.zeros(hidden, 4, dtype=torch.bfloat16).t()),
              "push_pull's send: not contiguous in C order"),
             (dict(send=torch.zeros(2, hidden, dtype=torch.bfloat16), tokens=4),
-             "push_pull: a tensor of 2 rows for 4 tokens"),
+             "push_pull: a tensor of 2 rows for 4 rows of tokens"),
             (dict(results_into=[1, 2]),
              "push_pull's results_into: a value of type int has no __dlpack__"),
             (dict(results_into=[torch.zeros(8, hidden, dtype=torch.bfloat16)] * 2),

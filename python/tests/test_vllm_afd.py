@@ -11,6 +11,7 @@ import torch
 
 import hetmesh
 from hetmesh import vllm_afd
+from vllm_runner import RoutingSpec
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -66,26 +67,46 @@ def test_the_runners_get_the_one_process_numbers(spawn, attention, ffn, transpor
     out = finish(start_job(spawn, attention, ffn, {"transport": transport}))
     rows = [LAYERS * sum(token_counts(step, stage, attention)[a] for step in range(STEPS)
                          for stage in STAGES) for a in range(attention)]
-    row_bytes, routing_bytes = HIDDEN * 2, 8  # bf16; top_k = 1 (int32 expert, float32 weight)
+    row_bytes = HIDDEN * 2  # bf16; no routing travels (top_k = 0: the F computes the gate)
     for a in range(attention):
         line = out["attention", a]
         assert f"attention {a}: verified {STEPS} steps" in line, line
         moved = counters(line)
-        # Sent from and received into its own two tensors, registered by the pages they span
-        # (1 KiB each: one to four pages in all); only the routing slot, which the connector does not
-        # fill (the F computes the gate), goes from the engine's memory.
+        # Every byte sent from and received into its own two tensors, registered by the pages
+        # they span (1 KiB each: one to four pages in all); none from the engine's memory.
         assert moved["caller_bytes"] == rows[a] * row_bytes * 2, moved
-        assert moved["slot_bytes"] == rows[a] * routing_bytes, moved
+        assert moved["slot_bytes"] == 0, moved
         assert moved["staged_bytes"] == 0 and 1 <= moved["caller_buffers"] <= 4, moved
     ratio = attention // ffn
+    exchanges = STEPS * LAYERS * len(STAGES)
     for f in range(ffn):
         line = out["ffn", f]
-        assert f"ffn {f}: served {STEPS} steps" in line, line
+        assert f"ffn {f}: served {STEPS} steps; in place {exchanges}/{exchanges}" in line, line
         group_rows = sum(rows[f * ratio:(f + 1) * ratio])
         moved = counters(line)
-        # Responded from its own output tensors; received into its slots.
+        # Responded from its own output tensors; its As' rows landed back to back in its row
+        # spaces, one tensor in place (no torch.cat).
         assert moved["caller_bytes"] == group_rows * row_bytes, moved
-        assert moved["slot_bytes"] == group_rows * (row_bytes + routing_bytes), moved
+        assert moved["slot_bytes"] == group_rows * row_bytes, moved
+
+
+@pytest.mark.parametrize("attention,ffn,transport", [(2, 1, "ipc"), (4, 2, "tcp")])
+def test_router_logits_travel_on_moe_layers_beside_the_hidden_states(spawn, attention, ffn,
+                                                                      transport):
+    from vllm_runner import LAYERS, STAGES, STEPS
+
+    options = {"transport": transport, "router_logits_width": 4,
+               "router_logits_dtype": "float32"}
+    extra = {(role, r): {"logits": True} for role, n in (("attention", attention), ("ffn", ffn))
+             for r in range(n)}
+    out = finish(start_job(spawn, attention, ffn, options, extra))
+    for a in range(attention):
+        assert f"attention {a}: verified {STEPS} steps" in out["attention", a]
+    moe = STEPS * (LAYERS - 1) * len(STAGES)  # layer 0 is dense: no logits
+    exchanges = STEPS * LAYERS * len(STAGES)
+    for f in range(ffn):
+        assert (f"ffn {f}: served {STEPS} steps; in place {exchanges}/{exchanges}; logits right "
+                f"{moe}") in out["ffn", f], out["ffn", f]
 
 
 CUDA = any(d["plugin"] == "cuda" for d in hetmesh.devices()) and torch.cuda.is_available()
@@ -195,15 +216,18 @@ def test_options_and_payloads_it_cannot_serve_are_refused_by_name():
             vllm_afd.ControlPayload({}, is_graph_capturing=True))
     context = vllm_afd.TransferContext(vllm_afd.TransferMetadata(0, 0, [1]))
     x = torch.zeros(1, 8, dtype=torch.bfloat16)
-    # What a model computes on the attention side for the gate cannot travel yet: refused, not
-    # dropped.
-    with pytest.raises(hetmesh.NotSupportedError, match="router_logits do not travel yet"):
+    # Router logits travel only where the job declares them (router_logits_width); top-k ids and
+    # weights never: refused, not dropped.
+    with pytest.raises(hetmesh.NotSupportedError, match="router_logits travel only where"):
         c.send_attn_output(x, context, router_logits=torch.zeros(1, 4))
     with pytest.raises(hetmesh.NotSupportedError,
                        match="send_attn_output cannot carry topk_ids, topk_weights"):
         c.send_attn_output(x, context, topk_weights=torch.ones(1, 2), topk_ids=torch.ones(1, 2))
-    with pytest.raises(hetmesh.NotSupportedError, match="router_logits do not travel yet"):
-        c.recv_attn_output(0, routing_spec=(4, torch.float32))
+    with pytest.raises(hetmesh.NotSupportedError, match="router_logits travel only where"):
+        c.recv_attn_output(0, routing_spec=RoutingSpec(4, torch.float32))
+    gated = vllm_afd.AfdConnector(attention=1, ffn=1, options={"router_logits_width": 4}, **shape)
+    with pytest.raises(hetmesh.NotSupportedError, match="the layer asks for 8 torch.float32"):
+        gated.recv_attn_output(0, routing_spec=RoutingSpec(8, torch.float32))
     with pytest.raises(hetmesh.ClosedError, match="not initialized"):
         c.send_attn_output(x, context)
     c.close()

@@ -8,6 +8,7 @@ rows are batched: every A checks its final hidden states against the same layers
 own process alone.
 """
 
+import collections
 import os
 import signal
 
@@ -49,6 +50,16 @@ def expected(step: int, stage: int, rank: int, rows: int) -> torch.Tensor:
     return x
 
 
+# With router logits: the gate's output on the attention side, here the first LOGITS columns of
+# the hidden states, doubled, in float32; layer 0 is dense (none travel).
+LOGITS = 4
+RoutingSpec = collections.namedtuple("RoutingSpec", "router_logits_width router_logits_dtype")
+
+
+def gate(x: torch.Tensor) -> torch.Tensor:
+    return x[:, :LOGITS].float() * 2
+
+
 def tensor_device(c) -> str:
     """Where the instance's tensors live: its hetmesh device's, for torch."""
     return "cuda:0" if c.device.startswith("cuda") else "cpu"
@@ -63,7 +74,7 @@ def connector(role, rank, attention, ffn, store, options):
 
 
 def run_attention(rank, attention, ffn, store, options, fresh_tensors=False,
-                  reverse_stages=False):
+                  reverse_stages=False, logits=False):
     """An A as the plugin's model runner drives it: each step's control payload, then per layer
     every stage's send_attn_output before any recv_ffn_output (two ubatches in flight), in stage
     order or, with reverse_stages, the last stage first."""
@@ -91,7 +102,8 @@ def run_attention(rank, attention, ffn, store, options, fresh_tensors=False,
             for layer in range(LAYERS):
                 for stage in order:
                     metadata = vllm_afd.TransferMetadata(layer, stage, [xs[stage].shape[0]])
-                    c.send_attn_output(xs[stage], vllm_afd.TransferContext(metadata))
+                    gated = {"router_logits": gate(xs[stage])} if logits and layer > 0 else {}
+                    c.send_attn_output(xs[stage], vllm_afd.TransferContext(metadata), **gated)
                 for stage in order:
                     out = c.recv_ffn_output(ref_tensor=xs[stage], ubatch_idx=stage)
                     assert out.data_ptr() == xs[stage].data_ptr(), "not the ref_tensor"
@@ -107,15 +119,17 @@ def run_attention(rank, attention, ffn, store, options, fresh_tensors=False,
         c.close()
 
 
-def run_ffn(rank, attention, ffn, store, options, die_at=None):
+def run_ffn(rank, attention, ffn, store, options, die_at=None, logits=False):
     """An F as the plugin's FFN worker drives it: each control payload, then per layer and stage
-    recv_attn_output, the FFN, send_ffn_output; until its As have left."""
+    recv_attn_output, the FFN, send_ffn_output; until its As have left. Counts the stages whose
+    hidden states came in place (the engine's own rows, no copy) and, with logits, whose router
+    logits were the gate's."""
     c = connector("ffn", rank, attention, ffn, store, options)
     ratio = attention // ffn
     group = range(rank * ratio, (rank + 1) * ratio)
     out = {stage: torch.zeros(MAX_TOKENS * ratio, HIDDEN, dtype=torch.bfloat16,
                               device=tensor_device(c)) for stage in STAGES}
-    steps = 0
+    steps = in_place = received = logits_right = 0
     while True:
         try:
             payload = c.control_plane.recv_dp_metadata_list()
@@ -124,7 +138,13 @@ def run_ffn(rank, attention, ffn, store, options, die_at=None):
         c.control_plane.update_state_from_dp_metadata(payload)
         for layer in range(LAYERS):
             for stage in sorted(payload.dp_metadata_list):
-                got = c.recv_attn_output(ubatch_idx=stage)
+                spec = RoutingSpec(LOGITS, torch.float32) if logits and layer > 0 else None
+                got = c.recv_attn_output(ubatch_idx=stage, routing_spec=spec)
+                received += 1
+                rows_of = hetmesh.as_tensor(c.engine.inputs(stage, "tokens"))
+                in_place += got.hidden_states.data_ptr() == rows_of.data_ptr()
+                if spec is not None:
+                    logits_right += torch.equal(got.router_logits, gate(got.hidden_states))
                 counts = payload.dp_metadata_list[stage].num_tokens_across_dp_cpu.tolist()
                 assert got.context.metadata.seq_lens == [counts[a] for a in group], (
                     got.context.metadata.seq_lens, counts)
@@ -135,5 +155,6 @@ def run_ffn(rank, attention, ffn, store, options, die_at=None):
                 c.send_ffn_output(ffn_layer(got.hidden_states, layer, out[stage][:rows]),
                                   got.context)
         steps += 1
-    print(f"ffn {rank}: served {steps} steps; counters {c.counters()}", flush=True)
+    print(f"ffn {rank}: served {steps} steps; in place {in_place}/{received}; logits right "
+          f"{logits_right}; counters {c.counters()}", flush=True)
     c.close()

@@ -43,7 +43,7 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store) {
     for (auto& part : batch->parts) {
       if (spec.rank == 1) part.output = own.data();
       test::answer_plus_rank(spec, part);
-      const auto* routing = static_cast<const int32_t*>(part.routing_data);
+      const auto* routing = static_cast<const int32_t*>(part.routing_data());
       for (uint32_t t = 0; t < part.tokens; ++t) {
         float weight;
         std::memcpy(&weight, &routing[t * 2 * spec.top_k + 1], 4);
@@ -94,8 +94,8 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store) {
     std::memset(results.data(), 0, results.size());
     PushOptions push;
     push.tag = static_cast<uint64_t>(step);
-    push.tokens_from = tokens.data();
-    push.routing_from = routing;
+    const PushTensor from[] = {{tokens.data()}, {routing}};
+    push.tensors = from;
     push.results_into = into;
     engine.wait(engine.push_pull(step % spec.micro_batches, rows, push), kTimeout);
     bool right = true;
@@ -131,7 +131,8 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store) {
   refused("one buffer for two", one_for_two, spec.tokens);
   Buffer small = device.allocate(row_in);
   PushOptions past_end;
-  past_end.tokens_from = small.data();
+  const PushTensor small_tokens[] = {{small.data()}, {}};
+  past_end.tensors = small_tokens;
   refused("past the end", past_end, 2);
   engine.finish();
   return 0;
@@ -168,7 +169,8 @@ int run_group_attention(const EngineSpec& spec, KeyValueStore& store) {
     for (uint64_t i = 0; i < bytes; ++i)
       x[i] = token_byte(step + spec.rank, i);
     PushOptions push;
-    push.tokens_from = x.data();
+    const PushTensor from[] = {{x.data()}, {}};
+    push.tensors = from;
     push.results_into = into;
     engine.wait(engine.push_pull(step % spec.micro_batches, spec.tokens, push), kTimeout);
     bool right = true;

@@ -146,18 +146,10 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
       transport->register_memory(device, result_headers.data(), result_headers.size());
   Joined joined = join(spec, *transport, mine, store, Role::ffn, spec.ffn);
   const Link& link = *joined.peers[0].link;
-  WireHeader h{};
-  h.magic = kWireMagic;
-  h.version = kWireVersion;
-  h.kind = static_cast<uint16_t>(MessageKind::a2f);
-  h.source = 0;
-  h.epoch = static_cast<uint32_t>(joined.epoch);
-  h.micro_batch = 0;
-  h.sequence = 1;
-  h.tokens = spec.tokens;
-  h.hidden = spec.hidden;
-  h.top_k = spec.top_k;
-  h.payload_bytes = uint64_t{spec.tokens} * (spec.hidden * spec.a2f_bytes + spec.top_k * 8);
+  WireHeader h =
+      make_header(spec, joined.epoch, MessageKind::a2f, 0, 1, spec.tokens, spec.a2f_slot_bytes());
+  for (int t = 0; t < spec.a2f_tensors(); ++t)
+    h.rows[t] = spec.tokens;
   uint32_t slot = 0;
   if (defect == "tokens") h.tokens = spec.tokens + 1000;
   if (defect == "payload") h.payload_bytes = spec.a2f_slot_bytes() * 4;

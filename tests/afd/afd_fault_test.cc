@@ -67,7 +67,7 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, const std::string& dev
   Stream stream = device.create_stream();  // destroyed before the engine: the engine must cope
   while (auto batch = engine.get_batch(idle_limit)) {
     for (const auto& part : batch->parts)
-      stream.copy(part.output, part.tokens_data, uint64_t{part.tokens} * spec.hidden * 2);
+      stream.copy(part.output, part.tokens_data(), uint64_t{part.tokens} * spec.hidden * 2);
     engine.respond(*batch, &stream);
   }
   std::string changes;

@@ -140,7 +140,10 @@ TEST(ConfigTest, DtypeSizes) {
   EXPECT_EQ(dtype_bytes(Dtype::bf16), 2u);
   EXPECT_EQ(dtype_bytes(Dtype::fp16), 2u);
   EXPECT_EQ(dtype_bytes(Dtype::fp32), 4u);
+  EXPECT_EQ(dtype_bytes(Dtype::int32), 4u);
+  EXPECT_EQ(dtype_bytes(Dtype::int64), 8u);
   EXPECT_STREQ(to_string(Dtype::bf16), "bf16");
+  EXPECT_STREQ(to_string(Dtype::int64), "int64");
   EXPECT_STREQ(to_string(std::optional<TransportKind>()), "auto");
 }
 
@@ -233,6 +236,59 @@ TEST(ConfigTest, BadDtype) {
             "fp16, fp32)");
 }
 
+// Pushes carry the tensors [model.a2f_tensors] declares, each a row a token, in name order; the
+// routing may go (top_k = 0), and the hidden states stay floating.
+TEST(ConfigTest, ExtraA2fTensorsAndNoRouting) {
+  JobConfig c = parse_config(R"(
+[model]
+top_k = 0
+[model.a2f_tensors]
+topk_ids = { dtype = "int64", columns = 8 }
+router_logits = { dtype = "bf16", columns = 256 }
+)",
+                             "job.toml");
+  EXPECT_EQ(c.model.top_k, 0);
+  ASSERT_EQ(c.model.a2f_tensors.size(), 2u);
+  EXPECT_EQ(c.model.a2f_tensors[0], (TensorSection{"router_logits", Dtype::bf16, 256}));
+  EXPECT_EQ(c.model.a2f_tensors[1], (TensorSection{"topk_ids", Dtype::int64, 8}));
+  EngineSpec spec = job_shape(c, Role::attention, 0);
+  EXPECT_EQ(spec.a2f_tensors(), 4);
+  EXPECT_EQ(spec.a2f_row_bytes(kRoutingTensor), 0u);
+  EXPECT_EQ(spec.a2f_row_bytes(2), 512u);
+  EXPECT_EQ(spec.a2f_tensor_name(3), "topk_ids");
+  EXPECT_EQ(spec.a2f_bytes_per_token(), 256u + 512 + 64);
+  EXPECT_EQ(parse_config(to_toml(c), "effective.toml"), c) << to_toml(c);
+
+  EXPECT_EQ(error_of("[model.a2f_tensors]\nrouting = { dtype = \"fp32\" }\n"),
+            "job.toml:2:1: [model.a2f_tensors] routing: not a tensor name ([a-z0-9_], at most "
+            "32 characters, none of tokens, routing, experts, weights, output)");
+  EXPECT_EQ(error_of("[model.a2f_tensors]\n\"Router Logits\" = { dtype = \"fp32\" }\n"),
+            "job.toml:2:1: [model.a2f_tensors] Router Logits: not a tensor name ([a-z0-9_], at "
+            "most 32 characters, none of tokens, routing, experts, weights, output)");
+  EXPECT_EQ(error_of("[model.a2f_tensors]\nlogits = { dtype = \"fp64\" }\n"),
+            "job.toml:2:12: [model.a2f_tensors.logits] dtype: unknown value \"fp64\" (expected "
+            "one of fp8, bf16, fp16, fp32, int32, int64; did you mean fp8?)");
+  EXPECT_EQ(error_of("[model.a2f_tensors]\nlogits = { dtype = \"fp32\", colums = 3 }\n"),
+            "job.toml:2:28: unknown key [model.a2f_tensors.logits] colums (did you mean "
+            "columns?)");
+  EXPECT_EQ(error_of("[model.a2f_tensors]\nlogits = 3\n"),
+            "job.toml:2:1: [model.a2f_tensors.logits]: expected a table, got integer 3");
+  EXPECT_EQ(error_of("[model]\na2f_tensors = [1]\n"),
+            "job.toml:2:1: [model] a2f_tensors: expected a table of tensor names, got an array");
+  EXPECT_EQ(
+      error_of("[model.a2f_tensors]\na = {}\nb = {}\nc = {}\nd = {}\ne = {}\nf = {}\ng = {}\n"),
+      "job.toml:1:8: [model] a2f_tensors: 7 tensors; a push carries at most 6 beside the "
+      "tokens and routing");
+  EXPECT_EQ(error_of("[model]\ntokens = 1024\n[model.a2f_tensors]\nlogits = { dtype = \"int64\", "
+                     "columns = 1048576 }\n"),
+            "job.toml:4:29: [model.a2f_tensors.logits] columns: tokens x columns x 8 bytes = "
+            "8589934592 bytes per micro-batch exceeds the 4 GiB limit");
+  // The hidden states are never integers.
+  EXPECT_EQ(error_of("[model]\na2f_dtype = \"int32\"\n"),
+            "job.toml:2:1: [model] a2f_dtype: unknown value \"int32\" (expected one of fp8, bf16, "
+            "fp16, fp32)");
+}
+
 // etcd is a store of its own: its address is a URL, with a default on this host.
 TEST(ConfigTest, EtcdRendezvous) {
   JobConfig c = parse_config("[rendezvous]\nkind = \"etcd\"\n", "job.toml");
@@ -314,9 +370,9 @@ TEST(ConfigTest, TopKHasACap) {
   // Before the cap, top_k = 2147483647 (with as many experts) was accepted, and the routing bytes
   // of a slot grew without bound.
   EXPECT_EQ(error_of("[model]\nexperts = 2147483647\ntop_k = 2147483647\n"),
-            "job.toml:3:1: [model] top_k: expected an integer in 1..1024, got 2147483647");
+            "job.toml:3:1: [model] top_k: expected an integer in 0..1024, got 2147483647");
   EXPECT_EQ(error_of("[model]\nexperts = 2000\ntop_k = 1025\n"),
-            "job.toml:3:1: [model] top_k: expected an integer in 1..1024, got 1025");
+            "job.toml:3:1: [model] top_k: expected an integer in 0..1024, got 1025");
   EXPECT_EQ(parse_config("[model]\nexperts = 2000\ntop_k = 1024\n", "job.toml").model.top_k, 1024);
 }
 

@@ -1,6 +1,6 @@
-// The wire header's bounds check (afd/src/wire.hpp) against hostile headers: sizes whose product
-// wraps 64 bits must be refused, not accepted as a small payload that "fits"; and the engine
-// spec's slot arithmetic throws instead of wrapping.
+// The wire header's bounds check (afd/src/wire.hpp) against hostile headers: rows past a tensor's
+// window or the F's row spaces, counts that do not add up to the payload, a sender of another
+// shape or incarnation; and the engine spec's slot arithmetic throws instead of wrapping.
 #include "wire.hpp"
 
 #include <hetmesh/afd/engine.hpp>
@@ -12,36 +12,34 @@
 namespace hetmesh::afd {
 namespace {
 
-constexpr uint64_t kBytesPerToken = uint64_t{1} << 34;  // a hostile slot table's figure
-
-SlotLimits wide_limits() {
-  return {MessageKind::a2f,
-          1,
-          1,
-          std::numeric_limits<uint32_t>::max(),
-          7168,
-          8,
-          /*capacity=*/uint64_t{1} << 20,
-          kBytesPerToken};
+// The receiver's job: 2 As, StepMesh's per-A shape, router logits beside the routing.
+EngineSpec receiver() {
+  EngineSpec spec;
+  spec.role = Role::ffn;
+  spec.attention = 2;
+  spec.tokens = 128;
+  spec.hidden = 7168;
+  spec.top_k = 8;
+  spec.a2f_extra = {{"router_logits", 256 * 4}};
+  return spec;
 }
 
-WireHeader header(uint32_t tokens, uint64_t payload_bytes) {
-  WireHeader h{};
-  h.magic = kWireMagic;
-  h.version = kWireVersion;
-  h.kind = static_cast<uint16_t>(MessageKind::a2f);
-  h.tokens = tokens;
-  h.hidden = 7168;
-  h.top_k = 8;
-  h.payload_bytes = payload_bytes;
-  h.epoch = 1;
+// An honest A2F header of `tokens` tokens, every tensor whole, at `row_offset`.
+WireHeader header(const EngineSpec& spec, uint32_t tokens, uint32_t row_offset = 0) {
+  WireHeader h = make_header(spec, 1, MessageKind::a2f, 0, 1, tokens, 0);
+  h.source = 0;
+  h.row_offset = row_offset;
+  for (int t = 0; t < spec.a2f_tensors(); ++t) {
+    h.rows[t] = tokens;
+    h.payload_bytes += uint64_t{tokens} * spec.a2f_row_bytes(t);
+  }
   return h;
 }
 
 // What validate() says of `h` in slot (sender 0, micro-batch 0) of a sender at `epoch`.
-std::string refusal(const WireHeader& h, const SlotLimits& limits, uint64_t epoch = 1) {
+std::string refusal(const WireHeader& h, const EngineSpec& spec, uint64_t epoch = 1) {
   try {
-    validate(h, limits, 0, epoch, 0, "test");
+    validate(h, spec, MessageKind::a2f, 0, epoch, 0, "test");
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), kStatusProtocolError);
     return e.what();
@@ -49,43 +47,72 @@ std::string refusal(const WireHeader& h, const SlotLimits& limits, uint64_t epoc
   return "accepted";
 }
 
+bool says(const std::string& refusal, const std::string& what) {
+  return refusal.find(what) != std::string::npos;
+}
+
 // A process that was replaced (epoch 1) must not be taken for its replacement (epoch 2).
 TEST(WireValidate, AnOlderIncarnationsHeaderIsRefused) {
-  const SlotLimits slot{MessageKind::a2f, 1, 1, 16, 7168, 8, /*capacity=*/1600, 100};
-  const WireHeader h = header(4, 400);
-  EXPECT_EQ(refusal(h, slot, 1), "accepted");
-  EXPECT_NE(refusal(h, slot, 2).find("epoch 1 from the sender's incarnation 2"), std::string::npos)
-      << refusal(h, slot, 2);
+  const EngineSpec spec = receiver();
+  const WireHeader h = header(spec, 4);
+  EXPECT_EQ(refusal(h, spec, 1), "accepted");
+  EXPECT_TRUE(says(refusal(h, spec, 2), "epoch 1 from the sender's incarnation 2"))
+      << refusal(h, spec, 2);
 }
 
-TEST(WireValidate, ProductThatWrapsIsRefused) {
-  // 2^30 tokens x 2^34 bytes = 2^64, which wraps to 0: a payload of 0 bytes "matched" and "fit".
-  EXPECT_NE(refusal(header(1u << 30, 0), wide_limits()).find("refused header: payload of 0 bytes"),
-            std::string::npos);
-  // 2^31 tokens: 2^65 wraps to 0 as well.
-  EXPECT_NE(refusal(header(1u << 31, 0), wide_limits()).find("refused header"), std::string::npos);
-  // A product that wraps to a value within the capacity: (2^30 + 1) x 2^34 = 2^34 mod 2^64.
-  SlotLimits roomy = wide_limits();
-  roomy.capacity = kBytesPerToken;
-  EXPECT_NE(refusal(header((1u << 30) + 1, kBytesPerToken), roomy).find("refused header"),
-            std::string::npos);
+TEST(WireValidate, HonestHeadersAreAccepted) {
+  const EngineSpec spec = receiver();
+  EXPECT_EQ(refusal(header(spec, 128), spec), "accepted");
+  EXPECT_EQ(refusal(header(spec, 3, 128 + 5), spec), "accepted");  // in the second A's window
+  EXPECT_EQ(refusal(header(spec, 0), spec), "accepted");           // an idle rank's empty push
+  WireHeader dense = header(spec, 16);  // a dense layer: no router logits
+  dense.rows[2] = 0;
+  dense.payload_bytes -= 16 * spec.a2f_row_bytes(2);
+  EXPECT_EQ(refusal(dense, spec), "accepted");
 }
 
-TEST(WireValidate, HonestHeaderIsAccepted) {
-  SlotLimits limits = wide_limits();
-  limits.bytes_per_token = 7168 + 8 * 8;
-  limits.capacity = 128 * limits.bytes_per_token;
-  limits.max_tokens = 128;
-  EXPECT_EQ(refusal(header(128, 128 * limits.bytes_per_token), limits), "accepted");
-  EXPECT_EQ(refusal(header(3, 3 * limits.bytes_per_token), limits), "accepted");
-  EXPECT_NE(refusal(header(3, 3 * limits.bytes_per_token + 1), limits).find("payload"),
-            std::string::npos);
-  EXPECT_NE(refusal(header(129, 129 * limits.bytes_per_token), limits).find("129 tokens"),
-            std::string::npos);
-  // An idle rank's empty push: the header alone.
-  EXPECT_EQ(refusal(header(0, 0), limits), "accepted");
-  EXPECT_NE(refusal(header(0, 1), limits).find("payload of 1 bytes for 0 tokens"),
-            std::string::npos);
+TEST(WireValidate, RowsAndPayloadThatDoNotAddUpAreRefused) {
+  const EngineSpec spec = receiver();
+  WireHeader h = header(spec, 3);
+  h.payload_bytes += 1;
+  EXPECT_TRUE(says(refusal(h, spec), "payload of")) << refusal(h, spec);
+  EXPECT_TRUE(says(refusal(header(spec, 129), spec), "129 tokens"));
+  h = header(spec, 4);
+  h.rows[0] = 5;  // the tokens tensor always carries the push's tokens
+  EXPECT_TRUE(says(refusal(h, spec), "5 rows of tokens for 4 tokens")) << refusal(h, spec);
+  h = header(spec, 4);
+  h.rows[2] = 1u << 31;  // a hostile count: never multiplied before it is bounded
+  EXPECT_TRUE(says(refusal(h, spec), "rows of tensor 2")) << refusal(h, spec);
+  h = header(spec, 4);
+  h.rows[5] = 1;  // a tensor the job does not have
+  EXPECT_TRUE(says(refusal(h, spec), "rows of tensor 5 (the job's holds 0..0)"))
+      << refusal(h, spec);
+  EngineSpec without_routing = spec;
+  without_routing.top_k = 0;
+  h = header(without_routing, 4);
+  h.rows[kRoutingTensor] = 4;
+  EXPECT_TRUE(says(refusal(h, without_routing), "rows of tensor 1 (the job's holds 0..0)"))
+      << refusal(h, without_routing);
+}
+
+TEST(WireValidate, RowsPastTheRowSpacesAreRefused) {
+  const EngineSpec spec = receiver();  // 2 As x 128 rows
+  EXPECT_TRUE(
+      says(refusal(header(spec, 128, 129), spec), "rows 129..257 (the row spaces hold 256)"))
+      << refusal(header(spec, 128, 129), spec);
+  // An offset that wraps 32 bits with its rows is still past the end.
+  EXPECT_TRUE(says(refusal(header(spec, 2, UINT32_MAX), spec), "the row spaces hold 256"));
+}
+
+TEST(WireValidate, ASenderOfAnotherShapeIsRefused) {
+  const EngineSpec spec = receiver();
+  EngineSpec other = spec;
+  other.a2f_extra[0].row_bytes = 256 * 2;  // router logits in bf16 at one end, fp32 at the other
+  EXPECT_TRUE(says(refusal(header(other, 4), spec), "the sender's job has other shapes"))
+      << refusal(header(other, 4), spec);
+  other = spec;
+  other.a2f_extra[0].name = "router_logit";
+  EXPECT_TRUE(says(refusal(header(other, 4), spec), "other shapes"));
 }
 
 TEST(EngineSpecSizes, OverflowThrowsInsteadOfWrapping) {
@@ -105,6 +132,12 @@ TEST(EngineSpecSizes, OverflowThrowsInsteadOfWrapping) {
   spec.role = Role::ffn;
   spec.attention = 2;
   EXPECT_EQ(spec.instance_slot_bytes(), 2 * 3 * (spec.a2f_slot_bytes() + spec.f2a_slot_bytes()));
+  // In groups, an F holds only its own As' rows.
+  spec.ffn = 2;
+  spec.topology = JobTopology::groups;
+  EXPECT_EQ(spec.ffn_rows(), 128u);
+  EXPECT_EQ(spec.instance_slot_bytes(), 3 * (spec.a2f_slot_bytes() + spec.f2a_slot_bytes()));
+  EXPECT_EQ(spec.window_of(1), 0);
 }
 
 // The control words keep their bytes on the wire (peers of the previous build send the same), and

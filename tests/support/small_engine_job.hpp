@@ -31,7 +31,7 @@ inline afd::EngineSpec small_spec(int attention, int ffn, TransportKind kind) {
 
 // F's answer into part.output (its slot, or a buffer of the test's).
 inline void answer_plus_rank(const afd::EngineSpec& spec, const afd::Batch::FromAttention& part) {
-  const auto* in = static_cast<const uint8_t*>(part.tokens_data);
+  const auto* in = static_cast<const uint8_t*>(part.tokens_data());
   auto* out = static_cast<uint8_t*>(part.output);
   for (uint64_t i = 0; i < uint64_t{part.tokens} * spec.hidden * spec.f2a_bytes; ++i)
     out[i] = static_cast<uint8_t>(in[i] + spec.rank + 1);

@@ -432,6 +432,13 @@ void add_demo_command(CLI::App& app) {
   cli::add_job_launch_options(*demo, *o);
   demo->callback([o] {
     JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
+    // The demo's experts are chosen by the routing, and its tokens alone fill its pushes.
+    if (config.model.top_k == 0 || !config.model.a2f_tensors.empty())
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: the demo's MoE routes each token to top_k experts and sends "
+                              "nothing else: [model] top_k must be at least 1 and "
+                              "[model.a2f_tensors] empty (bench afd moves any shape)",
+                              o->config));
     int rc;
     if (!o->role.empty()) set_log_identity(fmt::format("{}:{}", o->role, o->rank));  // a child
     if (o->role == "attention" || o->role == "ffn") {

@@ -105,6 +105,9 @@ void store(Dtype t, void* base, size_t index, float value) {
     case Dtype::fp8:
       static_cast<uint8_t*>(base)[index] = to_fp8(value);
       return;
+    case Dtype::int32:
+    case Dtype::int64:
+      return;  // the hidden states are never integers (job_config.hpp)
   }
 }
 
@@ -118,6 +121,9 @@ float load(Dtype t, const void* base, size_t index) {
       return from_fp16(static_cast<const uint16_t*>(base)[index]);
     case Dtype::fp8:
       return from_fp8(static_cast<const uint8_t*>(base)[index]);
+    case Dtype::int32:
+    case Dtype::int64:
+      break;  // the hidden states are never integers (job_config.hpp)
   }
   return 0;
 }

@@ -32,7 +32,7 @@ class HostRunner : public ExpertRunner {
   void run(int layer, const afd::Batch::FromAttention& part, const Stream&) override {
     ExpertArgs args = args_;
     args.tokens = part.tokens;
-    run_experts(args, part.tokens_data, static_cast<const Route*>(part.routing_data),
+    run_experts(args, part.tokens_data(), static_cast<const Route*>(part.routing_data()),
                 weights_[static_cast<size_t>(layer)].data(), part.output);
   }
 
@@ -54,8 +54,8 @@ class StagedHostRunner : public HostRunner {
     tokens_.resize(bytes.tokens);
     routing_.resize(part.tokens * size_t{args.top_k});
     output_.resize(bytes.output);
-    stream.copy(tokens_.data(), part.tokens_data, bytes.tokens);
-    stream.copy(routing_.data(), part.routing_data, bytes.routing);
+    stream.copy(tokens_.data(), part.tokens_data(), bytes.tokens);
+    stream.copy(routing_.data(), part.routing_data(), bytes.routing);
     stream.synchronize(std::chrono::seconds(60));
     run_experts(args, tokens_.data(), routing_.data(), weights_[static_cast<size_t>(layer)].data(),
                 output_.data());
@@ -108,8 +108,8 @@ class KernelLibraryRunner : public ExpertRunner {
                  args_.last_expert,
                  static_cast<int32_t>(args_.a2f),
                  static_cast<int32_t>(args_.f2a)};
-    call.tokens = part.tokens_data;
-    call.routing = static_cast<const hm_demo_route*>(part.routing_data);
+    call.tokens = part.tokens_data();
+    call.routing = static_cast<const hm_demo_route*>(part.routing_data());
     call.weights = static_cast<const float*>(weights_[static_cast<size_t>(layer)].data());
     call.out = part.output;
     char error[256] = "";

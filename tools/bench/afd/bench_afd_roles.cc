@@ -46,15 +46,22 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o, bool caller) {
   // The application's buffers: each micro-batch's tokens then routing, and its results per F.
   std::optional<Buffer> sent, results;
   std::vector<afd::PushOptions> pushes(static_cast<size_t>(M));
+  std::vector<afd::PushTensor> tensors(static_cast<size_t>(M * spec.a2f_tensors()));
   std::vector<void*> into(static_cast<size_t>(M * spec.ffn));
   if (caller) {
     sent = instance->device().allocate(M * spec.a2f_slot_bytes());
     results = instance->device().allocate(M * spec.ffn * spec.f2a_slot_bytes());
     for (int mb = 0; mb < M; ++mb) {
-      auto* tokens = static_cast<uint8_t*>(sent->data()) + mb * spec.a2f_slot_bytes();
+      // Each tensor's rows one after the other, as in the engine's own send slot.
+      auto* at = static_cast<uint8_t*>(sent->data()) + mb * spec.a2f_slot_bytes();
       afd::PushOptions& push = pushes[static_cast<size_t>(mb)];
-      push.tokens_from = tokens;
-      push.routing_from = tokens + uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes;
+      const auto first = static_cast<size_t>(mb * spec.a2f_tensors());
+      for (int t = 0; t < spec.a2f_tensors(); ++t) {
+        tensors[first + static_cast<size_t>(t)].from = at;
+        at += uint64_t{spec.tokens} * spec.a2f_row_bytes(t);
+      }
+      push.tensors = std::span<const afd::PushTensor>(&tensors[first],
+                                                      static_cast<size_t>(spec.a2f_tensors()));
       for (int f = 0; f < spec.ffn; ++f)
         into[static_cast<size_t>(mb * spec.ffn + f)] =
             static_cast<uint8_t*>(results->data()) + (mb * spec.ffn + f) * spec.f2a_slot_bytes();

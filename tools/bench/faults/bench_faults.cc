@@ -94,7 +94,7 @@ int run_instance(const FaultOptions& o) {
       bool noticed = false;
       while (auto batch = engine.get_batch(o.replace ? kJoinLimit : spec.timeout)) {
         for (const auto& part : batch->parts)
-          stream.copy(part.output, part.tokens_data, uint64_t{part.tokens} * spec.hidden * 2);
+          stream.copy(part.output, part.tokens_data(), uint64_t{part.tokens} * spec.hidden * 2);
         engine.respond(*batch, &stream);
         if (o.replace && !noticed && !engine.lost_attention().empty()) {
           noticed = true;

@@ -1,13 +1,15 @@
-// The AFD engine: attention instances (A) send each micro-batch's tokens and expert routing to
-// every FFN instance (F); each F writes its partial result straight back into A's pre-registered
-// slot for that micro-batch. Any A talks to any F.
+// The AFD engine: attention instances (A) send each micro-batch's tokens, expert routing and any
+// other tensors the job declares to the FFN instances (F) they map to; each F writes its result
+// straight back into A's pre-registered slot for that micro-batch. Any A talks to any F.
 //
 // Every buffer is allocated and registered at construction: per micro-batch, A owns one send slot
-// and one receive slot per F; F owns one receive slot and one send slot per (A, micro-batch). A
-// micro-batch may have several round trips queued (a stage's next layers, pushed before the
-// answers are in): they go out in order, each only once every F answered the one before (that is
-// the credit), and every header is bounds-checked against the slot table on receipt. The hot path
-// allocates nothing.
+// and one receive slot per F; F owns, per micro-batch, one row space of each A2F tensor that its
+// As' rows land in (each A in a window of its own, or back to back where the As say where:
+// PushOptions::row_offset), one of outputs, and the headers per (A, micro-batch). A micro-batch
+// may have several round trips queued (a stage's next layers, pushed before the answers are in):
+// they go out in order, each only once every F answered the one before (that is the credit), and
+// every header is bounds-checked against the slot table on receipt. The hot path allocates
+// nothing.
 //
 // Threads: each engine runs one comm thread that polls the transport, and one sender thread per
 // peer that waits for a micro-batch's readiness and posts its writes to that peer, so the writes
@@ -31,12 +33,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // Exported from the library, which hides every other symbol (core/README.md, "Exports").
@@ -64,6 +68,22 @@ enum class JobTopology {
           // k·r … k·r+r−1, r = attention / ffn (vLLM's AFD mapping; attention % ffn == 0)
 };
 
+// The A2F tensors of a job, by index: every push carries the tokens (hidden states) and the routing
+// ([top_k] of {int32 expert, float weight} a token; none when top_k is 0), then the job's extra
+// tensors (EngineSpec::a2f_extra) in their order.
+constexpr int kTokensTensor = 0;
+constexpr int kRoutingTensor = 1;
+constexpr int kMaxA2fTensors = 8;
+
+// A tensor an A sends beside its tokens and routing, a row per token (router logits, the scales of
+// fp8 tokens, the top-k ids a gate on the attention side computed): its name, for the application,
+// and its bytes a row.
+struct ExtraTensor {
+  std::string name;
+  uint32_t row_bytes = 0;
+  bool operator==(const ExtraTensor&) const = default;
+};
+
 struct EngineSpec {
   Role role = Role::attention;
   int rank = 0;       // index within the role
@@ -75,6 +95,8 @@ struct EngineSpec {
   uint32_t top_k = 8;
   uint32_t a2f_bytes = 1;  // bytes per hidden element, A to F (fp8 = 1)
   uint32_t f2a_bytes = 2;  // bytes per hidden element, F to A (bf16 = 2)
+  // Tensors every push carries after the tokens and the routing, at most kMaxA2fTensors - 2.
+  std::vector<ExtraTensor> a2f_extra;
   // Round trips a micro-batch may have in flight at once (pushed, not yet waited for): the host
   // can push a micro-batch's next layer before the previous answer is in (push_pull).
   int queue_depth = 8;
@@ -83,7 +105,17 @@ struct EngineSpec {
   // A `a` sends its micro-batches to F `f` (and waits for its answer). JobTopology::groups with an
   // attention count that is not a multiple of ffn is refused by the engines.
   bool sends(int a, int f) const {
-    return topology == JobTopology::all || f == a / std::max(1, attention / std::max(1, ffn));
+    return topology == JobTopology::all || f == a / attention_per_ffn();
+  }
+  // The As each F serves (every A, or its group), and A `a`'s place among them: the window of an
+  // F's row spaces that a's rows land in unless its push names another (PushOptions::row_offset).
+  int attention_per_ffn() const {
+    return topology == JobTopology::all ? attention : std::max(1, attention / std::max(1, ffn));
+  }
+  int window_of(int a) const { return topology == JobTopology::all ? a : a % attention_per_ffn(); }
+  // Rows of each row space of an F's micro-batch: a window of `tokens` for each of its As.
+  uint64_t ffn_rows() const {
+    return uint64_t{tokens} * static_cast<uint64_t>(attention_per_ffn());
   }
   // The bound on the engine's own waits for data: the destructor's, and the default the
   // launcher's callers use for wait() and get_batch().
@@ -112,21 +144,39 @@ struct EngineSpec {
   // would wrap gets Error(INVALID_ARGUMENT) instead of a small, wrong size.
   // Routing entries are (int32 expert, float weight) pairs: top_k per token.
   uint64_t routing_bytes_per_token() const { return uint64_t{top_k} * 8; }
-  uint64_t a2f_bytes_per_token() const {
-    return uint64_t{hidden} * a2f_bytes + routing_bytes_per_token();  // < 2^64: 32 x 32 bits
+  // The A2F tensors in their order: how many, and the bytes of a row of each (0 past the count).
+  int a2f_tensors() const { return 2 + static_cast<int>(a2f_extra.size()); }
+  uint64_t a2f_row_bytes(int tensor) const {
+    if (tensor == kTokensTensor) return uint64_t{hidden} * a2f_bytes;
+    if (tensor == kRoutingTensor) return routing_bytes_per_token();
+    const auto extra = static_cast<size_t>(tensor - 2);
+    return extra < a2f_extra.size() ? a2f_extra[extra].row_bytes : 0;
   }
+  // "tokens", "routing", then the extra tensors' names.
+  std::string_view a2f_tensor_name(int tensor) const {
+    if (tensor == kTokensTensor) return "tokens";
+    if (tensor == kRoutingTensor) return "routing";
+    const auto extra = static_cast<size_t>(tensor - 2);
+    return extra < a2f_extra.size() ? std::string_view(a2f_extra[extra].name) : "?";
+  }
+  uint64_t a2f_bytes_per_token() const {  // < 2^64: at most 8 tensors of 32 x 32 bits
+    uint64_t sum = 0;
+    for (int t = 0; t < a2f_tensors(); ++t)
+      sum += a2f_row_bytes(t);
+    return sum;
+  }
+  uint64_t f2a_bytes_per_token() const { return uint64_t{hidden} * f2a_bytes; }
   uint64_t a2f_slot_bytes() const { return checked_product(tokens, a2f_bytes_per_token()); }
-  uint64_t f2a_slot_bytes() const {
-    return checked_product(tokens, checked_product(hidden, f2a_bytes));
-  }
+  uint64_t f2a_slot_bytes() const { return checked_product(tokens, f2a_bytes_per_token()); }
   // Every payload slot this instance allocates (headers aside): an A holds one A2F slot and one
-  // F2A slot per F for each micro-batch; an F one of each per (A, micro-batch).
+  // F2A slot per F for each micro-batch; an F, per micro-batch, row spaces of ffn_rows() rows of
+  // every A2F tensor and of its outputs.
   uint64_t instance_slot_bytes() const {
     if (role == Role::attention)
       return checked_product(micro_batches,
                              checked_sum(a2f_slot_bytes(), checked_product(ffn, f2a_slot_bytes())));
-    return checked_product(checked_product(attention, micro_batches),
-                           checked_sum(a2f_slot_bytes(), f2a_slot_bytes()));
+    return checked_product(checked_product(micro_batches, ffn_rows()),
+                           checked_sum(a2f_bytes_per_token(), f2a_bytes_per_token()));
   }
 
  private:
@@ -177,21 +227,40 @@ struct ReadySignal {
   uint32_t value = 0;
 };
 
+// One A2F tensor of a push (PushOptions::tensors): where its rows come from, and how many.
+struct PushTensor {
+  // The application's own memory ([rows][row bytes]) in place of the engine's slot (null).
+  const void* from = nullptr;
+  // Rows sent, 0..EngineSpec::tokens; unset: the push's `tokens` (the tokens tensor always sends
+  // exactly those). 0 leaves the tensor out of this push (a dense layer's router logits).
+  std::optional<uint32_t> rows;
+};
+
 // How AttentionEngine::push_pull sends a micro-batch.
 struct PushOptions {
   ReadySignal ready;               // when the slot's data is ready (default: at once)
   uint64_t tag = 0;                // handed to each F with the part (Batch), e.g. the layer
   int64_t attention_start_ns = 0;  // for the metrics: when this micro-batch's attention began
-  // The application's own memory in place of the engine's slots, each optional: the tokens
-  // ([tokens][hidden] in the A2F dtype) and routing ([tokens][top_k] of {int32, float}) to send
-  // from, and for each F (ffn entries, read during the call; a null entry is that F's result slot)
-  // where its result lands ([tokens][hidden] in the F2A dtype): the engine copies nothing. Memory
-  // of the engine's device (or host memory it can use), unchanged until the round trip is waited
-  // for, and long-lived: the engine registers each allocation at first sight and keeps it until it
-  // ends (a row slice of a registered tensor costs a lookup; register_buffer does it ahead).
-  const void* tokens_from = nullptr;
-  const void* routing_from = nullptr;
+  // Per A2F tensor, by index (kTokensTensor, kRoutingTensor, then the job's extra tensors): an
+  // entry for each, or none at all (every tensor from its slot, `tokens` rows).
+  std::span<const PushTensor> tensors;
+  // For each F (ffn entries, read during the call; a null entry is that F's result slot), where
+  // its result lands ([tokens][hidden] in the F2A dtype) in the application's own memory.
+  //
+  // The application's buffers (here and in `tensors`): memory of the engine's device (or host
+  // memory it can use), unchanged until the round trip is waited for, and long-lived: the engine
+  // registers each allocation at first sight and keeps it until it ends (a row slice of a
+  // registered tensor costs a lookup; register_buffer does it ahead). The engine copies nothing.
   std::span<void* const> results_into;
+  // Where this A's rows land in each F's row spaces of the micro-batch (EngineSpec::ffn_rows()
+  // rows): unset, the A's own window (window_of(rank) x tokens); set, that row, so that As that
+  // agree on their offsets (A i at the sum of the rows of the As before it, from a step's token
+  // counts every A knows) land back to back and the F sees one tensor (Batch::packed). For
+  // gather = all (refused for eager). The As must not land on a part the F holds and has not
+  // given to respond() yet (in a correct job, each A pushes every micro-batch of a step, 0 rows
+  // for an idle one, at that step's offsets): an F that finds another A's rows there fails with a
+  // protocol error naming both (the bytes have landed over them).
+  std::optional<uint32_t> row_offset;
 };
 
 // What an engine moved, by where the bytes were: the application's buffers (PushOptions, an F's
@@ -258,10 +327,13 @@ class AttentionEngine {
   // "quit" instead, and finish() throws its error.
   void finish();
 
-  // Where the caller (or its compute stream) puts micro-batch `mb`'s tokens ([tokens][hidden] in
-  // the A2F dtype) and routing ([tokens][top_k] of {int32 expert, float weight}); device memory.
-  void* tokens(int micro_batch) const;
-  void* routing(int micro_batch) const;
+  // Where the caller (or its compute stream) puts micro-batch `mb`'s A2F tensor `tensor`
+  // ([tokens][row bytes]; device memory): tokens(mb) ([tokens][hidden] in the A2F dtype),
+  // routing(mb) ([tokens][top_k] of {int32 expert, float weight}; null when top_k is 0), then the
+  // job's extra tensors. Null for a tensor the job does not have.
+  void* tensor(int micro_batch, int tensor) const;
+  void* tokens(int micro_batch) const { return tensor(micro_batch, kTokensTensor); }
+  void* routing(int micro_batch) const { return tensor(micro_batch, kRoutingTensor); }
   // Where F `ffn`'s partial result for micro-batch `mb` lands ([tokens][hidden], F2A dtype).
   void* result(int micro_batch, int ffn) const;
 
@@ -269,7 +341,7 @@ class AttentionEngine {
   using Push = PushOptions;
 
   using Handle = uint64_t;
-  // Sends micro-batch `mb` (its first `tokens` rows, 0 for an idle rank) to every F once ready;
+  // Sends micro-batch `mb` (its first `tokens` rows, 0 for an idle rank) to its Fs once ready;
   // the results arrive in result(mb, *). Does not wait: up to spec.queue_depth round trips of mb
   // may be in flight, and each goes to an F only once that F answered the one before, so a host
   // can push a stage's next layers ahead. The slots are shared by a micro-batch's queue: a queued
@@ -345,15 +417,27 @@ struct Batch {
     uint64_t sequence = 0;
     uint64_t tag = 0;  // the A's push_pull tag
     uint32_t tokens = 0;
-    void* tokens_data = nullptr;   // device memory: [tokens][hidden] A2F dtype
-    void* routing_data = nullptr;  // device memory: [tokens][top_k] {int32, float}
-    // Device memory to fill: [tokens][hidden] F2A dtype, the engine's slot. An application that
-    // computes into a buffer of its own points this at it before respond(), which then sends from
-    // there (registered as PushOptions's buffers are, and as long-lived).
+    uint32_t row_offset = 0;  // of its rows in the F's row spaces of the micro-batch
+    // Per A2F tensor: where its rows landed (device memory: the engine's row space, or the
+    // application's buffer FfnEngine::receive_into named) and how many came; [kTokensTensor] is
+    // [tokens][hidden] in the A2F dtype, [kRoutingTensor] [rows][top_k] of {int32, float} (null
+    // when top_k is 0). Entries past the job's tensors are null.
+    std::array<void*, kMaxA2fTensors> inputs{};
+    std::array<uint32_t, kMaxA2fTensors> rows{};
+    void* tokens_data() const { return inputs[kTokensTensor]; }
+    void* routing_data() const { return inputs[kRoutingTensor]; }
+    // Device memory to fill: [tokens][hidden] F2A dtype, the engine's output rows. An application
+    // that computes into a buffer of its own points this at it before respond(), which then
+    // sends from there (registered as PushOptions's buffers are, and as long-lived).
     void* output = nullptr;
   };
   std::vector<FromAttention> parts;
   int64_t ready_ns = 0;
+  // The parts lie back to back from row 0 in the order of `parts`, every tensor in one buffer
+  // (their As pushed at agreeing row offsets): the batch is one tensor of each kind, its
+  // `packed_rows` tokens at `parts[0].inputs` and `parts[0].output`. False for an empty batch.
+  bool packed = false;
+  uint32_t packed_rows = 0;
 };
 
 // The FFN side.
@@ -388,6 +472,21 @@ class FfnEngine {
   void send_message(int attention, std::span<const uint8_t> bytes);
   std::optional<Message> receive_message(std::chrono::milliseconds timeout);
 
+  // The F's row spaces of micro-batch `mb`, where its As' rows land (EngineSpec::ffn_rows() rows,
+  // each A in its window unless it pushes at another row_offset): A2F tensor `tensor`'s
+  // ([rows][row bytes]; null for a tensor the job does not have), and the outputs' ([rows][hidden]
+  // in the F2A dtype). Fixed for the engine's life: a captured graph may read and write them.
+  void* inputs(int micro_batch, int tensor) const;
+  void* outputs(int micro_batch) const;
+  // From now on, the As' rows of A2F tensor `tensor` of micro-batch `mb` land in the application's
+  // own buffer [data, +bytes) instead of the engine's row space, at the same rows (it holds
+  // EngineSpec::ffn_rows() rows; registered as PushOptions's buffers are, and as long-lived). Each
+  // A hears of it in order with this F's answers and uses it for the pushes it posts after that;
+  // a part says where its rows did land (Batch::FromAttention::inputs), so a part already on its
+  // way lands in the row space it was sent to. For buffers set up once (a graph's, StepMesh's
+  // register_recv_buffer): a micro-batch takes at most 64 distinct layouts. Throws
+  // Error(INVALID_ARGUMENT) for a buffer too small or of another device.
+  void receive_into(int micro_batch, int tensor, void* data, uint64_t bytes);
   // As AttentionEngine's, for the part outputs this F responds from.
   bool register_buffer(const void* data, uint64_t bytes);
   DataCounters counters() const;

@@ -29,8 +29,9 @@
 
 namespace hetmesh::afd {
 
-// Element types on the wire. Sizes: fp8 1, bf16 2, fp16 2, fp32 4 bytes.
-enum class Dtype { fp8, bf16, fp16, fp32 };
+// Element types on the wire. Sizes: fp8 1, bf16 2, fp16 2, fp32 4, int32 4, int64 8 bytes. The
+// hidden states travel as one of the first four; an extra A2F tensor as any.
+enum class Dtype { fp8, bf16, fp16, fp32, int32, int64 };
 size_t dtype_bytes(Dtype dtype);
 const char* to_string(Dtype dtype);  // "fp8", ...
 
@@ -72,15 +73,29 @@ struct JobSection {
   bool operator==(const JobSection&) const = default;
 };
 
+// [model.a2f_tensors] NAME = { dtype = "...", columns = N }: a tensor every push carries beside
+// the tokens and routing, `columns` elements of `dtype` a token (router logits: the model's
+// experts of its gate's dtype). Names are [a-z0-9_], at most 32, none of tokens, routing,
+// experts, weights or output.
+struct TensorSection {
+  std::string name;
+  Dtype dtype = Dtype::fp32;
+  int columns = 1;  // 1..1048576; a micro-batch of them at most 4 GiB
+  bool operator==(const TensorSection&) const = default;
+};
+
 // The defaults are a tiny MoE that runs in well under a second on a CPU; see
 // examples/configs/stepmesh-2a2f.toml for StepMesh's production shape.
 struct ModelSection {
-  int tokens = 32;                // tokens per micro-batch per A, 1..1048576
-  int hidden = 256;               // hidden size, 1..1048576
-  int experts = 4;                // total experts, split across the F instances (>= ffn)
-  int top_k = 2;                  // experts per token, 1..experts and at most 1024
-  Dtype a2f_dtype = Dtype::fp8;   // activations sent A -> F
-  Dtype f2a_dtype = Dtype::bf16;  // partial results sent F -> A
+  int tokens = 32;   // tokens per micro-batch per A, 1..1048576
+  int hidden = 256;  // hidden size, 1..1048576
+  int experts = 4;   // total experts, split across the F instances (>= ffn)
+  // Experts per token, 0..experts and at most 1024: the routing each push carries. 0: none (an F
+  // that computes the gate itself, from the tokens or from router logits in a2f_tensors).
+  int top_k = 2;
+  Dtype a2f_dtype = Dtype::fp8;            // activations sent A -> F
+  Dtype f2a_dtype = Dtype::bf16;           // partial results sent F -> A
+  std::vector<TensorSection> a2f_tensors;  // in name order, at most 6
   bool operator==(const ModelSection&) const = default;
 };
 
