@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <exception>
+#include <iterator>
 
 #include <unistd.h>
 
@@ -30,6 +32,21 @@ hm_status query(const Device& device, Fn* slot, const char* name, Args... args) 
   hm_status status = slot(args...);
   if (status != HM_OK && status != HM_ERR_NOT_READY) device.plugin().raise(status, name);
   return status;
+}
+
+// "8.0 MiB (8388608 bytes)": the size an allocation's failure names.
+std::string describe_size(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} bytes", bytes);
+  double scaled = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  for (; scaled >= 1024 && unit + 1 < std::size(kUnits); ++unit)
+    scaled /= 1024;
+  return fmt::format("{:.1f} {} ({} bytes)", scaled, kUnits[unit], bytes);
+}
+
+const char* memory_name(MemoryKind kind) {
+  return kind == MemoryKind::pinned_host ? "pinned host memory" : "device memory";
 }
 
 // Destructors log instead of throwing.
@@ -86,7 +103,15 @@ std::string Device::selector() const {
 
 Buffer Device::allocate(uint64_t size, MemoryKind kind) const {
   void* ptr = nullptr;
-  plugin_->check(api().mem_alloc(index_, size, static_cast<int32_t>(kind), &ptr), "mem_alloc");
+  const hm_status status = api().mem_alloc(index_, size, static_cast<int32_t>(kind), &ptr);
+  if (status != HM_OK) {
+    try {
+      plugin_->raise(status, "mem_alloc");
+    } catch (const Error& e) {  // the plugin's words, after what was being allocated
+      throw Error(status, fmt::format("{}: cannot allocate {} of {}: {}", selector(),
+                                      describe_size(size), memory_name(kind), e.what()));
+    }
+  }
   return Buffer(*this, ptr, size, kind);
 }
 
@@ -226,7 +251,14 @@ HostBuffer::HostBuffer(const Device& device, uint64_t bytes) : size_(bytes) {
     pinned_ = device.allocate(bytes, MemoryKind::pinned_host);
     data_ = static_cast<uint8_t*>(pinned_.data());
   } else {
-    plain_.resize(bytes);
+    try {
+      plain_.resize(bytes);
+    } catch (const std::exception&) {  // bad_alloc, or length_error past what a vector can hold
+      throw Error(HM_ERR_OUT_OF_MEMORY,
+                  fmt::format("{}: cannot allocate {} of host memory (plain: the device has no "
+                              "pinned host memory): out of memory",
+                              device.selector(), describe_size(bytes)));
+    }
     data_ = plain_.data();
   }
   std::memset(data_, 0, bytes);

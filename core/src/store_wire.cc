@@ -104,13 +104,17 @@ std::vector<uint8_t> encode_request(Op op, const std::string& key, size_t value_
   return out;
 }
 
-std::vector<uint8_t> encode_reply(Status status, const std::vector<uint8_t>& value) {
-  std::vector<uint8_t> out(kReplyHeaderBytes + value.size());
+void put_reply_header(uint8_t* out, Status status, uint32_t value_length) {
   put_u32(&out[0], kMagic);
   out[4] = kVersion;
   out[5] = status;
   put_u16(&out[6], 0);
-  put_u32(&out[8], static_cast<uint32_t>(value.size()));
+  put_u32(&out[8], value_length);
+}
+
+std::vector<uint8_t> encode_reply(Status status, const std::vector<uint8_t>& value) {
+  std::vector<uint8_t> out(kReplyHeaderBytes + value.size());
+  put_reply_header(out.data(), status, static_cast<uint32_t>(value.size()));
   std::copy(value.begin(), value.end(), out.begin() + kReplyHeaderBytes);
   return out;
 }
@@ -131,7 +135,7 @@ Frame decode_request(const uint8_t* raw) {
 Frame decode_reply(const uint8_t* raw) {
   check_common(raw);
   Frame f{raw[5], 0, get_u32(raw + 8)};
-  if (f.code > kFull) throw Malformed(fmt::format("unknown reply status {}", f.code));
+  if (f.code > kUnavailable) throw Malformed(fmt::format("unknown reply status {}", f.code));
   if (f.value_length > KeyValueStore::kMaxValueBytes)
     throw Malformed(fmt::format("reply value of {} bytes", f.value_length));
   return f;

@@ -15,7 +15,13 @@
 // add (i64 delta), erase (none). Replies: ok with the value (get, try_get), the new counter as
 // i64 (add) or nothing; not_found (try_get); timeout (get); refused with a reason text (add on a
 // value that is not a counter, or an overflow); full with a reason text (a set or add past the
-// store's caps).
+// store's caps); unavailable with a reason text (the store's host could not serve the request at
+// all: no thread could start to serve it), after which the store closes the connection, the
+// request unread.
+// `unavailable` was added within version 2, not as a version 3: it is sent only where the store
+// could otherwise send nothing, and a client that predates it reads it as a bad reply ("unknown
+// reply status 5") at once, where it would have waited out its deadline; every other exchange is
+// unchanged, so clients and stores of either build still work together.
 // Keys are 1..4096 bytes, values at most 16 MiB. A decoder never trusts a length before checking
 // it: a frame that breaks any rule throws Malformed.
 #pragma once
@@ -43,7 +49,15 @@ constexpr size_t kReplyHeaderBytes = 12;
 
 enum Op : uint8_t { kSet = 1, kGet = 2, kTryGet = 3, kAdd = 4, kErase = 5 };
 // kFull: a set or add refused by the store's caps (StoreLimits), with the reason as the value.
-enum Status : uint8_t { kOk = 0, kNotFound = 1, kTimedOut = 2, kRefused = 3, kFull = 4 };
+// kUnavailable: the request was not served (the reason as the value); the connection ends after it.
+enum Status : uint8_t {
+  kOk = 0,
+  kNotFound = 1,
+  kTimedOut = 2,
+  kRefused = 3,
+  kFull = 4,
+  kUnavailable = 5
+};
 
 // Longest server-side wait of a get; keeps deadlines far from overflow.
 constexpr std::chrono::milliseconds kMaxWait{24LL * 3600 * 1000};
@@ -67,6 +81,8 @@ struct Frame {
 std::vector<uint8_t> encode_request(Op op, const std::string& key, size_t value_length);
 // A whole reply.
 std::vector<uint8_t> encode_reply(Status status, const std::vector<uint8_t>& value);
+// A reply's header alone (kReplyHeaderBytes at `out`): for a reply sent without allocating.
+void put_reply_header(uint8_t* out, Status status, uint32_t value_length);
 
 // A peer broke the protocol; the message says how.
 class Malformed : public std::runtime_error {

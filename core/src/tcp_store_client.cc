@@ -120,7 +120,7 @@ class TcpStoreClient final : public KeyValueStore {
 
  private:
   struct Result {
-    Status status;
+    Status status = kOk;
     std::vector<uint8_t> value;
   };
   static constexpr size_t kMaxIdle = 4;
@@ -141,6 +141,7 @@ class TcpStoreClient final : public KeyValueStore {
     net::Deadline deadline = net::Clock::now() + io_timeout_ + wait;
     net::Fd fd =
         acquire(deadline, [&](const std::string& why) { return fail(kStatusPeerLost, why); });
+    Result result;
     try {
       std::vector<uint8_t> head = encode_request(op, key, value.size());
       net::send_all(fd.get(), head.data(), head.size(), "the request", deadline);
@@ -149,11 +150,9 @@ class TcpStoreClient final : public KeyValueStore {
       if (!net::recv_exact(fd.get(), raw, sizeof raw, "the reply", deadline))
         throw Error(kStatusPeerLost, "the store closed the connection");
       Frame frame = decode_reply(raw);
-      Result result{static_cast<Status>(frame.code), std::vector<uint8_t>(frame.value_length)};
+      result = Result{static_cast<Status>(frame.code), std::vector<uint8_t>(frame.value_length)};
       net::recv_all(fd.get(), result.value.data(), result.value.size(), "the reply value",
                     deadline);
-      release(std::move(fd));
-      return result;
     } catch (const Malformed& e) {
       throw fail(kStatusProtocolError, fmt::format("bad reply: {}", e.what()));
     } catch (const Error& e) {
@@ -162,6 +161,12 @@ class TcpStoreClient final : public KeyValueStore {
                    fmt::format("no reply within {} ms", (io_timeout_ + wait).count()));
       throw fail(e.status(), fmt::format("{} (is the store's host still running?)", e.what()));
     }
+    // The store did not serve the request (it could not start a thread for it) and ends this
+    // connection: it is not kept. The words are the store's.
+    if (result.status == kUnavailable)
+      throw fail(HM_ERR_OUT_OF_MEMORY, std::string(result.value.begin(), result.value.end()));
+    release(std::move(fd));
+    return result;
   }
 
   // An idle connection, or a new one. Unlike the first connect, this one does not retry: the

@@ -8,11 +8,15 @@
 // idles (an instance holds its connection for the whole job). When a client's request arrives, a
 // worker takes the client, serves that one request and hands it back to the watcher; workers are
 // started as requests need them, up to kMaxWorkers (a get that waits holds its worker), and past
-// that a request waits for a free one. A get waits on a condition variable signalled by every set
-// and add. Once a request has started, every wait is bounded by a deadline, so a dead or stalled
-// client costs a timeout, never a hang; the destructor shuts every socket down, which wakes each
-// worker. The server closes the connection of a client that breaks any rule of the protocol,
-// logging why.
+// that a request waits for a free one. Where no worker runs and none can start (the host is out of
+// threads or of address space), nobody would ever serve the request, so the watcher answers it at
+// once in a worker's place, unread, with why (unavailable, store_wire.hpp), and ends that
+// connection: the client hears the cause instead of waiting out its deadline. The watcher never
+// blocks on a client doing so, and a round in which it cannot allocate still answers every client.
+// A get waits on a condition variable signalled by every set and add. Once a request has started,
+// every wait is bounded by a deadline, so a dead or stalled client costs a timeout, never a hang;
+// the destructor shuts every socket down, which wakes each worker. The server closes the
+// connection of a client that breaks any rule of the protocol, logging why.
 #include "store_wire.hpp"
 
 #include <hetmesh/core/log.hpp>
@@ -23,8 +27,11 @@
 
 #include <fmt/format.h>
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +43,10 @@
 #include <deque>
 #include <list>
 #include <mutex>
+#include <new>
+#include <span>
+#include <string_view>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -56,6 +67,14 @@ constexpr milliseconds kHangupCheck{250};
 // Requests served at once (each worker a thread; a get holds one while it waits). Idle clients
 // cost none: their number is bounded only by the process's descriptors.
 constexpr size_t kMaxWorkers = 1024;
+// Events the watcher takes from epoll at a time.
+constexpr int kEvents = 64;
+// A refused client may still send the rest of its request; past one request's worth it is not
+// following the protocol, and its connection is closed.
+constexpr uint64_t kMaxDiscard =
+    kRequestHeaderBytes + KeyValueStore::kMaxKeyBytes + KeyValueStore::kMaxValueBytes;
+// The most of a refusal's reason that is sent.
+constexpr size_t kMaxReason = 1024;
 
 }  // namespace
 
@@ -69,6 +88,8 @@ class TcpStoreServer::Impl {
   struct Client {
     Fd fd;
     std::string peer;
+    bool refused = false;    // answered unavailable: its connection ends (the watcher's own)
+    uint64_t discarded = 0;  // bytes it sent after that, dropped
   };
   struct Reply {
     Status status = kOk;
@@ -80,6 +101,17 @@ class TcpStoreServer::Impl {
   void admit(Fd fd, const std::string& peer);
   // The watcher's loop: hands each idle client whose request arrives to a worker.
   void watch();
+  // Queues the clients whose request arrived for the workers, starting those they need; where no
+  // worker runs and none can start, refuses them instead. The watcher's.
+  void hand_over(std::span<Client* const> arrived) noexcept;
+  // Says, once, that a worker could not start, and keeps why for the refusals.
+  void worker_failed(const std::string& cause) noexcept;
+  // Answers `client`'s request, unread, with kUnavailable and `why`, and ends its connection.
+  void refuse(Client* client, std::string_view why) noexcept;
+  // Drops what a refused client still sends, and forgets it once it has closed.
+  void discard(Client* client) noexcept;
+  // Back to the idle ones (one-shot); false when epoll refuses it.
+  bool watch_again(Client* client);
   // A worker's loop: serves one request of each client handed over.
   void work();
   // Serves one request of `client`; false when its connection is over.
@@ -117,6 +149,7 @@ class TcpStoreServer::Impl {
   size_t idle_workers_ = 0;
   std::vector<std::thread> workers_;  // started by the watcher; joined after it ended
   bool worker_failure_said_ = false;  // the watcher's own
+  std::string unavailable_;           // why requests are refused while no worker can start
   std::thread watcher_;
   std::unique_ptr<net::Gate> gate_;
 };
@@ -184,6 +217,7 @@ TcpStoreServer::Impl::Impl(const std::string& listen, std::optional<JobSecret> s
   if (!epoll_ || !wake_ || epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &wake) != 0)
     throw Error(HM_ERR_BACKEND, fmt::format("tcp store {}: creating its client watcher: {}",
                                             address_, describe_errno(errno)));
+  workers_.reserve(kMaxWorkers);  // so adding a started worker never allocates
   watcher_ = start_thread("hm-store-watch", [this] { watch(); });
   net::GateLimits gate_limits;
   gate_limits.deadline = kFrameTimeout;
@@ -240,19 +274,24 @@ void TcpStoreServer::Impl::admit(Fd fd, const std::string& peer) {
 }
 
 void TcpStoreServer::Impl::watch() {
-  epoll_event events[64];
+  epoll_event events[kEvents];
+  Client* arrived[kEvents];
   for (;;) {
-    const int n = epoll_wait(epoll_.get(), events, 64, -1);
+    const int n = epoll_wait(epoll_.get(), events, kEvents, -1);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       log(LogLevel::error, "tcp store {}: epoll_wait: {}; no more requests are served", address_,
           strerror(errno));
       return;
     }
-    std::vector<Client*> arrived;
+    size_t count = 0;
     for (int i = 0; i < n; ++i) {
       auto* client = static_cast<Client*>(events[i].data.ptr);
       if (client == nullptr) return;  // stopping
+      if (client->refused) {
+        discard(client);
+        continue;
+      }
       // A client gone with no request left in its socket (its process ended) is forgotten here:
       // a job's end, every instance at once, starts no worker.
       bool gone = false;
@@ -264,36 +303,134 @@ void TcpStoreServer::Impl::watch() {
       if (gone)
         drop(client);
       else
-        arrived.push_back(client);
+        arrived[count++] = client;
     }
-    // Every client handed over has a worker of its own: an idle one, or one started now (a get
-    // may hold its worker long, so none waits behind another).
-    size_t start = 0;
-    {
-      std::lock_guard lock(queue_mutex_);
-      ready_.insert(ready_.end(), arrived.begin(), arrived.end());
-      if (ready_.size() > idle_workers_)
-        start = std::min(ready_.size() - idle_workers_, kMaxWorkers - workers_.size());
-      idle_workers_ += start;  // counted idle from now: each takes a client as it starts
-    }
-    for (size_t i = 0; i < start; ++i) {
-      try {
-        workers_.emplace_back([this] { work(); });
-      } catch (const std::system_error& e) {  // the clients wait for a worker that exists
-        if (!worker_failure_said_)            // once: it is tried again for every client that comes
-          log(LogLevel::warn, "tcp store {}: cannot start a worker ({} run): {}", address_,
-              workers_.size(), e.what());
-        worker_failure_said_ = true;
-        std::lock_guard lock(queue_mutex_);
-        idle_workers_ -= start - i;
-        break;
-      }
-    }
-    queued_.notify_all();
+    hand_over(std::span<Client* const>(arrived, count));
   }
 }
 
+void TcpStoreServer::Impl::hand_over(std::span<Client* const> arrived) noexcept {
+  // Every client handed over has a worker of its own: an idle one, or one started now (a get
+  // may hold its worker long, so none waits behind another).
+  size_t queued = 0, start = 0;
+  {
+    std::lock_guard lock(queue_mutex_);
+    try {
+      for (; queued < arrived.size(); ++queued)
+        ready_.push_back(arrived[queued]);
+    } catch (const std::bad_alloc&) {  // the rest are refused below, never left unanswered
+    }
+    if (ready_.size() > idle_workers_)
+      start = std::min(ready_.size() - idle_workers_, kMaxWorkers - workers_.size());
+    idle_workers_ += start;  // counted idle from now: each takes a client as it starts
+  }
+  for (size_t i = 0; i < start; ++i) {
+    std::string cause;  // empty: out of memory
+    try {
+      try {
+        workers_.emplace_back([this] { work(); });  // never reallocates: reserved
+        continue;
+      } catch (const std::system_error& e) {  // out of threads, or of address space for a stack
+        cause = e.code().message();
+      }
+    } catch (const std::exception&) {  // out of memory, for the thread or for the words
+    }
+    worker_failed(cause);
+    std::lock_guard lock(queue_mutex_);
+    idle_workers_ -= start - i;
+    break;
+  }
+  queued_.notify_all();
+  // With no worker at all, nobody would ever take a queued client: each hears why now, rather
+  // than waiting out its own deadline. (Workers never end before the store, so once one runs,
+  // the queue moves.)
+  const std::string_view out_of_memory = "the store's host is out of memory";
+  if (workers_.empty()) {
+    const std::string_view why = unavailable_.empty() ? out_of_memory : unavailable_;
+    for (;;) {
+      Client* client = nullptr;
+      {
+        std::lock_guard lock(queue_mutex_);
+        if (ready_.empty()) break;
+        client = ready_.front();
+        ready_.pop_front();
+      }
+      refuse(client, why);
+    }
+  }
+  for (Client* client : arrived.subspan(queued))  // no room to queue them
+    refuse(client, out_of_memory);
+}
+
+void TcpStoreServer::Impl::worker_failed(const std::string& cause) noexcept {
+  try {
+    if (unavailable_.empty())
+      unavailable_ = fmt::format(
+          "the store's host (pid {}) cannot start a thread to serve the request: {} (it is out of "
+          "threads, or of address space for a thread's stack: check ulimit -u and ulimit -v "
+          "there, and that machine's free memory)",
+          getpid(), cause.empty() ? "out of memory" : cause);
+    // Once: it is tried again for every request that comes.
+    if (!worker_failure_said_)
+      log(LogLevel::warn, "tcp store {}: cannot start a worker ({} run): {}{}", address_,
+          workers_.size(), cause.empty() ? "out of memory" : cause,
+          workers_.empty() ? "; each request is refused, naming this, until one can start"
+                           : "; requests wait for a running one");
+    worker_failure_said_ = true;
+  } catch (const std::exception&) {  // out of memory for the words: the client hears less
+  }
+}
+
+void TcpStoreServer::Impl::refuse(Client* client, std::string_view why) noexcept {
+  // The reply goes in one non-blocking send, from the stack: between requests the socket's send
+  // buffer is empty (the client read every reply before asking again), so it fits, and a client
+  // that left it full is not reading: it is closed instead.
+  why = why.substr(0, kMaxReason);
+  uint8_t head[kReplyHeaderBytes];
+  put_reply_header(head, kUnavailable, static_cast<uint32_t>(why.size()));
+  iovec parts[2] = {{head, sizeof head}, {const_cast<char*>(why.data()), why.size()}};
+  msghdr message{};
+  message.msg_iov = parts;
+  message.msg_iovlen = 2;
+  const ssize_t sent = ::sendmsg(client->fd.get(), &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (sent != static_cast<ssize_t>(sizeof head + why.size())) {
+    drop(client);
+    return;
+  }
+  // Its request was not read, so the connection is out of step: it ends. The end of stream goes
+  // after the reply now, but the socket stays open while the client may still be sending (closing
+  // it with bytes unread would reset the connection, which can lose the reply before the client
+  // reads it); it is forgotten when the client closes its end.
+  ::shutdown(client->fd.get(), SHUT_WR);
+  client->refused = true;
+  discard(client);
+}
+
+void TcpStoreServer::Impl::discard(Client* client) noexcept {
+  uint8_t sink[4096];
+  for (;;) {
+    const ssize_t n = ::recv(client->fd.get(), sink, sizeof sink, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0) {
+      client->discarded += static_cast<uint64_t>(n);
+      if (client->discarded <= kMaxDiscard) continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (watch_again(client)) return;
+    }
+    drop(client);  // it closed (or failed, or sent more than a request)
+    return;
+  }
+}
+
+bool TcpStoreServer::Impl::watch_again(Client* client) {
+  epoll_event event{};
+  event.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  event.data.ptr = client;
+  return epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, client->fd.get(), &event) == 0;
+}
+
 void TcpStoreServer::Impl::work() {
+  pthread_setname_np(pthread_self(), "hm-store-work");
   std::unique_lock lock(queue_mutex_);
   for (;;) {  // counted in idle_workers_ here (by the watcher, for the first round)
     queued_.wait(lock, [&] { return stopping_ || !ready_.empty(); });
@@ -306,10 +443,7 @@ void TcpStoreServer::Impl::work() {
       drop(client);
     } else {
       // Back to the idle ones; a request already waiting in the socket fires at once.
-      epoll_event event{};
-      event.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
-      event.data.ptr = client;
-      if (epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, client->fd.get(), &event) != 0) {
+      if (!watch_again(client)) {
         log(LogLevel::warn, "tcp store {}: closing the connection from {}: cannot watch it: {}",
             address_, client->peer, describe_errno(errno));
         drop(client);

@@ -157,6 +157,22 @@ TEST_P(DeviceTest, ZeroSizeAllocationIsRejected) {
               HasSubstr("mem_alloc"));
 }
 
+// More than any machine has (1 PiB, beyond x86-64's address space): the error names the device,
+// the size and the kind before the plugin's own words, device and pinned host memory alike.
+TEST_P(DeviceTest, AFailedAllocationNamesTheDeviceTheSizeAndTheKind) {
+  constexpr uint64_t kTooMuch = 1ull << 50;
+  const std::string size = "1.0 PiB (1125899906842624 bytes)";
+  const std::string prefix = device().selector() + ": cannot allocate " + size + " of ";
+  std::string said = error_of([&] { device().allocate(kTooMuch); }, HM_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(
+      said.rfind(prefix + "device memory: " + device().plugin().name() + ": mem_alloc failed", 0),
+      0u)
+      << said;
+  said = error_of([&] { HostBuffer(device(), kTooMuch); }, HM_ERR_OUT_OF_MEMORY);
+  EXPECT_EQ(said.rfind(prefix + "pinned host memory: ", 0), 0u) << said;
+  EXPECT_THAT(said, HasSubstr("mem_alloc failed (HM_ERR_OUT_OF_MEMORY): mem_alloc: "));
+}
+
 TEST_P(DeviceTest, FreeInsideAnAllocationIsRejected) {
   Buffer dev = device().allocate(2 * kPage);
   hm_status status = device().api().mem_free(bytes(dev) + 64);

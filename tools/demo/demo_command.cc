@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -136,8 +137,15 @@ int run_attention(const JobConfig& c, const DemoOptions& o) {
   AttentionStaging staging(device, engine, shape, M, F);
 
   const size_t n = size_t{shape.tokens} * shape.hidden;
-  std::vector<std::vector<float>> x(static_cast<size_t>(M)),
-      h(static_cast<size_t>(M), std::vector<float>(n));
+  std::vector<std::vector<float>> x(static_cast<size_t>(M)), h;
+  try {
+    h.assign(static_cast<size_t>(M), std::vector<float>(n));
+  } catch (const std::bad_alloc&) {
+    throw Error(HM_ERR_OUT_OF_MEMORY,
+                fmt::format("attention {}: the residuals of its {} micro-batches ({}): out of "
+                            "memory",
+                            o.rank, M, afd::format_bytes(double(M) * double(n) * sizeof(float))));
+  }
   for (int mb = 0; mb < M; ++mb)
     x[static_cast<size_t>(mb)] = model.input(o.rank, mb);
   std::vector<afd::AttentionEngine::Handle> handles(static_cast<size_t>(M));
@@ -239,7 +247,14 @@ int run_ffn(const JobConfig& c, const DemoOptions& o) {
 // ---- the parent: start everything, verify, report ----
 
 std::vector<float> read_floats(const fs::path& path, size_t count) {
-  std::vector<float> v(count);
+  std::vector<float> v;
+  try {
+    v.resize(count);
+  } catch (const std::bad_alloc&) {
+    throw Error(HM_ERR_OUT_OF_MEMORY,
+                fmt::format("reading {} ({}): out of memory", path.string(),
+                            afd::format_bytes(double(count) * sizeof(float))));
+  }
   std::ifstream in(path, std::ios::binary);
   in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(float)));
   if (!in)
@@ -284,7 +299,7 @@ bool run_instances(afd::Launcher& launcher, const JobConfig& c,
 
 // Compares the final hidden states of this host's attention instances with the single-process
 // reference, and says whether they match.
-bool verify(const JobConfig& c, const afd::LocalInstances& local, const fs::path& dir) {
+bool compare(const JobConfig& c, const afd::LocalInstances& local, const fs::path& dir) {
   TinyMoe model(model_shape(c));
   const size_t n = size_t{model.shape().tokens} * model.shape().hidden;
   double worst = 0;
@@ -316,6 +331,18 @@ bool verify(const JobConfig& c, const afd::LocalInstances& local, const fs::path
       "single-process reference (max |diff| {:.3g}, tolerance {:.1g})\n",
       local.attention.size(), c.job.micro_batches, worst, kTolerance);
   return true;
+}
+
+// compare(), whose running out of memory says it was verifying (the job itself ran).
+bool verify(const JobConfig& c, const afd::LocalInstances& local, const fs::path& dir) {
+  try {
+    return compare(c, local, dir);
+  } catch (const Error& e) {
+    if (e.status() != HM_ERR_OUT_OF_MEMORY) throw;
+    throw Error(
+        e.status(),
+        fmt::format("verifying the result against the single-process reference: {}", e.what()));
+  }
 }
 
 // The latency breakdown of this host's attention instances, and their Chrome trace.

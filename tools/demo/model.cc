@@ -1,8 +1,15 @@
 #include "model.hpp"
 
+#include <hetmesh/afd/job.hpp>
+#include <hetmesh/core/error.hpp>
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <numeric>
+#include <string>
 
 namespace hetmesh::demo {
 namespace {
@@ -16,6 +23,12 @@ std::vector<float> random_matrix(uint64_t seed, size_t count, float scale) {
     v = (static_cast<float>(x >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f) * scale;
   }
   return m;
+}
+
+// Error(OUT_OF_MEMORY) naming what a std::bad_alloc could not allocate, in its place.
+[[noreturn]] void out_of_memory(const std::string& what, double bytes) {
+  throw Error(HM_ERR_OUT_OF_MEMORY,
+              fmt::format("{} ({}): out of memory", what, afd::format_bytes(bytes)));
 }
 
 }  // namespace
@@ -71,19 +84,29 @@ double expert_copy_bytes(const ModelShape& s, int ffn_rank, int ffn_count) {
 
 TinyMoe::TinyMoe(const ModelShape& shape) : shape_(shape) {
   const size_t h = shape.hidden, f = shape.ffn_dim;
-  for (int l = 0; l < shape.layers; ++l) {
-    uint64_t seed = shape.seed * 1000 + static_cast<uint64_t>(l) * 10;
-    attention_.push_back(random_matrix(seed + 1, h * h, 1.0f / std::sqrt(static_cast<float>(h))));
-    router_.push_back(random_matrix(seed + 2, shape.experts * h, 1.0f));
-    experts_.push_back(random_matrix(seed + 3, static_cast<size_t>(shape.experts) * 2 * f * h,
-                                     1.0f / std::sqrt(static_cast<float>(h))));
+  try {
+    for (int l = 0; l < shape.layers; ++l) {
+      uint64_t seed = shape.seed * 1000 + static_cast<uint64_t>(l) * 10;
+      attention_.push_back(random_matrix(seed + 1, h * h, 1.0f / std::sqrt(static_cast<float>(h))));
+      router_.push_back(random_matrix(seed + 2, shape.experts * h, 1.0f));
+      experts_.push_back(random_matrix(seed + 3, static_cast<size_t>(shape.experts) * 2 * f * h,
+                                       1.0f / std::sqrt(static_cast<float>(h))));
+    }
+  } catch (const std::bad_alloc&) {
+    out_of_memory(fmt::format("the demo model's weights, {} layers", shape.layers),
+                  model_bytes(shape));
   }
 }
 
 std::vector<float> TinyMoe::input(int a, int mb) const {
-  return random_matrix(
-      shape_.seed * 7 + static_cast<uint64_t>(a) * 1009 + static_cast<uint64_t>(mb),
-      size_t{shape_.tokens} * shape_.hidden, 1.0f);
+  const size_t n = size_t{shape_.tokens} * shape_.hidden;
+  try {
+    return random_matrix(
+        shape_.seed * 7 + static_cast<uint64_t>(a) * 1009 + static_cast<uint64_t>(mb), n, 1.0f);
+  } catch (const std::bad_alloc&) {
+    out_of_memory(fmt::format("the demo's input of attention {} micro-batch {}", a, mb),
+                  double(n) * sizeof(float));
+  }
 }
 
 void TinyMoe::attention(int layer, const float* x, float* h, void* tokens, Route* routing) const {
@@ -147,8 +170,14 @@ std::pair<int, int> TinyMoe::expert_range(int rank, int count) const {
 std::vector<float> TinyMoe::expert_weights(int layer, int first, int last) const {
   const size_t per_expert = 2 * size_t{shape_.ffn_dim} * shape_.hidden;
   const auto& all = experts_[static_cast<size_t>(layer)];
-  return {all.begin() + static_cast<ptrdiff_t>(first * per_expert),
-          all.begin() + static_cast<ptrdiff_t>(last * per_expert)};
+  try {
+    return {all.begin() + static_cast<ptrdiff_t>(first * per_expert),
+            all.begin() + static_cast<ptrdiff_t>(last * per_expert)};
+  } catch (const std::bad_alloc&) {
+    out_of_memory(
+        fmt::format("a copy of the demo's experts {}..{} of layer {}", first, last - 1, layer),
+        double(last - first) * double(per_expert) * sizeof(float));
+  }
 }
 
 ExpertArgs TinyMoe::expert_args(int ffn_rank, int ffn_count) const {
@@ -159,11 +188,24 @@ ExpertArgs TinyMoe::expert_args(int ffn_rank, int ffn_count) const {
 
 std::vector<float> TinyMoe::reference(int a, int mb, int ffn_count) const {
   const size_t n = size_t{shape_.tokens} * shape_.hidden;
-  std::vector<float> x = input(a, mb), h(n);
-  std::vector<uint8_t> tokens(n * dtype_bytes(shape_.a2f));
-  std::vector<Route> routing(size_t{shape_.tokens} * shape_.top_k);
-  std::vector<std::vector<uint8_t>> partials(static_cast<size_t>(ffn_count),
-                                             std::vector<uint8_t>(n * dtype_bytes(shape_.f2a)));
+  std::vector<float> x = input(a, mb), h;
+  std::vector<uint8_t> tokens;
+  std::vector<Route> routing;
+  std::vector<std::vector<uint8_t>> partials;
+  try {
+    h.resize(n);
+    tokens.resize(n * dtype_bytes(shape_.a2f));
+    routing.resize(size_t{shape_.tokens} * shape_.top_k);
+    partials.assign(static_cast<size_t>(ffn_count),
+                    std::vector<uint8_t>(n * dtype_bytes(shape_.f2a)));
+  } catch (const std::bad_alloc&) {
+    out_of_memory(fmt::format("the single-process reference's buffers for attention {} "
+                              "micro-batch {}",
+                              a, mb),
+                  double(n) * (sizeof(float) + dtype_bytes(shape_.a2f) +
+                               double(ffn_count) * dtype_bytes(shape_.f2a)) +
+                      double(shape_.tokens) * shape_.top_k * sizeof(Route));
+  }
   for (int layer = 0; layer < shape_.layers; ++layer) {
     attention(layer, x.data(), h.data(), tokens.data(), routing.data());
     std::vector<const void*> views;

@@ -6,6 +6,10 @@
 // the helper processes it doubles as:
 //   rendezvous_test --serve-store               hosts a store, prints "ADDRESS <host:port>", and
 //                                               runs until its stdin closes
+//   rendezvous_test --serve-store-out-of-threads   likewise, then caps its own address space
+//                                               (RLIMIT_AS) just above what it uses, so that no
+//                                               thread can start (a stack needs more); "raise" on
+//                                               stdin lifts the cap again ("RAISED x")
 //   rendezvous_test --set <address> <key> <value>   waits for "go" on stdin, then sets the key
 //   rendezvous_test --instance <address> <job> <role> <rank>   one instance of a 2A2F rendezvous
 //   rendezvous_test --own <address> <key>       sets the key as its own, then waits to be killed
@@ -13,6 +17,10 @@
 
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -28,6 +36,50 @@ int serve_store() {
   std::string line;
   while (std::getline(std::cin, line)) {
   }
+  return 0;
+}
+
+// This process's address space in bytes (VmSize), or 0.
+uint64_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string word;
+  while (status >> word)
+    if (word == "VmSize:") {
+      uint64_t kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+  return 0;
+}
+
+// A store whose host runs out of threads the way `ulimit -v` makes it: a real RLIMIT_AS, set once
+// the store runs (its own threads need the room), half a thread's stack above what the
+// process uses, so small allocations still succeed but pthread_create cannot map a stack. A
+// connection of its own, held to the end and never used, runs the store's first opening before
+// the cap: OpenSSL sets up its random generator in the gate's thread then, which needs more room
+// than the cap leaves (and a connection that asks nothing starts no worker).
+int serve_store_out_of_threads() {
+  TcpStoreServer server("127.0.0.1:0");
+  auto warm = connect_tcp_store(server.address(), kWait);
+  pthread_attr_t attr;
+  size_t stack = 0;
+  if (pthread_getattr_default_np(&attr) != 0 || pthread_attr_getstacksize(&attr, &stack) != 0 ||
+      stack == 0)
+    return 2;
+  pthread_attr_destroy(&attr);
+  rlimit before{};
+  const uint64_t used = address_space_bytes();
+  if (used == 0 || getrlimit(RLIMIT_AS, &before) != 0) return 2;
+  rlimit capped = before;
+  capped.rlim_cur = used + stack / 2;
+  if (setrlimit(RLIMIT_AS, &capped) != 0) return 2;
+  std::cout << "ADDRESS " << server.address() << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line))
+    if (line == "raise") {
+      if (setrlimit(RLIMIT_AS, &before) != 0) return 2;
+      std::cout << "RAISED x" << std::endl;
+    }
   return 0;
 }
 
@@ -87,6 +139,8 @@ int run_instance(const std::string& address, const std::string& job, const std::
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() == 1 && args[0] == "--serve-store") return hetmesh::serve_store();
+  if (args.size() == 1 && args[0] == "--serve-store-out-of-threads")
+    return hetmesh::serve_store_out_of_threads();
   if (args.size() == 4 && args[0] == "--set")
     return hetmesh::set_when_told(args[1], args[2], args[3]);
   if (args.size() == 3 && args[0] == "--own") return hetmesh::own_and_wait(args[1], args[2]);

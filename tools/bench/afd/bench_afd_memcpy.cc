@@ -103,7 +103,15 @@ double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples) {
 }
 
 double memcpy_p50_us(uint64_t bytes, int samples) {
-  std::vector<uint8_t> a(bytes, 1), b(bytes, 2);
+  std::vector<uint8_t> a, b;
+  try {
+    a.assign(bytes, 1), b.assign(bytes, 2);
+  } catch (const std::bad_alloc&) {
+    throw Error(HM_ERR_OUT_OF_MEMORY,
+                fmt::format("bench afd: the serial memcpy baseline's two buffers of a round "
+                            "trip's bytes ({:.1f} MiB in this process): out of memory",
+                            2.0 * bytes / (1 << 20)));
+  }
   std::vector<double> us;
   for (int i = 0; i < samples + 5; ++i) {
     int64_t t0 = now_ns();

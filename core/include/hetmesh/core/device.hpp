@@ -49,6 +49,9 @@ class Device {
   const hm_device_properties& properties() const { return properties_; }
   bool has(hm_capabilities caps) const { return (properties_.capabilities & caps) == caps; }
 
+  // A failure names the device, the size and the kind before the plugin's own words:
+  // "cpu:0: cannot allocate 8.0 MiB (8388608 bytes) of device memory: cpu: mem_alloc failed
+  // (HM_ERR_OUT_OF_MEMORY): ...", with the plugin's status.
   Buffer allocate(uint64_t size, MemoryKind kind = MemoryKind::device) const;
   Stream create_stream(uint32_t flags = HM_STREAM_NON_BLOCKING) const;
   // Takes charge of a stream of this device that a plugin's extension made (e.g. cuda's
@@ -151,7 +154,8 @@ class Event : public DeviceHandle<hm_event> {
 
 // Zeroed host memory for a device's copies: the plugin's pinned memory where it has any
 // (HM_CAP_PINNED_HOST_MEMORY; stream memory operations and full-speed copies need it), plain
-// host memory otherwise (its copy engine still reaches that, HM-R25).
+// host memory otherwise (its copy engine still reaches that, HM-R25). Either that cannot be had is
+// an Error naming the device, the size and the kind (HM_ERR_OUT_OF_MEMORY for plain memory).
 class HostBuffer {
  public:
   HostBuffer(const Device& device, uint64_t bytes);
