@@ -112,13 +112,25 @@ struct AttentionEngine::State final : PeerHandler {
     return s;
   }
 
+  template <typename Make>
+  auto allocation(const char* what, Make make) {
+    return engine_allocation(Role::attention, spec.rank, what, make);
+  }
+
   State(const EngineSpec& s, const Device& d)
       : spec(checked(s)),
         device(d),
-        a2f_send(d.allocate(s.a2f_slot_bytes() * s.micro_batches)),
-        a2f_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
-        f2a_receive(d.allocate(s.f2a_slot_bytes() * s.micro_batches * s.ffn)),
-        f2a_headers(d, sizeof(WireHeader) * s.micro_batches * s.ffn),
+        a2f_send(allocation("A2F send slots",
+                            [&] { return d.allocate(s.a2f_slot_bytes() * s.micro_batches); })),
+        a2f_headers(allocation(
+            "A2F headers",
+            [&] { return HostBuffer(d, sizeof(WireHeader) * s.micro_batches * s.ffn); })),
+        f2a_receive(
+            allocation("F2A result slots",
+                       [&] { return d.allocate(s.f2a_slot_bytes() * s.micro_batches * s.ffn); })),
+        f2a_headers(allocation(
+            "F2A headers",
+            [&] { return HostBuffer(d, sizeof(WireHeader) * s.micro_batches * s.ffn); })),
         pending(static_cast<size_t>(s.micro_batches * s.queue_depth)),
         last_sequence(static_cast<size_t>(s.micro_batches), 0),
         announced(s.ffn),

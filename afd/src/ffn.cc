@@ -98,13 +98,26 @@ struct FfnEngine::State final : PeerHandler {
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
 
+  template <typename Make>
+  auto allocation(const char* what, Make make) {
+    return engine_allocation(Role::ffn, spec.rank, what, make);
+  }
+
   State(const EngineSpec& s, const Device& d)
       : spec((check_shape(s), s)),
         device(d),
-        a2f_receive(d.allocate(s.ffn_rows() * s.a2f_bytes_per_token() * s.micro_batches)),
-        a2f_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
-        f2a_send(d.allocate(s.ffn_rows() * s.f2a_bytes_per_token() * s.micro_batches)),
-        f2a_headers(d, sizeof(WireHeader) * s.attention * s.micro_batches),
+        a2f_receive(allocation(
+            "A2F row spaces",
+            [&] { return d.allocate(s.ffn_rows() * s.a2f_bytes_per_token() * s.micro_batches); })),
+        a2f_headers(allocation(
+            "A2F headers",
+            [&] { return HostBuffer(d, sizeof(WireHeader) * s.attention * s.micro_batches); })),
+        f2a_send(allocation(
+            "output row spaces",
+            [&] { return d.allocate(s.ffn_rows() * s.f2a_bytes_per_token() * s.micro_batches); })),
+        f2a_headers(allocation(
+            "F2A headers",
+            [&] { return HostBuffer(d, sizeof(WireHeader) * s.attention * s.micro_batches); })),
         a_regions(Role::attention, s.attention),
         announced(s.attention),
         layouts(static_cast<size_t>(s.micro_batches)),

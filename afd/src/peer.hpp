@@ -6,6 +6,8 @@
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/transport/transport.hpp>
 
+#include <fmt/format.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +44,17 @@ std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers);
 // Throws Error(INVALID_ARGUMENT) for JobTopology::groups with an attention count that is not a
 // multiple of ffn, and for extra A2F tensors past kMaxA2fTensors or without a name or bytes.
 void check_shape(const EngineSpec& spec);
+
+// `make()`, one of an engine's allocations at its start, with an error that says whose and for
+// what ("ffn 0: its A2F row spaces: cpu:0: cannot allocate ...").
+template <typename Make>
+auto engine_allocation(Role role, int rank, const char* what, Make make) -> decltype(make()) {
+  try {
+    return make();
+  } catch (const Error& e) {
+    throw Error(e.status(), fmt::format("{}: its {}: {}", peer_name(role, rank), what, e.what()));
+  }
+}
 
 // Rethrows a failed write to `peer` with the peer's name: "ffn 1 lost: ..." for a lost peer.
 [[noreturn]] void rethrow_for_peer(const Error& e, Role role, int rank);

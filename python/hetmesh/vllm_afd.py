@@ -248,6 +248,7 @@ class AfdConnector:
         self._gate = _Buffers("the router logits sent", limit, staged)
         self._dtype = dtype
         self._said = set()
+        self._row_spaces = {}  # F: (stage, tensor) -> a view of the engine's row space
 
     # ---- lifecycle ----
 
@@ -293,7 +294,7 @@ class AfdConnector:
         """Leaves the job: an A's F hears it left (not that it died). Safe to call again, and after
         a failed or partial initialization."""
         engine, self._engine = self._engine, None
-        self._sent.clear(), self._held.clear(), self._open.clear()
+        self._sent.clear(), self._held.clear(), self._open.clear(), self._row_spaces.clear()
         if engine is not None:
             engine.close()
         if self._store is not None:
@@ -437,7 +438,13 @@ class AfdConnector:
         """A tensor of the batch as one: in place where its As pushed back to back (the control
         plane's counts), else their rows copied together (said once)."""
         if batch.packed:
-            return as_tensor(batch.tokens if name == "tokens" else batch.tensor(name))
+            # A packed batch starts at row 0 of the engine's row space (this connector names no
+            # receive buffers of its own): a slice of a view made once.
+            key = (batch.micro_batch, name)
+            rows = self._row_spaces.get(key)
+            if rows is None:
+                rows = self._row_spaces[key] = as_tensor(self.engine.inputs(*key))
+            return rows[:batch.count]
         rows = [as_tensor(part.tokens if name == "tokens" else part.tensor(name))
                 for part in parts]
         if len(rows) == 1:
@@ -457,17 +464,21 @@ class AfdConnector:
         if batch is None:
             raise RuntimeError(f"hetmesh connector: send_ffn_output for stage {stage}, which has "
                                f"no recv_attn_output before it")
-        parts = sorted(batch.parts, key=lambda part: part.rank)
-        total = sum(part.count for part in parts)
+        total = batch.count if batch.packed else sum(part.count for part in batch.parts)
         if int(ffn_output.shape[0]) != total:
             raise ValueError(f"ffn_output shape {tuple(ffn_output.shape)} does not match the "
                              f"{total} tokens received")
+        stream = _stream_of(ffn_output)
+        in_place = self._fits(ffn_output) and self._f2a.use(ffn_output, stage)
+        if in_place and batch.packed:
+            # Its rows are the parts' in order, each at its row offset: answered as one tensor.
+            engine.respond(batch, stream=stream, outputs=ffn_output)
+            return
         by_rank, start = {}, 0
-        for part in parts:
+        for part in sorted(batch.parts, key=lambda part: part.rank):
             by_rank[part.rank] = ffn_output[start:start + part.count]
             start += part.count
-        stream = _stream_of(ffn_output)
-        if self._fits(ffn_output) and self._f2a.use(ffn_output, stage):
+        if in_place:
             engine.respond(batch, stream=stream,
                            outputs=[by_rank[part.rank] for part in batch.parts])
             return

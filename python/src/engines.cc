@@ -723,8 +723,12 @@ void bind_engines(py::module_& m) {
                   into.push_back(nullptr);
                   continue;
                 }
-                CallerTensor t = take(r, element_of(c->config().model.f2a_dtype),
-                                      spec.f2a_bytes_per_token(), "push_pull's results_into");
+                // The tensor sent, answered in place (vLLM's ref_tensor), is read once.
+                const afd::ModelSection& model = c->config().model;
+                CallerTensor t = r.ptr() == send.ptr() && model.a2f_dtype == model.f2a_dtype
+                                     ? held.front().second
+                                     : take(r, element_of(c->config().model.f2a_dtype),
+                                            spec.f2a_bytes_per_token(), "push_pull's results_into");
                 if (t.rows < count)
                   throw Error(HM_ERR_INVALID_ARGUMENT,
                               fmt::format("push_pull: results_into of {} rows for {} tokens",
@@ -931,18 +935,42 @@ void bind_engines(py::module_& m) {
               engine.respond(b.batch, after, compute_start_ns);
               return;
             }
+            afd::Batch batch = b.batch;
+            const afd::EngineSpec& spec = c->spec();
+            const bool list =
+                py::isinstance<py::list>(outputs) || py::isinstance<py::tuple>(outputs);
+            if (!list && batch.parts.size() > 1) {
+              // One tensor for a packed batch: its rows, each part's at its row offset.
+              if (!batch.packed)
+                throw Error(HM_ERR_INVALID_ARGUMENT,
+                            fmt::format("respond: one output tensor for {} parts that do not lie "
+                                        "back to back: give a list, one per part",
+                                        batch.parts.size()));
+              CallerTensor t =
+                  caller_tensor(outputs, c->device(), element_of(c->config().model.f2a_dtype),
+                                spec.f2a_bytes_per_token(), "respond's output");
+              if (t.rows < batch.packed_rows)
+                throw Error(HM_ERR_INVALID_ARGUMENT,
+                            fmt::format("respond: an output of {} rows for a batch of {} tokens",
+                                        t.rows, batch.packed_rows));
+              register_tensor(*c, engine, outputs, t);
+              for (auto& part : batch.parts)
+                part.output = static_cast<uint8_t*>(t.data) +
+                              uint64_t{part.row_offset} * spec.f2a_bytes_per_token();
+              py::gil_scoped_release unlocked;
+              engine.respond(batch, after, compute_start_ns);
+              return;
+            }
             // The application's output tensors, one per part (None: that part's slot); one tensor
             // alone for a batch of one part (not its rows, as a list of it would be read).
             py::list each;
-            if (py::isinstance<py::list>(outputs) || py::isinstance<py::tuple>(outputs))
+            if (list)
               each = py::list(outputs);
             else
               each.append(outputs);
             if (each.size() != b.batch.parts.size())
               throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("respond: {} outputs for {} parts",
                                                                each.size(), b.batch.parts.size()));
-            afd::Batch batch = b.batch;
-            const afd::EngineSpec& spec = c->spec();
             for (size_t i = 0; i < batch.parts.size(); ++i) {
               if (each[i].is_none()) continue;
               CallerTensor t =
@@ -962,7 +990,7 @@ void bind_engines(py::module_& m) {
           py::arg("compute_start_ns") = 0, py::arg("outputs") = py::none(),
           "Sends each part's output back to its A: from the part's output slot, or from the "
           "application's tensors in `outputs` (one [tokens, hidden] tensor in the F2A dtype per "
-          "part, None for a slot).")
+          "part, None for a slot; or one tensor of a packed batch's rows).")
       .def(
           "inputs",
           [](py::object self, int mb, const py::object& name) {

@@ -1,4 +1,4 @@
-"""python3 -m hetmesh.bench and hetmesh.bench_vllm run their two sides and report both with their
+"""python3 -m hetmesh.bench, hetmesh.bench_vllm and hetmesh.bench_queue run their two sides and report both with their
 difference (what they measure is for docs/benchmarks.md; here only that they measure and say what
 they measured)."""
 
@@ -42,3 +42,17 @@ def test_the_connector_benchmark_reports_both_jobs_and_the_cost(tmp_path):
     # Every exchange (the warm-up step's too) from and into the A's own tensor: 4 rows of 64
     # bf16 each way.
     assert results["connector_counters"]["caller_bytes"] == (40 + 20) * 4 * 64 * 2 * 2
+
+
+def test_the_queue_benchmark_reports_both_modes_with_every_answer_in_order(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "hetmesh.bench_queue", "--tokens", "4", "--hidden",
+                        "64", "--layers", "8", "--iterations", "5", "--phases", "2", "--warmup",
+                        "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "queued / waited per layer" in r.stdout and "answers wrong: 0" in r.stdout
+    results = json.loads(out.read_text())
+    assert results["stages_per_side"] == 10 and results["wrong_answers"] == 0
+    assert results["job"]["queue_depth"] == 8
+    for mode in ("waited_per_layer_us", "queued_per_layer_us", "pushing_all_layers_us"):
+        assert 0 < results[mode]["p50"] <= results[mode]["p99"]

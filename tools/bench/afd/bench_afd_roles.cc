@@ -105,12 +105,23 @@ int run_ffn(const JobConfig& c, const AfdBenchOptions& o, bool caller) {
   auto instance = afd::open_instance(c, afd::Role::ffn, o.rank, options);
   afd::FfnEngine& engine = instance->ffn();
   const afd::EngineSpec& spec = engine.spec();
-  // The application's outputs: one per (A, micro-batch), as the slots are.
-  std::optional<Buffer> outputs;
+  // The application's outputs, one per (A, micro-batch), and the buffers its As' rows land in:
+  // a row space of each A2F tensor per micro-batch, as the engine's own.
+  std::optional<Buffer> outputs, inputs;
   if (caller) {
     outputs =
         instance->device().allocate(spec.attention * spec.micro_batches * spec.f2a_slot_bytes());
     engine.register_buffer(outputs->data(), outputs->size());
+    const uint64_t rows = spec.ffn_rows();
+    inputs = instance->device().allocate(spec.micro_batches * rows * spec.a2f_bytes_per_token());
+    auto* at = static_cast<uint8_t*>(inputs->data());
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      for (int t = 0; t < spec.a2f_tensors(); ++t) {
+        const uint64_t bytes = rows * spec.a2f_row_bytes(t);
+        if (bytes == 0) continue;
+        engine.receive_into(mb, t, at, bytes);
+        at += bytes;
+      }
   }
   while (auto batch = engine.get_batch(c.job.timeout)) {
     if (outputs)
