@@ -248,7 +248,8 @@ class AfdConnector:
         self._gate = _Buffers("the router logits sent", limit, staged)
         self._dtype = dtype
         self._said = set()
-        self._row_spaces = {}  # F: (stage, tensor) -> a view of the engine's row space
+        # (stage, name) -> a view made once: an F's row spaces, an A's slots
+        self._views = {}
 
     # ---- lifecycle ----
 
@@ -294,7 +295,7 @@ class AfdConnector:
         """Leaves the job: an A's F hears it left (not that it died). Safe to call again, and after
         a failed or partial initialization."""
         engine, self._engine = self._engine, None
-        self._sent.clear(), self._held.clear(), self._open.clear(), self._row_spaces.clear()
+        self._sent.clear(), self._held.clear(), self._open.clear(), self._views.clear()
         if engine is not None:
             engine.close()
         if self._store is not None:
@@ -337,17 +338,29 @@ class AfdConnector:
             if self._fits(logits, logits.dtype) and self._gate.use(logits, stage):
                 push["tensors"] = {"router_logits": logits}
             else:
-                as_tensor(engine.tensor(stage, "router_logits"))[:rows].copy_(logits)
+                self._slot(stage, "router_logits")[:rows].copy_(logits)
         if self._fits(hidden_states) and self._a2f.use(hidden_states, stage):
             handle = engine.push_pull(stage, rows, send=hidden_states, results_into=hidden_states,
                                       **push)
             self._sent[stage] = (handle, hidden_states, rows, True, logits)
             return
-        as_tensor(engine.tokens(stage))[:rows].copy_(hidden_states)
+        self._slot(stage, "tokens")[:rows].copy_(hidden_states)
         handle = engine.push_pull(stage, rows, **push)
         # The tensors sent in place are held until the answer is in: the model drops its router
         # logits at once, and their memory must not be reused while the engine reads it.
         self._sent[stage] = (handle, hidden_states, rows, False, logits)
+
+    def _slot(self, stage: int, name: str):
+        """A view of one of the engine's slots (an A's send slot of a tensor, or "result"), made
+        once: a DLPack import costs ~20 us on a GPU, a slice of a view made before nothing."""
+        key = (stage, name)
+        view = self._views.get(key)
+        if view is None:
+            engine = self.engine
+            slot = (engine.result(stage, self.role_rank // self.ratio) if name == "result"
+                    else engine.tensor(stage, name))
+            view = self._views[key] = as_tensor(slot)
+        return view
 
     def _check_logits(self, logits, rows: int) -> None:
         width, dtype = self._logits
@@ -377,7 +390,7 @@ class AfdConnector:
         if in_place:
             answer = sent
         else:
-            answer = as_tensor(engine.result(ubatch_idx, self.role_rank // self.ratio))[:rows]
+            answer = self._slot(ubatch_idx, "result")[:rows]
         if ref_tensor is None:
             return answer if in_place else answer.clone()
         if ref_tensor.data_ptr() != answer.data_ptr() or ref_tensor.shape[0] != rows:
@@ -441,9 +454,9 @@ class AfdConnector:
             # A packed batch starts at row 0 of the engine's row space (this connector names no
             # receive buffers of its own): a slice of a view made once.
             key = (batch.micro_batch, name)
-            rows = self._row_spaces.get(key)
+            rows = self._views.get(key)
             if rows is None:
-                rows = self._row_spaces[key] = as_tensor(self.engine.inputs(*key))
+                rows = self._views[key] = as_tensor(self.engine.inputs(*key))
             return rows[:batch.count]
         rows = [as_tensor(part.tokens if name == "tokens" else part.tensor(name))
                 for part in parts]
