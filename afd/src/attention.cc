@@ -33,10 +33,11 @@ struct Pending {
   std::vector<bool> from;  // [f]: answered, or lost before it answered
   std::string failure;     // the first F lost before it answered: the round trip failed
   // Per A2F tensor: the rows sent, and the application's buffer push_pull named (no region: the
-  // engine's slot); where the rows land in each F's row spaces.
+  // engine's slot); where the rows land in each F's row spaces (the push's row, or unset: this A's
+  // window at each F).
   std::array<uint32_t, kMaxA2fTensors> rows{};
   std::array<CallerBuffers::Found, kMaxA2fTensors> sources;
-  uint32_t row_offset = 0;
+  std::optional<uint32_t> row_offset;
   std::vector<CallerBuffers::Found> results_into;  // [f]
 };
 
@@ -279,7 +280,7 @@ struct AttentionEngine::State final : PeerHandler {
     for (int t = 0; t < kMaxA2fTensors; ++t) {
       const auto i = static_cast<size_t>(t);
       if (frame.region[i] == 0) continue;
-      const uint64_t bytes = spec.ffn_rows() * spec.a2f_row_bytes(t);
+      const uint64_t bytes = spec.ffn_rows(f) * spec.a2f_row_bytes(t);
       std::shared_ptr<RemoteRegion> region = ffn_regions.find_locked(f, frame.region[i]);
       if (t >= spec.a2f_tensors() || bytes == 0)
         bad(fmt::format("a buffer for tensor {}, which this job does not send", t));
@@ -348,7 +349,9 @@ struct AttentionEngine::State final : PeerHandler {
       h->messages = messages;
       h->reply_region = reply.id;
       h->reply_offset = reply.offset;
-      h->row_offset = p.row_offset;
+      const uint32_t row_offset =
+          p.row_offset.value_or(static_cast<uint32_t>(spec.window_of(spec.rank, f)) * spec.tokens);
+      h->row_offset = row_offset;
       h->landing = to.id;
       std::copy(p.rows.begin(), p.rows.end(), h->rows);
       h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
@@ -379,9 +382,8 @@ struct AttentionEngine::State final : PeerHandler {
               source.region ? source.offset
                             : mb * spec.a2f_slot_bytes() + tensor_offset(spec, spec.tokens, t);
           const RemoteRegion& into = to.regions[i] ? *to.regions[i] : link->region("a2f_payload");
-          const uint64_t into_at = to.regions[i]
-                                       ? to.offsets[i] + uint64_t{p.row_offset} * row_bytes
-                                       : ffn_input_offset(spec, mb, t, p.row_offset);
+          const uint64_t into_at = to.regions[i] ? to.offsets[i] + uint64_t{row_offset} * row_bytes
+                                                 : ffn_input_offset(spec, f, mb, t, row_offset);
           c.write(from, from_at, into, into_at, bytes, std::nullopt, 0);
           moved.add(from, source.region != nullptr, bytes);
         }
@@ -639,14 +641,18 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 "push_pull: row_offset needs gather = \"all\" (an eager F serves each A's part "
                 "alone, at its own window)");
-  const uint32_t row_offset = push.row_offset.value_or(
-      static_cast<uint32_t>(s.spec.window_of(s.spec.rank)) * s.spec.tokens);
-  if (uint64_t{row_offset} + most > s.spec.ffn_rows())
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("push_pull: rows {}..{} at row_offset {}: an F's row spaces of a "
-                            "micro-batch hold {} rows ({} As x {} tokens)",
-                            row_offset, uint64_t{row_offset} + most, row_offset, s.spec.ffn_rows(),
-                            s.spec.attention_per_ffn(), s.spec.tokens));
+  // The rows fit each F's row spaces, at the push's row or at this A's window there.
+  for (int f = 0; f < s.spec.ffn; ++f) {
+    if (!s.spec.sends(s.spec.rank, f)) continue;
+    const uint32_t row_offset = push.row_offset.value_or(
+        static_cast<uint32_t>(s.spec.window_of(s.spec.rank, f)) * s.spec.tokens);
+    if (uint64_t{row_offset} + most > s.spec.ffn_rows(f))
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("push_pull: rows {}..{} at row_offset {}: ffn {}'s row spaces of a "
+                              "micro-batch hold {} rows ({} As x {} tokens)",
+                              row_offset, uint64_t{row_offset} + most, row_offset, f,
+                              s.spec.ffn_rows(f), s.spec.attention_of(f), s.spec.tokens));
+  }
   uint64_t sequence;
   Pending* entry;
   {
@@ -675,7 +681,7 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
     p.sequence = sequence;
     p.tokens = tokens;
     p.tag = push.tag;
-    // An F this A does not send to (JobTopology::groups) counts as settled from the start.
+    // An F this A does not send to (groups, map) counts as settled from the start.
     p.settled = 0;
     for (int f = 0; f < s.spec.ffn; ++f) {
       p.from[static_cast<size_t>(f)] = !s.spec.sends(s.spec.rank, f);
@@ -702,7 +708,7 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
                                           : CallerBuffers::Found{};
     };
     p.rows = rows;
-    p.row_offset = row_offset;
+    p.row_offset = push.row_offset;
     for (int t = 0; t < kMaxA2fTensors; ++t) {
       const auto i = static_cast<size_t>(t);
       p.sources[i] = push.tensors.empty() || t >= s.spec.a2f_tensors()

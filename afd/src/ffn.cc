@@ -106,15 +106,19 @@ struct FfnEngine::State final : PeerHandler {
   State(const EngineSpec& s, const Device& d)
       : spec((check_shape(s), s)),
         device(d),
-        a2f_receive(allocation(
-            "A2F row spaces",
-            [&] { return d.allocate(s.ffn_rows() * s.a2f_bytes_per_token() * s.micro_batches); })),
+        a2f_receive(allocation("A2F row spaces",
+                               [&] {
+                                 return d.allocate(s.ffn_rows(s.rank) * s.a2f_bytes_per_token() *
+                                                   s.micro_batches);
+                               })),
         a2f_headers(allocation(
             "A2F headers",
             [&] { return HostBuffer(d, sizeof(WireHeader) * s.attention * s.micro_batches); })),
-        f2a_send(allocation(
-            "output row spaces",
-            [&] { return d.allocate(s.ffn_rows() * s.f2a_bytes_per_token() * s.micro_batches); })),
+        f2a_send(allocation("output row spaces",
+                            [&] {
+                              return d.allocate(s.ffn_rows(s.rank) * s.f2a_bytes_per_token() *
+                                                s.micro_batches);
+                            })),
         f2a_headers(allocation(
             "F2A headers",
             [&] { return HostBuffer(d, sizeof(WireHeader) * s.attention * s.micro_batches); })),
@@ -147,7 +151,7 @@ struct FfnEngine::State final : PeerHandler {
   // Row `row` of micro-batch mb's output row space, and of A2F tensor `tensor`'s input rows in
   // the layout `landing` (0: the engine's row spaces).
   uint8_t* output_rows(int mb, uint64_t row) const {
-    return static_cast<uint8_t*>(f2a_send.data()) + ffn_output_offset(spec, mb, row);
+    return static_cast<uint8_t*>(f2a_send.data()) + ffn_output_offset(spec, spec.rank, mb, row);
   }
   uint8_t* input_rows(int mb, int tensor, uint32_t landing, uint64_t row) const {
     if (spec.a2f_row_bytes(tensor) == 0) return nullptr;
@@ -156,7 +160,8 @@ struct FfnEngine::State final : PeerHandler {
             ? nullptr
             : layouts[static_cast<size_t>(mb)][landing - 1].data[static_cast<size_t>(tensor)];
     if (buffer == nullptr)
-      return static_cast<uint8_t*>(a2f_receive.data()) + ffn_input_offset(spec, mb, tensor, row);
+      return static_cast<uint8_t*>(a2f_receive.data()) +
+             ffn_input_offset(spec, spec.rank, mb, tensor, row);
     return buffer + row * spec.a2f_row_bytes(tensor);
   }
 
@@ -422,7 +427,8 @@ struct FfnEngine::State final : PeerHandler {
         if (h->payload_bytes > 0) {  // an empty part's answer is the header alone
           const Region& from = output.region ? *output.region : *f2a_send_region;
           link->connection->write(
-              from, output.region ? output.offset : ffn_output_offset(spec, mb, row_offset),
+              from,
+              output.region ? output.offset : ffn_output_offset(spec, spec.rank, mb, row_offset),
               reply ? *reply : link->region("f2a_payload"),
               reply ? reply_offset : remote_slot * spec.f2a_slot_bytes(), h->payload_bytes,
               std::nullopt, 0);
@@ -890,15 +896,15 @@ void FfnEngine::receive_into(int mb, int tensor, void* data, uint64_t bytes) {
                             "0..{} and {} A2F tensors{}",
                             mb, tensor, spec.micro_batches - 1, spec.a2f_tensors(),
                             spec.top_k == 0 ? " (no routing: top_k is 0)" : ""));
-  const uint64_t need = spec.ffn_rows() * spec.a2f_row_bytes(tensor);
+  const uint64_t need = spec.ffn_rows(spec.rank) * spec.a2f_row_bytes(tensor);
   if (data != nullptr && bytes < need)
     throw Error(
         HM_ERR_INVALID_ARGUMENT,
         fmt::format("receive_into: a buffer of {} bytes for the {} of micro-batch {}: it "
                     "holds this F's whole row space, {} rows ({} As x {} tokens) of {} "
                     "bytes, {} bytes",
-                    bytes, spec.a2f_tensor_name(tensor), mb, spec.ffn_rows(),
-                    spec.attention_per_ffn(), spec.tokens, spec.a2f_row_bytes(tensor), need));
+                    bytes, spec.a2f_tensor_name(tensor), mb, spec.ffn_rows(spec.rank),
+                    spec.attention_of(spec.rank), spec.tokens, spec.a2f_row_bytes(tensor), need));
   CallerBuffers::Found found = data
                                    ? s.caller->find_or_register(data, need, "receive_into's buffer")
                                    : CallerBuffers::Found{};

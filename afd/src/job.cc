@@ -41,6 +41,7 @@ EngineSpec job_shape(const JobConfig& c, Role role, int rank) {
         {t.name, static_cast<uint32_t>(static_cast<uint64_t>(t.columns) * dtype_bytes(t.dtype))});
   spec.gather = c.job.gather;
   spec.topology = c.job.topology;
+  spec.ffns_of = c.job.ffns_of;
   spec.queue_depth = c.job.queue_depth;
   spec.timeout = c.job.timeout;
   spec.join_timeout = c.job.join_timeout;

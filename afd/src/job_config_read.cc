@@ -39,7 +39,7 @@ constexpr std::array<std::string_view, 6> kDtypeNames = {"fp8",  "bf16",  "fp16"
 // The hidden states' (a2f_dtype, f2a_dtype): the floating ones, first in kDtypeNames.
 constexpr std::array<std::string_view, 4> kHiddenDtypeNames = {"fp8", "bf16", "fp16", "fp32"};
 constexpr std::array<std::string_view, 2> kGatherNames = {"all", "eager"};
-constexpr std::array<std::string_view, 2> kTopologyNames = {"all", "groups"};
+constexpr std::array<std::string_view, 3> kTopologyNames = {"all", "groups", "map"};
 constexpr std::array<std::string_view, 2> kRendezvousNames = {"tcp", "etcd"};
 // "auto", then the transports by name (parse_transport_kind).
 constexpr std::array<std::string_view, 4> kTransportNames = {"auto", "ipc", "tcp", "verbs"};
@@ -253,6 +253,46 @@ PluginsSection read_plugins(const TomlReporter& reporter, const TomlSection& roo
   return out;
 }
 
+// [job] ffns_of, with topology = "map": for each A, the Fs it sends to, each once; every F served.
+std::vector<std::vector<int>> read_map(const TomlSection& job, const JobSection& j) {
+  if (j.topology != JobTopology::map) {
+    if (job.has("ffns_of"))
+      job.fail("ffns_of", "names each A's Fs for topology = \"map\" only (the job's is " +
+                              std::string(to_string(j.topology)) + ")");
+    return {};
+  }
+  if (!job.has("ffns_of"))
+    job.fail("topology", "\"map\" needs [job] ffns_of: for each A, the Fs it sends to");
+  std::vector<int> served(static_cast<size_t>(j.ffn), 0);
+  auto map = job.array<std::vector<int>>(
+      "ffns_of", "an array of arrays of F ranks", [&](size_t a, const toml::node& e) {
+        if (!e.is_array() || e.as_array()->empty())
+          job.fail_element("ffns_of", a, e,
+                           fmt::format("attention {}: expected a non-empty array of F ranks, "
+                                       "got {}",
+                                       a, toml_describe(e)));
+        std::vector<int> ffns;
+        for (const toml::node& f : *e.as_array()) {
+          const int64_t rank = f.is_integer() ? f.as_integer()->get() : -1;
+          if (!f.is_integer() || rank < 0 || rank >= j.ffn ||
+              std::find(ffns.begin(), ffns.end(), rank) != ffns.end())
+            job.fail_element("ffns_of", a, e,
+                             fmt::format("attention {}: {} is not an F rank of its own (0..{}, "
+                                         "each once)",
+                                         a, toml_describe(f), j.ffn - 1));
+          ffns.push_back(static_cast<int>(rank));
+          ++served[static_cast<size_t>(rank)];
+        }
+        return ffns;
+      });
+  if (map.size() != static_cast<size_t>(j.attention))
+    job.fail("ffns_of", fmt::format("{} lists for {} As (one each)", map.size(), j.attention));
+  for (int f = 0; f < j.ffn; ++f)
+    if (served[static_cast<size_t>(f)] == 0)
+      job.fail("ffns_of", fmt::format("ffn {} serves no A", f));
+  return map;
+}
+
 // [model.a2f_tensors]: its keys are the tensors' names, so they are checked here (TomlSection
 // takes the names it is given as its known keys), each value a table of dtype and columns.
 std::vector<TensorSection> read_tensors(const TomlReporter& reporter, const TomlSection& model,
@@ -353,10 +393,10 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   TomlSection root(reporter, document, kTables);
   JobConfig c;
 
-  static constexpr std::array<std::string_view, 12> kJob = {
-      "attention",       "ffn",           "micro_batches", "queue_depth",
-      "layers",          "gather",        "topology",      "timeout_ms",
-      "join_timeout_ms", "io_timeout_ms", "heartbeat_ms",  "gather_window_ms"};
+  static constexpr std::array<std::string_view, 13> kJob = {
+      "attention",     "ffn",          "micro_batches",   "queue_depth", "layers",
+      "gather",        "topology",     "ffns_of",         "timeout_ms",  "join_timeout_ms",
+      "io_timeout_ms", "heartbeat_ms", "gather_window_ms"};
   TomlSection job = root.table("job", kJob);
   c.job.attention = job.small_integer("attention", c.job.attention, 1, kMaxInstances);
   c.job.ffn = job.small_integer("ffn", c.job.ffn, 1, kMaxInstances);
@@ -371,6 +411,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
              fmt::format("\"groups\" maps attention / ffn As to each F: {} As do not divide "
                          "among {} Fs",
                          c.job.attention, c.job.ffn));
+  c.job.ffns_of = read_map(job, c.job);
   c.job.timeout =
       std::chrono::milliseconds(job.integer("timeout_ms", c.job.timeout.count(), 1, kMaxTimeoutMs));
   c.job.join_timeout = std::chrono::milliseconds(

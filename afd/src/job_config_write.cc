@@ -45,6 +45,12 @@ std::string to_toml(const JobConfig& c) {
       toml_quote(to_string(c.job.gather)), toml_quote(to_string(c.job.topology)),
       c.job.timeout.count(), c.job.join_timeout.count(), c.job.io_timeout.count(),
       c.job.heartbeat.count(), c.job.gather_window.count());
+  if (c.job.topology == JobTopology::map) {
+    std::vector<std::string> lists;
+    for (const std::vector<int>& ffns : c.job.ffns_of)
+      lists.push_back(fmt::format("[{}]", fmt::join(ffns, ", ")));
+    out += fmt::format("ffns_of = [{}]\n", fmt::join(lists, ", "));
+  }
   out += fmt::format(
       "\n[model]\ntokens = {}\nhidden = {}\nexperts = {}\ntop_k = {}\na2f_dtype = {}\n"
       "f2a_dtype = {}\n",

@@ -38,20 +38,20 @@ std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uin
   return out;
 }
 
-std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role peer_role) {
+std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role peer_role, int rank) {
   const uint64_t header = sizeof(WireHeader);
   const uint64_t slots = uint64_t(spec.attention) * spec.micro_batches;  // an F's headers, per A
   const uint64_t results = uint64_t(spec.micro_batches) * spec.ffn;      // an A's, per F
-  if (peer_role == Role::ffn)  // an F's row spaces of every micro-batch
-    return {{"a2f_payload", spec.ffn_rows() * spec.a2f_bytes_per_token() * spec.micro_batches},
+  if (peer_role == Role::ffn)  // F `rank`'s row spaces of every micro-batch
+    return {{"a2f_payload", spec.ffn_rows(rank) * spec.a2f_bytes_per_token() * spec.micro_batches},
             {"a2f_headers", header * slots}};
   return {{"f2a_payload", spec.f2a_slot_bytes() * results}, {"f2a_headers", header * results}};
 }
 
 std::shared_ptr<const Link> connect_peer(const EngineSpec& spec, Transport& transport,
                                          Membership& membership, Role peer_role, int rank,
-                                         uint64_t epoch,
-                                         const std::map<std::string, uint64_t>& expected) {
+                                         uint64_t epoch) {
+  const auto expected = expected_regions(spec, peer_role, rank);
   const std::string name = peer_name(peer_role, rank);
   const std::string self = peer_name(spec.role, spec.rank);
   auto endpoint =
@@ -86,14 +86,13 @@ Joined join(const EngineSpec& spec, Transport& transport, const PublishedRegions
   Membership membership(store, spec.job, to_string(spec.role), spec.rank);
   Joined joined;
   joined.epoch = membership.join({{"endpoint", transport.endpoint()}, {"regions", mine.encode()}});
-  const auto expected = expected_regions(spec, peer_role);
   for (int rank = 0; rank < peer_count; ++rank) {
     Peer peer;
     peer.rank = rank;
     uint64_t epoch = membership.current_epoch(to_string(peer_role), rank, spec.join_deadline());
     while (!peer.link) {
       try {
-        peer.link = connect_peer(spec, transport, membership, peer_role, rank, epoch, expected);
+        peer.link = connect_peer(spec, transport, membership, peer_role, rank, epoch);
       } catch (const Error& e) {
         // A peer that failed after publishing its endpoint refuses the connection: its own report
         // says why, better than the refusal.

@@ -30,17 +30,17 @@ struct PublishedRegions {
 std::map<std::string, std::vector<uint8_t>> decode_regions(const std::vector<uint8_t>& blob,
                                                            const std::string& from);
 
-// The region names and sizes a peer of `peer_role` must publish in a job of this shape: a peer
-// started from another config is refused at connection time, not by a write out of range later.
-std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role peer_role);
+// The region names and sizes peer (`peer_role`, `rank`) must publish in a job of this shape: a
+// peer started from another config is refused at connection time, not by a write out of range
+// later.
+std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role peer_role, int rank);
 
 // Connects to epoch `epoch` of peer (`peer_role`, `rank`): fetches its endpoint and regions from
 // the store, connects (both sides call connect) and imports its regions, checking them against
-// `expected`.
+// expected_regions.
 std::shared_ptr<const Link> connect_peer(const EngineSpec& spec, Transport& transport,
                                          Membership& membership, Role peer_role, int rank,
-                                         uint64_t epoch,
-                                         const std::map<std::string, uint64_t>& expected);
+                                         uint64_t epoch);
 
 // Publishes this instance (a new epoch of it) with its endpoint and regions, then connects to
 // every rank of `peer_role` at its current epoch, in rank order (a global order, so symmetric

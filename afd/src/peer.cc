@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace hetmesh::afd {
 
 int64_t now_ns() {
@@ -48,6 +50,26 @@ void check_shape(const EngineSpec& spec) {
                 fmt::format("engine spec: topology groups maps attention / ffn As to each F: {} "
                             "As do not divide among {} Fs",
                             spec.attention, spec.ffn));
+  if (spec.topology == JobTopology::map) {
+    auto bad = [](const std::string& what) {
+      throw Error(HM_ERR_INVALID_ARGUMENT, "engine spec: topology map: " + what);
+    };
+    if (spec.ffns_of.size() != static_cast<size_t>(spec.attention))
+      bad(fmt::format("{} lists of Fs for {} As (one each)", spec.ffns_of.size(), spec.attention));
+    for (int a = 0; a < spec.attention; ++a) {
+      const std::vector<int>& ffns = spec.ffns_of[static_cast<size_t>(a)];
+      if (ffns.empty()) bad(fmt::format("attention {} sends to no F", a));
+      for (size_t i = 0; i < ffns.size(); ++i)
+        if (ffns[i] < 0 || ffns[i] >= spec.ffn ||
+            std::find(ffns.begin(), ffns.begin() + static_cast<long>(i), ffns[i]) !=
+                ffns.begin() + static_cast<long>(i))
+          bad(fmt::format("attention {} names ffn {} ({}): the Fs are 0..{}, each once", a, ffns[i],
+                          ffns[i] < 0 || ffns[i] >= spec.ffn ? "no such F" : "twice",
+                          spec.ffn - 1));
+    }
+    for (int f = 0; f < spec.ffn; ++f)
+      if (spec.attention_of(f) == 0) bad(fmt::format("ffn {} serves no A", f));
+  }
   if (spec.a2f_tensors() > kMaxA2fTensors)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("engine spec: {} extra A2F tensors; a push carries at most {}",

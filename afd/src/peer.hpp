@@ -42,7 +42,8 @@ struct Peer {
 std::vector<PeerStatus> peer_status(Role role, const std::vector<Peer>& peers);
 
 // Throws Error(INVALID_ARGUMENT) for JobTopology::groups with an attention count that is not a
-// multiple of ffn, and for extra A2F tensors past kMaxA2fTensors or without a name or bytes.
+// multiple of ffn, a map that is not one (an A sending to no F or to one that does not exist, an
+// F serving no A), and extra A2F tensors past kMaxA2fTensors or without a name or bytes.
 void check_shape(const EngineSpec& spec);
 
 // `make()`, one of an engine's allocations at its start, with an error that says whose and for

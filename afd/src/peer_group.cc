@@ -31,7 +31,6 @@ PeerGroup::PeerGroup(const EngineSpec& spec, Role peer_role, Transport& transpor
       peers_(std::move(joined.peers)),
       mutex_(mutex),
       handler_(handler),
-      expected_(expected_regions(spec, peer_role)),
       heartbeat_(spec, peer_role, peers_.size()),
       superseded_(peers_.size(), 0),
       known_(peers_.size(), 0) {
@@ -256,8 +255,7 @@ void PeerGroup::replace(Membership& membership, const Incarnation& who) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  auto link =
-      connect_peer(spec_, transport_, membership, peer_role_, who.rank, who.epoch, expected_);
+  auto link = connect_peer(spec_, transport_, membership, peer_role_, who.rank, who.epoch);
   std::lock_guard lock(mutex_);
   changes_.push_back({who.rank, who.epoch, std::move(link)});
 }

@@ -136,7 +136,6 @@ class PeerGroup {
   std::vector<Peer> peers_;
   std::mutex& mutex_;
   PeerHandler& handler_;
-  std::map<std::string, uint64_t> expected_;
   // The comm thread's:
   std::map<ConnectionId, Member> members_;
   std::vector<TransportEvent> events_, early_;  // early_: of links not installed yet

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace hetmesh::afd {
 
@@ -92,25 +93,38 @@ struct WireHeader {
 static_assert(sizeof(WireHeader) == 176);
 
 // A digest of what both ends of a job must agree on for the slots to line up: the model's sizes
-// and dtypes, the A2F tensors (names and row bytes), the rows of an F's row spaces.
+// and dtypes, the A2F tensors (names and row bytes), the instances and which As each F serves.
 inline uint32_t job_layout(const EngineSpec& spec) {
   uint32_t hash = 2166136261u;  // FNV-1a
   auto mix = [&hash](const void* data, size_t size) {
     for (size_t i = 0; i < size; ++i)
       hash = (hash ^ static_cast<const uint8_t*>(data)[i]) * 16777619u;
   };
-  const uint64_t values[] = {spec.tokens,    spec.hidden,     spec.top_k,           spec.a2f_bytes,
-                             spec.f2a_bytes, spec.ffn_rows(), spec.a2f_extra.size()};
+  const uint64_t values[] = {spec.tokens,
+                             spec.hidden,
+                             spec.top_k,
+                             spec.a2f_bytes,
+                             spec.f2a_bytes,
+                             static_cast<uint64_t>(spec.attention),
+                             static_cast<uint64_t>(spec.ffn),
+                             static_cast<uint64_t>(spec.topology),
+                             spec.a2f_extra.size()};
   mix(values, sizeof values);
   for (const ExtraTensor& t : spec.a2f_extra) {
     mix(t.name.data(), t.name.size() + 1);
     mix(&t.row_bytes, sizeof t.row_bytes);
   }
+  if (spec.topology == JobTopology::map)
+    for (const std::vector<int>& ffns : spec.ffns_of) {
+      const uint64_t count = ffns.size();
+      mix(&count, sizeof count);
+      mix(ffns.data(), ffns.size() * sizeof(int));
+    }
   return hash;
 }
 
 // Where A2F tensor `tensor` starts in a block of `rows` rows of every tensor, one after the other
-// (an A's send slot: tokens rows; an F's row spaces of a micro-batch: ffn_rows()).
+// (an A's send slot: tokens rows; F f's row spaces of a micro-batch: ffn_rows(f)).
 inline uint64_t tensor_offset(const EngineSpec& spec, uint64_t rows, int tensor) {
   uint64_t before = 0;
   for (int t = 0; t < tensor; ++t)
@@ -118,14 +132,15 @@ inline uint64_t tensor_offset(const EngineSpec& spec, uint64_t rows, int tensor)
   return rows * before;
 }
 
-// Offsets in an F's own memory: A2F tensor `tensor`'s row `row` of micro-batch mb in its input row
+// Offsets in F f's own memory: A2F tensor `tensor`'s row `row` of micro-batch mb in its input row
 // spaces, and output row `row` of mb.
-inline uint64_t ffn_input_offset(const EngineSpec& spec, int mb, int tensor, uint64_t row) {
-  return static_cast<uint64_t>(mb) * spec.ffn_rows() * spec.a2f_bytes_per_token() +
-         tensor_offset(spec, spec.ffn_rows(), tensor) + row * spec.a2f_row_bytes(tensor);
+inline uint64_t ffn_input_offset(const EngineSpec& spec, int f, int mb, int tensor, uint64_t row) {
+  const uint64_t rows = spec.ffn_rows(f);
+  return static_cast<uint64_t>(mb) * rows * spec.a2f_bytes_per_token() +
+         tensor_offset(spec, rows, tensor) + row * spec.a2f_row_bytes(tensor);
 }
-inline uint64_t ffn_output_offset(const EngineSpec& spec, int mb, uint64_t row) {
-  return (static_cast<uint64_t>(mb) * spec.ffn_rows() + row) * spec.f2a_bytes_per_token();
+inline uint64_t ffn_output_offset(const EngineSpec& spec, int f, int mb, uint64_t row) {
+  return (static_cast<uint64_t>(mb) * spec.ffn_rows(f) + row) * spec.f2a_bytes_per_token();
 }
 
 // The most rows any tensor of an A2F header carries (what of the F's row spaces it covers).
@@ -134,9 +149,9 @@ inline uint32_t header_rows(const WireHeader& h) {
 }
 
 // Throws Error(kStatusProtocolError) naming the field unless `h` fits the receiver's job `spec`
-// (kind `kind`) and arrived in the slot of (`source`, `micro_batch`) from the sender's
-// incarnation `epoch` (an older one's header, written by a process that was replaced, is
-// refused).
+// (kind `kind`; spec.rank is the receiver's) and arrived in the slot of (`source`, `micro_batch`)
+// from the sender's incarnation `epoch` (an older one's header, written by a process that was
+// replaced, is refused).
 inline void validate(const WireHeader& h, const EngineSpec& spec, MessageKind kind, uint32_t source,
                      uint64_t epoch, uint32_t micro_batch, const char* where) {
   auto bad = [&](const std::string& what) {
@@ -172,9 +187,10 @@ inline void validate(const WireHeader& h, const EngineSpec& spec, MessageKind ki
                         t < spec.a2f_tensors() && spec.a2f_row_bytes(t) > 0 ? spec.tokens : 0));
       payload += uint64_t{h.rows[t]} * spec.a2f_row_bytes(t);
     }
-    if (uint64_t{h.row_offset} + header_rows(h) > spec.ffn_rows())
+    // The receiver is the F whose row spaces these are.
+    if (uint64_t{h.row_offset} + header_rows(h) > spec.ffn_rows(spec.rank))
       bad(fmt::format("rows {}..{} (the row spaces hold {})", h.row_offset,
-                      uint64_t{h.row_offset} + header_rows(h), spec.ffn_rows()));
+                      uint64_t{h.row_offset} + header_rows(h), spec.ffn_rows(spec.rank)));
   }
   if (h.payload_bytes != payload)
     bad(fmt::format("payload of {} bytes for its rows ({} bytes)", h.payload_bytes, payload));

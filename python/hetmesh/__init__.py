@@ -70,6 +70,7 @@ _KEYS = {
     "layers": ("job", "layers"),
     "gather": ("job", "gather"),
     "topology": ("job", "topology"),
+    "ffns_of": ("job", "ffns_of"),
     "timeout_ms": ("job", "timeout_ms"),
     "join_timeout_ms": ("job", "join_timeout_ms"),
     "io_timeout_ms": ("job", "io_timeout_ms"),

@@ -999,7 +999,8 @@ void bind_engines(py::module_& m) {
             check_micro_batch(mb, c->spec());
             const int t = a2f_index(*c, name);
             return tensor_slot(ffn_of(*c).inputs(mb, t), t,
-                               static_cast<uint32_t>(c->spec().ffn_rows()), Owner{*c, self, f});
+                               static_cast<uint32_t>(c->spec().ffn_rows(c->spec().rank)),
+                               Owner{*c, self, f});
           },
           py::arg("micro_batch"), py::arg("name"),
           "The engine's row space of an A2F tensor for a micro-batch (every A's rows: "
@@ -1010,7 +1011,8 @@ void bind_engines(py::module_& m) {
             const auto& f = self.cast<const PyFfn&>();
             std::shared_ptr<Context> c = f.live();
             check_micro_batch(mb, c->spec());
-            return rows_slot(ffn_of(*c).outputs(mb), static_cast<uint32_t>(c->spec().ffn_rows()),
+            return rows_slot(ffn_of(*c).outputs(mb),
+                             static_cast<uint32_t>(c->spec().ffn_rows(c->spec().rank)),
                              c->config().model.f2a_dtype, Owner{*c, self, f});
           },
           py::arg("micro_batch"),
@@ -1035,12 +1037,12 @@ void bind_engines(py::module_& m) {
               element = element_of(c->config().model.a2f_tensors[static_cast<size_t>(t - 2)].dtype);
             CallerTensor buffer = caller_tensor(tensor, c->device(), element, spec.a2f_row_bytes(t),
                                                 "receive_into's tensor");
-            if (buffer.rows < spec.ffn_rows())
-              throw Error(
-                  HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("receive_into: a tensor of {} rows; it holds every A's "
-                              "rows, {} ({} As x {} tokens)",
-                              buffer.rows, spec.ffn_rows(), spec.attention_per_ffn(), spec.tokens));
+            if (buffer.rows < spec.ffn_rows(spec.rank))
+              throw Error(HM_ERR_INVALID_ARGUMENT,
+                          fmt::format("receive_into: a tensor of {} rows; it holds every A's "
+                                      "rows, {} ({} As x {} tokens)",
+                                      buffer.rows, spec.ffn_rows(spec.rank),
+                                      spec.attention_of(spec.rank), spec.tokens));
             register_tensor(*c, engine, tensor, buffer);
             py::gil_scoped_release unlocked;
             engine.receive_into(mb, t, buffer.data, buffer.bytes);

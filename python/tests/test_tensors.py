@@ -123,3 +123,10 @@ def test_keyword_tensors_are_checked_by_the_config_reader():
     c = hetmesh.config(top_k=0, a2f_tensors={"topk_ids": ("int64", 8), "scales": {
         "dtype": "fp32", "columns": 1}})
     assert c.top_k == 0 and c.a2f_tensors == [("scales", "fp32", 1), ("topk_ids", "int64", 8)]
+
+
+def test_an_explicit_map_from_keywords():
+    c = hetmesh.config(attention=3, ffn=2, experts=2, topology="map", ffns_of=[[0], [0, 1], [1]])
+    assert c.topology == "map"
+    with pytest.raises(hetmesh.InvalidArgumentError, match="ffn 1 serves no A"):
+        hetmesh.config(attention=2, ffn=2, experts=2, topology="map", ffns_of=[[0], [0]])

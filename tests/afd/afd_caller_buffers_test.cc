@@ -1,4 +1,5 @@
-// The application's own buffers in place of the engine's slots, and vLLM's A-to-F mapping, with
+// The application's own buffers in place of the engine's slots, vLLM's A-to-F mapping and an
+// explicit map, with
 // real processes over each transport: an A sends from its tensors and receives each F's answer into
 // its own, an F responds from a buffer of its own, each registered once at first sight (row slices
 // of varying length find that registration), and the counters say no byte went through a slot.
@@ -151,7 +152,12 @@ int run_group_ffn(const EngineSpec& spec, KeyValueStore& store) {
     }
     engine.respond(*batch);
   }
-  std::cout << fmt::format("served attention {}", fmt::join(served, ",")) << std::endl;
+  uint64_t row_spaces = 0;
+  for (const auto& [name, bytes] : engine.registered())
+    if (name == "a2f_receive") row_spaces = bytes;
+  std::cout << fmt::format("served attention {}; row spaces of {} As", fmt::join(served, ","),
+                           row_spaces / (spec.micro_batches * spec.a2f_slot_bytes()))
+            << std::endl;
   engine.finish();
   return 0;
 }
@@ -184,6 +190,35 @@ int run_group_attention(const EngineSpec& spec, KeyValueStore& store) {
   return 0;
 }
 
+// An explicit map (JobTopology::map, 3A2F: A 0 to F 0, A 1 to both, A 2 to F 1): each A gets an
+// answer from each of its Fs alone, in its result slot for that F.
+int run_map_attention(const EngineSpec& spec, KeyValueStore& store) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  AttentionEngine engine(spec, device, store);
+  const uint64_t bytes = uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes;
+  const std::vector<int>& mine = spec.ffns_of[static_cast<size_t>(spec.rank)];
+  int good = 0;
+  for (int step = 0; step < 4; ++step) {
+    const int mb = step % spec.micro_batches;
+    auto* x = static_cast<uint8_t*>(engine.tokens(mb));
+    for (uint64_t i = 0; i < bytes; ++i)
+      x[i] = token_byte(step + spec.rank, i);
+    engine.wait(engine.push_pull(mb, spec.tokens), kTimeout);
+    bool right = true;
+    for (int f : mine) {
+      const auto* answer = static_cast<const uint8_t*>(engine.result(mb, f));
+      for (uint64_t i = 0; i < bytes; ++i)
+        right &= answer[i] == static_cast<uint8_t>(token_byte(step + spec.rank, i) + f + 1);
+    }
+    good += right;
+  }
+  std::cout << fmt::format("attention {}: {}/4 answered by ffn {}", spec.rank, good,
+                           fmt::join(mine, ","))
+            << std::endl;
+  engine.finish();
+  return 0;
+}
+
 int child_main(int argc, char** argv) {
   // --role ROLE --rank RANK --store STORE --out DIR TRANSPORT [groups]
   if (argc < 10) return 2;
@@ -191,18 +226,25 @@ int child_main(int argc, char** argv) {
   EngineSpec spec = test::small_spec(1, 2, parse_transport_kind(argv[9]));
   spec.rank = std::stoi(argv[4]);
   const bool groups = argc > 10 && std::string(argv[10]) == "groups";
+  const bool map = argc > 10 && std::string(argv[10]) == "map";
   if (groups) {
     spec.attention = 4;
     spec.topology = JobTopology::groups;
+  }
+  if (map) {
+    spec.attention = 3;
+    spec.topology = JobTopology::map;
+    spec.ffns_of = {{0}, {0, 1}, {1}};
   }
   set_log_identity(fmt::format("{}:{}", role, spec.rank));
   try {
     auto store = connect_tcp_store(argv[6], kTimeout);
     if (role == "ffn") {
       spec.role = Role::ffn;
-      return groups ? run_group_ffn(spec, *store) : run_ffn(spec, *store);
+      return groups || map ? run_group_ffn(spec, *store) : run_ffn(spec, *store);
     }
     spec.role = Role::attention;
+    if (map) return run_map_attention(spec, *store);
     return groups ? run_group_attention(spec, *store) : run_attention(spec, *store);
   } catch (const Error& e) {
     std::cout << "error " << status_name(e.status()) << ": " << e.what() << std::endl;
@@ -279,10 +321,35 @@ TEST(AfdTopologyTest, GroupsSendEachAttentionToItsFfnAlone) {
   }
   auto f0_lines = test::lines_until_exit(f0, kTimeout);
   EXPECT_EQ(f0.wait(kTimeout).exit_code, 0) << joined(f0_lines);
-  EXPECT_TRUE(has_line(f0_lines, "served attention 0,1")) << joined(f0_lines);
+  EXPECT_TRUE(has_line(f0_lines, "served attention 0,1; row spaces of 2 As")) << joined(f0_lines);
   auto f1_lines = test::lines_until_exit(f1, kTimeout);
   EXPECT_EQ(f1.wait(kTimeout).exit_code, 0) << joined(f1_lines);
-  EXPECT_TRUE(has_line(f1_lines, "served attention 2,3")) << joined(f1_lines);
+  EXPECT_TRUE(has_line(f1_lines, "served attention 2,3; row spaces of 2 As")) << joined(f1_lines);
+}
+
+// An explicit map: each A sends to the Fs it names and gets each one's answer; each F is sent only
+// the parts of the As that name it, and holds rows for those alone.
+TEST(AfdTopologyTest, AMapSendsEachAttentionToTheFfnsItNames) {
+  test::ChildJob job;
+  ChildProcess& f0 = job.instances.start("ffn", 0, {"ipc", "map"});
+  ChildProcess& f1 = job.instances.start("ffn", 1, {"ipc", "map"});
+  std::vector<ChildProcess*> as;
+  for (int a = 0; a < 3; ++a)
+    as.push_back(&job.instances.start("attention", a, {"ipc", "map"}));
+  const char* expected[] = {"attention 0: 4/4 answered by ffn 0",
+                            "attention 1: 4/4 answered by ffn 0,1",
+                            "attention 2: 4/4 answered by ffn 1"};
+  for (int a = 0; a < 3; ++a) {
+    auto lines = test::lines_until_exit(*as[static_cast<size_t>(a)], kTimeout * 2);
+    EXPECT_EQ(as[static_cast<size_t>(a)]->wait(kTimeout).exit_code, 0) << joined(lines);
+    EXPECT_TRUE(has_line(lines, expected[a])) << joined(lines);
+  }
+  auto f0_lines = test::lines_until_exit(f0, kTimeout);
+  EXPECT_EQ(f0.wait(kTimeout).exit_code, 0) << joined(f0_lines);
+  EXPECT_TRUE(has_line(f0_lines, "served attention 0,1; row spaces of 2 As")) << joined(f0_lines);
+  auto f1_lines = test::lines_until_exit(f1, kTimeout);
+  EXPECT_EQ(f1.wait(kTimeout).exit_code, 0) << joined(f1_lines);
+  EXPECT_TRUE(has_line(f1_lines, "served attention 1,2; row spaces of 2 As")) << joined(f1_lines);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, AfdCallerBuffersTest,

@@ -66,7 +66,7 @@ bool logits_at(int step) {
 int run_ffn(const EngineSpec& spec, KeyValueStore& store) {
   Device device = PluginRegistry::load().device("cpu:0");
   FfnEngine engine(spec, device, store);
-  std::vector<uint8_t> own(spec.ffn_rows() * spec.a2f_row_bytes(kTokensTensor));
+  std::vector<uint8_t> own(spec.ffn_rows(spec.rank) * spec.a2f_row_bytes(kTokensTensor));
   int right = 0, landed = 0;
   uint64_t landed_bytes = 0;  // of the tokens of every part in the F's buffer
   std::string wrong;

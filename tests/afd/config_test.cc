@@ -236,6 +236,41 @@ TEST(ConfigTest, BadDtype) {
             "fp16, fp32)");
 }
 
+// An explicit A-to-F map: each A's Fs, every F served; refused by name otherwise.
+TEST(ConfigTest, TopologyMapNamesEachAttentionsFfns) {
+  JobConfig c = parse_config(
+      "[job]\nattention = 3\nffn = 2\ntopology = \"map\"\nffns_of = [[0], [0, 1], [1]]\n",
+      "job.toml");
+  EXPECT_EQ(c.job.topology, JobTopology::map);
+  EXPECT_EQ(c.job.ffns_of, (std::vector<std::vector<int>>{{0}, {0, 1}, {1}}));
+  EngineSpec spec = job_shape(c, Role::ffn, 1);
+  EXPECT_TRUE(spec.sends(1, 1) && spec.sends(2, 1) && !spec.sends(0, 1));
+  EXPECT_EQ(spec.attention_of(1), 2);
+  EXPECT_EQ(spec.window_of(2, 1), 1);
+  EXPECT_EQ(spec.ffn_rows(1), 2u * spec.tokens);
+  EXPECT_EQ(parse_config(to_toml(c), "effective.toml"), c) << to_toml(c);
+  const std::string head = "[job]\nattention = 2\nffn = 2\ntopology = \"map\"\n";
+  EXPECT_EQ(error_of(head),
+            "job.toml:4:1: [job] topology: \"map\" needs [job] ffns_of: for each A, the Fs it "
+            "sends to");
+  EXPECT_EQ(error_of(head + "ffns_of = [[0], [0, 2]]\n"),
+            "job.toml:5:17: [job] ffns_of[1]: attention 1: integer 2 is not an F rank of its own "
+            "(0..1, each once)");
+  EXPECT_EQ(error_of(head + "ffns_of = [[0], [0, 0]]\n"),
+            "job.toml:5:17: [job] ffns_of[1]: attention 1: integer 0 is not an F rank of its own "
+            "(0..1, each once)");
+  EXPECT_EQ(error_of(head + "ffns_of = [[0], []]\n"),
+            "job.toml:5:17: [job] ffns_of[1]: attention 1: expected a non-empty array of F "
+            "ranks, got an array");
+  EXPECT_EQ(error_of(head + "ffns_of = [[0], [0]]\n"),
+            "job.toml:5:1: [job] ffns_of: ffn 1 serves no A");
+  EXPECT_EQ(error_of(head + "ffns_of = [[0, 1]]\n"),
+            "job.toml:5:1: [job] ffns_of: 1 lists for 2 As (one each)");
+  EXPECT_EQ(error_of("[job]\nffns_of = [[0]]\n"),
+            "job.toml:2:1: [job] ffns_of: names each A's Fs for topology = \"map\" only (the "
+            "job's is all)");
+}
+
 // Pushes carry the tensors [model.a2f_tensors] declares, each a row a token, in name order; the
 // routing may go (top_k = 0), and the hidden states stay floating.
 TEST(ConfigTest, ExtraA2fTensorsAndNoRouting) {

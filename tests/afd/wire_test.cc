@@ -135,9 +135,9 @@ TEST(EngineSpecSizes, OverflowThrowsInsteadOfWrapping) {
   // In groups, an F holds only its own As' rows.
   spec.ffn = 2;
   spec.topology = JobTopology::groups;
-  EXPECT_EQ(spec.ffn_rows(), 128u);
+  EXPECT_EQ(spec.ffn_rows(0), 128u);
   EXPECT_EQ(spec.instance_slot_bytes(), 3 * (spec.a2f_slot_bytes() + spec.f2a_slot_bytes()));
-  EXPECT_EQ(spec.window_of(1), 0);
+  EXPECT_EQ(spec.window_of(1, 1), 0);
 }
 
 // The control words keep their bytes on the wire (peers of the previous build send the same), and

@@ -112,7 +112,7 @@ int run_ffn(const JobConfig& c, const AfdBenchOptions& o, bool caller) {
     outputs =
         instance->device().allocate(spec.attention * spec.micro_batches * spec.f2a_slot_bytes());
     engine.register_buffer(outputs->data(), outputs->size());
-    const uint64_t rows = spec.ffn_rows();
+    const uint64_t rows = spec.ffn_rows(spec.rank);
     inputs = instance->device().allocate(spec.micro_batches * rows * spec.a2f_bytes_per_token());
     auto* at = static_cast<uint8_t*>(inputs->data());
     for (int mb = 0; mb < spec.micro_batches; ++mb)

@@ -62,10 +62,12 @@ enum class Gather {
 
 // Which F instances an A sends each micro-batch to.
 enum class JobTopology {
-  all,    // every A to every F, each F answering a partial result (an expert split) that the A
-          // sums
-  groups  // A a to F a / (attention / ffn) alone, which answers its full result: F k serves As
-          // k·r … k·r+r−1, r = attention / ffn (vLLM's AFD mapping; attention % ffn == 0)
+  all,     // every A to every F, each F answering a partial result (an expert split) that the A
+           // sums
+  groups,  // A a to F a / (attention / ffn) alone, which answers its full result: F k serves As
+           // k·r … k·r+r−1, r = attention / ffn (vLLM's AFD mapping; attention % ffn == 0)
+  map      // A a to the Fs EngineSpec::ffns_of[a] names, each answering a partial result that the
+           // A sums (one F: the full result)
 };
 
 // The A2F tensors of a job, by index: every push carries the tokens (hidden states) and the routing
@@ -102,20 +104,40 @@ struct EngineSpec {
   int queue_depth = 8;
   Gather gather = Gather::all;
   JobTopology topology = JobTopology::all;
+  // JobTopology::map: [a] the Fs A a sends to, each in 0..ffn-1, none twice, at least one; every F
+  // served by at least one A (check_shape refuses others).
+  std::vector<std::vector<int>> ffns_of;
   // A `a` sends its micro-batches to F `f` (and waits for its answer). JobTopology::groups with an
   // attention count that is not a multiple of ffn is refused by the engines.
   bool sends(int a, int f) const {
-    return topology == JobTopology::all || f == a / attention_per_ffn();
+    if (topology == JobTopology::all) return true;
+    if (topology == JobTopology::groups) return f == a / group_size();
+    const auto i = static_cast<size_t>(a);
+    return i < ffns_of.size() &&
+           std::find(ffns_of[i].begin(), ffns_of[i].end(), f) != ffns_of[i].end();
   }
-  // The As each F serves (every A, or its group), and A `a`'s place among them: the window of an
-  // F's row spaces that a's rows land in unless its push names another (PushOptions::row_offset).
-  int attention_per_ffn() const {
-    return topology == JobTopology::all ? attention : std::max(1, attention / std::max(1, ffn));
+  // How many As F `f` serves (every A, its group, or those whose map names it), and A `a`'s place
+  // among them: the window of f's row spaces that a's rows land in unless its push names another
+  // row (PushOptions::row_offset).
+  int attention_of(int f) const {
+    if (topology == JobTopology::all) return attention;
+    if (topology == JobTopology::groups) return group_size();
+    int count = 0;
+    for (int a = 0; a < attention; ++a)
+      count += sends(a, f);
+    return count;
   }
-  int window_of(int a) const { return topology == JobTopology::all ? a : a % attention_per_ffn(); }
-  // Rows of each row space of an F's micro-batch: a window of `tokens` for each of its As.
-  uint64_t ffn_rows() const {
-    return uint64_t{tokens} * static_cast<uint64_t>(attention_per_ffn());
+  int window_of(int a, int f) const {
+    if (topology == JobTopology::all) return a;
+    if (topology == JobTopology::groups) return a % group_size();
+    int before = 0;
+    for (int b = 0; b < a; ++b)
+      before += sends(b, f);
+    return before;
+  }
+  // Rows of each row space of F `f`'s micro-batch: a window of `tokens` for each of its As.
+  uint64_t ffn_rows(int f) const {
+    return uint64_t{tokens} * static_cast<uint64_t>(attention_of(f));
   }
   // The bound on the engine's own waits for data: the destructor's, and the default the
   // launcher's callers use for wait() and get_batch().
@@ -169,17 +191,18 @@ struct EngineSpec {
   uint64_t a2f_slot_bytes() const { return checked_product(tokens, a2f_bytes_per_token()); }
   uint64_t f2a_slot_bytes() const { return checked_product(tokens, f2a_bytes_per_token()); }
   // Every payload slot this instance allocates (headers aside): an A holds one A2F slot and one
-  // F2A slot per F for each micro-batch; an F, per micro-batch, row spaces of ffn_rows() rows of
-  // every A2F tensor and of its outputs.
+  // F2A slot per F for each micro-batch; an F, per micro-batch, row spaces of ffn_rows(rank) rows
+  // of every A2F tensor and of its outputs.
   uint64_t instance_slot_bytes() const {
     if (role == Role::attention)
       return checked_product(micro_batches,
                              checked_sum(a2f_slot_bytes(), checked_product(ffn, f2a_slot_bytes())));
-    return checked_product(checked_product(micro_batches, ffn_rows()),
+    return checked_product(checked_product(micro_batches, ffn_rows(rank)),
                            checked_sum(a2f_bytes_per_token(), f2a_bytes_per_token()));
   }
 
  private:
+  int group_size() const { return std::max(1, attention / std::max(1, ffn)); }
   static uint64_t checked_product(uint64_t a, uint64_t b) {
     uint64_t product;
     if (__builtin_mul_overflow(a, b, &product)) overflow(a, b, "x");
@@ -252,8 +275,9 @@ struct PushOptions {
   // registers each allocation at first sight and keeps it until it ends (a row slice of a
   // registered tensor costs a lookup; register_buffer does it ahead). The engine copies nothing.
   std::span<void* const> results_into;
-  // Where this A's rows land in each F's row spaces of the micro-batch (EngineSpec::ffn_rows()
-  // rows): unset, the A's own window (window_of(rank) x tokens); set, that row, so that As that
+  // Where this A's rows land in each F's row spaces of the micro-batch (EngineSpec::ffn_rows(f)
+  // rows): unset, the A's own window there (window_of(rank, f) x tokens); set, that row at every F
+  // it sends to, so that As that
   // agree on their offsets (A i at the sum of the rows of the As before it, from a step's token
   // counts every A knows) land back to back and the F sees one tensor (Batch::packed). For
   // gather = all (refused for eager). The As must not land on a part the F holds and has not
@@ -472,18 +496,18 @@ class FfnEngine {
   void send_message(int attention, std::span<const uint8_t> bytes);
   std::optional<Message> receive_message(std::chrono::milliseconds timeout);
 
-  // The F's row spaces of micro-batch `mb`, where its As' rows land (EngineSpec::ffn_rows() rows,
-  // each A in its window unless it pushes at another row_offset): A2F tensor `tensor`'s
+  // The F's row spaces of micro-batch `mb`, where its As' rows land (EngineSpec::ffn_rows(rank)
+  // rows, each A in its window unless it pushes at another row_offset): A2F tensor `tensor`'s
   // ([rows][row bytes]; null for a tensor the job does not have), and the outputs' ([rows][hidden]
   // in the F2A dtype). Fixed for the engine's life: a captured graph may read and write them.
   void* inputs(int micro_batch, int tensor) const;
   void* outputs(int micro_batch) const;
   // From now on, the As' rows of A2F tensor `tensor` of micro-batch `mb` land in the application's
   // own buffer [data, +bytes) instead of the engine's row space, at the same rows (it holds
-  // EngineSpec::ffn_rows() rows; registered as PushOptions's buffers are, and as long-lived). Each
-  // A hears of it in order with this F's answers and uses it for the pushes it posts after that;
-  // a part says where its rows did land (Batch::FromAttention::inputs), so a part already on its
-  // way lands in the row space it was sent to. For buffers set up once (a graph's, StepMesh's
+  // EngineSpec::ffn_rows(rank) rows; registered as PushOptions's buffers are, and as long-lived).
+  // Each A hears of it in order with this F's answers and uses it for the pushes it posts after
+  // that; a part says where its rows did land (Batch::FromAttention::inputs), so a part already on
+  // its way lands in the row space it was sent to. For buffers set up once (a graph's, StepMesh's
   // register_recv_buffer): a micro-batch takes at most 64 distinct layouts. Throws
   // Error(INVALID_ARGUMENT) for a buffer too small or of another device.
   void receive_into(int micro_batch, int tensor, void* data, uint64_t bytes);

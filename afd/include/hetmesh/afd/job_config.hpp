@@ -38,7 +38,7 @@ const char* to_string(Dtype dtype);  // "fp8", ...
 // [job] gather: how an F instance gathers a micro-batch (Gather, engine.hpp).
 const char* to_string(Gather gather);  // "all", "eager"
 // [job] topology: which F instances each A sends to (JobTopology, engine.hpp).
-const char* to_string(JobTopology topology);  // "all", "groups"
+const char* to_string(JobTopology topology);  // "all", "groups", "map"
 
 // [transport] kind: a transport, or "auto" (nullopt): ipc when every peer shares this host, else
 // verbs when an RDMA device is usable, else tcp (decided by choose_transport, which knows where the
@@ -50,12 +50,14 @@ enum class RendezvousKind { tcp, etcd };
 const char* to_string(RendezvousKind kind);  // "tcp", "etcd"
 
 struct JobSection {
-  int attention = 1;                         // A instances, 1..1024
-  int ffn = 1;                               // F instances, 1..1024
-  int micro_batches = 3;                     // in flight per A at once, 1..64
-  int layers = 4;                            // demo model layers, 1..1024
-  Gather gather = Gather::all;               // "all" | "eager"
-  JobTopology topology = JobTopology::all;   // "all" | "groups" (attention % ffn == 0)
+  int attention = 1;                        // A instances, 1..1024
+  int ffn = 1;                              // F instances, 1..1024
+  int micro_batches = 3;                    // in flight per A at once, 1..64
+  int layers = 4;                           // demo model layers, 1..1024
+  Gather gather = Gather::all;              // "all" | "eager"
+  JobTopology topology = JobTopology::all;  // "all" | "groups" (attention % ffn == 0) | "map"
+  // ffns_of, with "map": [a] the Fs A a sends to (EngineSpec::ffns_of), e.g. [[0], [0, 1], [1]]
+  std::vector<std::vector<int>> ffns_of;
   int queue_depth = 8;                       // round trips in flight per micro-batch, 1..64
   std::chrono::milliseconds timeout{10000};  // timeout_ms: bound on every wait for data, >= 1
   // join_timeout_ms: how long joining the job may take (the store, every peer's registration and
