@@ -24,6 +24,7 @@ require_tests "$build/bin/afd_engine_test" '*verbs*' 2
 require_tests "$build/bin/afd_fault_test" '*verbs*' 4
 require_tests "$build/bin/afd_queue_test" '*verbs*' 3
 require_tests "$build/bin/afd_caller_buffers_test" '*verbs*' 1
+require_tests "$build/bin/afd_tensors_test" '*verbs*' 1
 
 echo "== transport suite over verbs (registration fallback order included)"
 "$build/bin/transport_test" --gtest_filter='*verbs*' --gtest_brief=1
@@ -31,10 +32,11 @@ echo "== transport suite over verbs (registration fallback order included)"
 echo "== transport selection: auto must pick verbs (rxe0) for a peer on another node"
 "$build/bin/transport_selection_test" --gtest_brief=1
 
-echo "== AFD engine over verbs (every layer queued ahead, an F killed under the queue, side-band messages, the application's own buffers)"
+echo "== AFD engine over verbs (every layer queued ahead, an F killed under the queue, side-band messages, the application's own buffers, extra tensors packed and landing in an F's own buffer)"
 "$build/bin/afd_engine_test" --gtest_filter='*verbs*' --gtest_brief=1
 "$build/bin/afd_queue_test" --gtest_filter='*verbs*' --gtest_brief=1
 "$build/bin/afd_caller_buffers_test" --gtest_filter='*verbs*' --gtest_brief=1
+"$build/bin/afd_tensors_test" --gtest_filter='*verbs*' --gtest_brief=1
 
 echo "== faults and a replacement over verbs: an F or an A killed mid-run, survivors contained or failing by name, a replacement rejoining"
 "$build/bin/afd_fault_test" --gtest_filter='*verbs*' --gtest_brief=1

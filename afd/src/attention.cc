@@ -380,7 +380,7 @@ struct AttentionEngine::State final : PeerHandler {
           const Region& from = source.region ? *source.region : *a2f_send_region;
           const uint64_t from_at =
               source.region ? source.offset
-                            : mb * spec.a2f_slot_bytes() + tensor_offset(spec, spec.tokens, t);
+                            : mb * spec.a2f_slot_bytes() + spec.a2f_tensor_offset(spec.tokens, t);
           const RemoteRegion& into = to.regions[i] ? *to.regions[i] : link->region("a2f_payload");
           const uint64_t into_at = to.regions[i] ? to.offsets[i] + uint64_t{row_offset} * row_bytes
                                                  : ffn_input_offset(spec, f, mb, t, row_offset);
@@ -547,7 +547,7 @@ void* AttentionEngine::tensor(int mb, int tensor) const {
       spec.a2f_row_bytes(tensor) == 0)
     return nullptr;
   return static_cast<uint8_t*>(state_->a2f_send.data()) + mb * spec.a2f_slot_bytes() +
-         tensor_offset(spec, spec.tokens, tensor);
+         spec.a2f_tensor_offset(spec.tokens, tensor);
 }
 
 void* AttentionEngine::result(int mb, int f) const {
@@ -611,6 +611,23 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
                 fmt::format("push_pull: {} result buffers for {} ffn instance(s) (one each, null "
                             "for an F's own result slot)",
                             push.results_into.size(), s.spec.ffn));
+  // An answer buffer is one F's: two Fs' partial results in one would overwrite each other, and
+  // the tensor sent answered in place by several would be overwritten before each had read it.
+  int answering = 0;
+  for (int f = 0; f < s.spec.ffn; ++f)
+    answering += s.spec.sends(s.spec.rank, f);
+  const void* sent = push.tensors.empty() ? nullptr : push.tensors[kTokensTensor].from;
+  for (size_t f = 0; f < push.results_into.size(); ++f) {
+    if (push.results_into[f] == nullptr) continue;
+    const bool shared = std::find(push.results_into.begin() + static_cast<long>(f) + 1,
+                                  push.results_into.end(),
+                                  push.results_into[f]) != push.results_into.end();
+    if (shared || (answering > 1 && push.results_into[f] == sent))
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("push_pull: ffn {}'s result buffer is {}: each F answers into a "
+                              "buffer of its own",
+                              f, shared ? "another F's too" : "the tokens sent, which other Fs read"));
+  }
   if (!push.tensors.empty() && push.tensors.size() != static_cast<size_t>(s.spec.a2f_tensors()))
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("push_pull: {} tensors for the job's {} (tokens, routing{}: one each)",

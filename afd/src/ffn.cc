@@ -108,7 +108,7 @@ struct FfnEngine::State final : PeerHandler {
         device(d),
         a2f_receive(allocation("A2F row spaces",
                                [&] {
-                                 return d.allocate(s.ffn_rows(s.rank) * s.a2f_bytes_per_token() *
+                                 return d.allocate(s.a2f_block_bytes(s.ffn_rows(s.rank)) *
                                                    s.micro_batches);
                                })),
         a2f_headers(allocation(
@@ -344,7 +344,7 @@ struct FfnEngine::State final : PeerHandler {
       const uint64_t other_end =
           other.row_offset +
           uint64_t{std::max(*std::max_element(other.rows.begin(), other.rows.end()), other.tokens)};
-      if (begin < other_end && other.row_offset < end)
+      if (other_end > other.row_offset && begin < other_end && other.row_offset < end)
         throw Error(kStatusProtocolError,
                     fmt::format("{} pushed micro-batch {} at rows {}..{}, over the rows {}..{} "
                                 "of {}'s part that this F still holds (row offsets that overlap "
@@ -543,6 +543,22 @@ struct FfnEngine::State final : PeerHandler {
           }
         }
     changed.notify_all();
+  }
+
+  // The frames announce_locked(a, mb) would queue: the landing, and a region frame for each
+  // registration of the layout that A `a` has not heard of. Caller holds mutex.
+  size_t announcement_frames_locked(int a, int mb) const {
+    const uint32_t id = current_layout[static_cast<size_t>(mb)];
+    size_t frames = 1;
+    std::vector<uint32_t> fresh;
+    if (id != 0)
+      for (const CallerBuffers::Found& found : layouts[static_cast<size_t>(mb)][id - 1].found)
+        if (found.region && !announced.has_locked(a, found.id) &&
+            std::find(fresh.begin(), fresh.end(), found.id) == fresh.end()) {
+          fresh.push_back(found.id);
+          ++frames;
+        }
+    return frames;
   }
 
   // Tells A `a` where its rows of micro-batch mb land from now on (the layout current_layout[mb]):
@@ -934,17 +950,23 @@ void FfnEngine::receive_into(int mb, int tensor, void* data, uint64_t bytes) {
   if (id == current) return;
   const uint32_t before = current;
   current = id;
-  // Every A this F serves hears of it, in order with this F's answers to it.
-  for (int a = 0; a < spec.attention; ++a) {
+  // Every A this F serves hears of it, in order with this F's answers to it: all of them, or,
+  // where one's queue of messages has no room, none (the layout stays as it was).
+  auto hears = [&](int a) {
     const Peer& peer = s.peers->at(a);
-    if (!spec.sends(a, spec.rank) || peer.lost || peer.left) continue;
-    try {
-      s.announce_locked(a, mb);
-    } catch (const Error&) {
-      current = before;  // the As that heard of it send to one of its layouts: still right
-      throw;
+    return spec.sends(a, spec.rank) && !peer.lost && !peer.left;
+  };
+  for (int a = 0; a < spec.attention; ++a)
+    if (hears(a) && s.side_band.room_locked(a) < s.announcement_frames_locked(a, mb)) {
+      current = before;
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("receive_into: {} has {} messages queued behind answers not "
+                              "posted yet; no A was told of the new buffer: call it again once "
+                              "those answers are out",
+                              peer_name(Role::attention, a), SideBand::kMaxQueued - s.side_band.room_locked(a)));
     }
-  }
+  for (int a = 0; a < spec.attention; ++a)
+    if (hears(a)) s.announce_locked(a, mb);
 }
 
 bool FfnEngine::register_buffer(const void* data, uint64_t bytes) {

@@ -350,7 +350,7 @@ void check_slots_fit(const TomlSection& job, const TomlSection& model, const Job
         "use fewer micro_batches, tokens or instances",
         role == Role::attention ? "attention" : "ffn", bytes,
         role == Role::attention ? "micro_batches x (A2F slot + ffn x F2A slot)"
-                                : "attention x micro_batches x (A2F slot + F2A slot)",
+                                : "micro_batches x (row spaces of its As' A2F tensors and outputs)",
         kMaxInstanceSlotBytes >> 30);
     if (job.has("micro_batches")) job.fail("micro_batches", what);
     if (model.has("tokens")) model.fail("tokens", what);

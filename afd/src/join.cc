@@ -43,7 +43,7 @@ std::map<std::string, uint64_t> expected_regions(const EngineSpec& spec, Role pe
   const uint64_t slots = uint64_t(spec.attention) * spec.micro_batches;  // an F's headers, per A
   const uint64_t results = uint64_t(spec.micro_batches) * spec.ffn;      // an A's, per F
   if (peer_role == Role::ffn)  // F `rank`'s row spaces of every micro-batch
-    return {{"a2f_payload", spec.ffn_rows(rank) * spec.a2f_bytes_per_token() * spec.micro_batches},
+    return {{"a2f_payload", spec.a2f_block_bytes(spec.ffn_rows(rank)) * spec.micro_batches},
             {"a2f_headers", header * slots}};
   return {{"f2a_payload", spec.f2a_slot_bytes() * results}, {"f2a_headers", header * results}};
 }

@@ -121,6 +121,10 @@ class SideBand {
   void queue_frames_locked(int peer, std::vector<std::vector<uint8_t>> frames);
   // The sender's next frame for `peer` (one was queued), counted as sent.
   std::vector<uint8_t> take_frame_locked(int peer);
+  // Frames that may still be queued for `peer`.
+  size_t room_locked(int peer) const {
+    return kMaxQueued - outbox_[static_cast<size_t>(peer)].size();
+  }
   // Messages sent to `peer` so far (low 32 bits), for the next header to it.
   uint32_t sent_locked(int peer) const { return sent_[static_cast<size_t>(peer)]; }
   // The sender sent `peer` a frame of the engine's own (a region): counted as a message is.

@@ -123,21 +123,12 @@ inline uint32_t job_layout(const EngineSpec& spec) {
   return hash;
 }
 
-// Where A2F tensor `tensor` starts in a block of `rows` rows of every tensor, one after the other
-// (an A's send slot: tokens rows; F f's row spaces of a micro-batch: ffn_rows(f)).
-inline uint64_t tensor_offset(const EngineSpec& spec, uint64_t rows, int tensor) {
-  uint64_t before = 0;
-  for (int t = 0; t < tensor; ++t)
-    before += spec.a2f_row_bytes(t);
-  return rows * before;
-}
-
 // Offsets in F f's own memory: A2F tensor `tensor`'s row `row` of micro-batch mb in its input row
 // spaces, and output row `row` of mb.
 inline uint64_t ffn_input_offset(const EngineSpec& spec, int f, int mb, int tensor, uint64_t row) {
   const uint64_t rows = spec.ffn_rows(f);
-  return static_cast<uint64_t>(mb) * rows * spec.a2f_bytes_per_token() +
-         tensor_offset(spec, rows, tensor) + row * spec.a2f_row_bytes(tensor);
+  return static_cast<uint64_t>(mb) * spec.a2f_block_bytes(rows) +
+         spec.a2f_tensor_offset(rows, tensor) + row * spec.a2f_row_bytes(tensor);
 }
 inline uint64_t ffn_output_offset(const EngineSpec& spec, int f, int mb, uint64_t row) {
   return (static_cast<uint64_t>(mb) * spec.ffn_rows(f) + row) * spec.f2a_bytes_per_token();
@@ -183,7 +174,8 @@ inline void validate(const WireHeader& h, const EngineSpec& spec, MessageKind ki
     payload = 0;
     for (int t = 0; t < kMaxA2fTensors; ++t) {
       if (h.rows[t] > (t < spec.a2f_tensors() && spec.a2f_row_bytes(t) > 0 ? spec.tokens : 0))
-        bad(fmt::format("{} rows of tensor {} (the job's holds 0..{})", h.rows[t], t,
+        bad(fmt::format("{} rows of tensor {} ({}: the job's holds 0..{})", h.rows[t], t,
+                        t < spec.a2f_tensors() ? spec.a2f_tensor_name(t) : "none",
                         t < spec.a2f_tensors() && spec.a2f_row_bytes(t) > 0 ? spec.tokens : 0));
       payload += uint64_t{h.rows[t]} * spec.a2f_row_bytes(t);
     }

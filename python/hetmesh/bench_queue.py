@@ -9,8 +9,8 @@ Each layer sends from a tensor of its own and its answer lands in another of its
 application's buffers), so nothing a queued layer reads is overwritten by the one after it; the F
 answers each part with its tokens + 1, and every answer is checked against its own layer's input,
 in order (its first row: the F computes only that one, so the benchmark measures the exchange,
-not the F's arithmetic). Reported per layer: the waited and the queued time (a phase's wall time over its
-layers), the host's time to push all the layers of a queued phase, and their ratio.
+not the F's arithmetic). Reported per layer: the waited and the queued time (a phase's wall time
+over its layers), the host's time to push all the layers of a queued phase, and their ratio.
 """
 
 from __future__ import annotations
@@ -54,52 +54,52 @@ def measure(args, job: dict) -> dict:
              store.address, "--job", json.dumps(job), "--ffn-device", args.ffn_device],
             env={**os.environ, "HETMESH_JOB_SECRET_FILE": secret})
         try:
-            a = hetmesh.AttentionEngine(rank=0, store=store.address, secret_file=secret,
-                                        device=args.attention_device, **job)
-            shape = (job["tokens"], job["hidden"])
-            sent = [torch.full(shape, float(layer % 64), dtype=torch.bfloat16, device=on)
-                    for layer in range(layers)]
-            answers = [torch.zeros(shape, dtype=torch.bfloat16, device=on) for _ in sent]
-            stream = torch.cuda.current_stream() if on != "cpu" else None
-            clock = time.perf_counter_ns
-            waited_ns, queued_ns, pushing_ns = [], [], []
-            wrong = 0
+            with hetmesh.AttentionEngine(rank=0, store=store.address, secret_file=secret,
+                                         device=args.attention_device, **job) as a:
+                shape = (job["tokens"], job["hidden"])
+                sent = [torch.full(shape, float(layer % 64), dtype=torch.bfloat16, device=on)
+                        for layer in range(layers)]
+                answers = [torch.zeros(shape, dtype=torch.bfloat16, device=on) for _ in sent]
+                stream = torch.cuda.current_stream() if on != "cpu" else None
+                clock = time.perf_counter_ns
+                waited_ns, queued_ns, pushing_ns = [], [], []
+                wrong = 0
 
-            def check() -> int:  # each layer's answer is its own, in order
-                return sum(not torch.equal(answer[:1], x[:1].float().add(1).to(torch.bfloat16))
-                           for x, answer in zip(sent, answers))
+                def check() -> int:  # each layer's answer is its own, in order
+                    return sum(not torch.equal(answer[:1], x[:1].float().add(1).to(torch.bfloat16))
+                               for x, answer in zip(sent, answers))
 
-            def waited() -> None:
-                start = clock()
-                for x, y in zip(sent, answers):
-                    a.wait(a.push_pull(0, send=x, results_into=y, stream=stream))
-                waited_ns.append((clock() - start) // layers)
+                def waited() -> None:
+                    start = clock()
+                    for x, y in zip(sent, answers):
+                        a.wait(a.push_pull(0, send=x, results_into=y, stream=stream))
+                    waited_ns.append((clock() - start) // layers)
 
-            def queued() -> None:
-                start = clock()
-                handles = [a.push_pull(0, send=x, results_into=y, stream=stream)
-                           for x, y in zip(sent, answers)]
-                pushed = clock()
-                for handle in handles:  # in order
-                    a.wait(handle)
-                queued_ns.append((clock() - start) // layers)
-                pushing_ns.append(pushed - start)
+                def queued() -> None:
+                    start = clock()
+                    handles = [a.push_pull(0, send=x, results_into=y, stream=stream)
+                               for x, y in zip(sent, answers)]
+                    pushed = clock()
+                    for handle in handles:  # in order
+                        a.wait(handle)
+                    queued_ns.append((clock() - start) // layers)
+                    pushing_ns.append(pushed - start)
 
-            for _ in range(args.warmup):
-                waited(), queued()
-            waited_ns.clear(), queued_ns.clear(), pushing_ns.clear()
-            for _ in range(args.phases):
-                for _ in range(args.iterations):
-                    for y in answers:
-                        y[:1].zero_()
-                    waited()
-                    wrong += check()
-                for _ in range(args.iterations):
-                    for y in answers:
-                        y[:1].zero_()
-                    queued()
-                    wrong += check()
-            a.finish()
+                for _ in range(args.warmup):
+                    waited(), queued()
+                waited_ns.clear(), queued_ns.clear(), pushing_ns.clear()
+                for _ in range(args.phases):
+                    for _ in range(args.iterations):
+                        for y in answers:
+                            y[:1].zero_()
+                        waited()
+                        wrong += check()
+                    for _ in range(args.iterations):
+                        for y in answers:
+                            y[:1].zero_()
+                        queued()
+                        wrong += check()
+                a.finish()  # a failure above ends the engine on its way out: the F hears
         finally:
             if ffn.wait(timeout=60) != 0:
                 raise SystemExit(f"hetmesh.bench_queue: the FFN instance failed "

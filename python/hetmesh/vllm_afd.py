@@ -100,7 +100,7 @@ OPTIONS = {
     "timeout_ms": (60000, "the bound of every wait for a peer's data"),
     "join_timeout_ms": (1800000, "how long an instance waits for the others to start"),
     "max_buffers": (64, "new allocations registered per direction before copying through slots"),
-    "router_logits_width": (0, "router logits a token (the model's routed experts; 0: none travel)"),
+    "router_logits_width": (0, "router logits a token (the model's routed experts; 0: none)"),
     "router_logits_dtype": ("", "their dtype (default: the hidden states')"),
 }
 
@@ -450,6 +450,12 @@ class AfdConnector:
     def _whole(self, batch, parts, name: str):
         """A tensor of the batch as one: in place where its As pushed back to back (the control
         plane's counts), else their rows copied together (said once)."""
+        if name != "tokens" and any(part.count and not part.rows(name) for part in parts):
+            raise _errors.make(
+                ProtocolError,
+                f"hetmesh connector (ffn {self.role_rank}): the layer asks for {name}, and "
+                f"attention {next(p.rank for p in parts if p.count and not p.rows(name))} sent "
+                f"none with its hidden states (the gate ran on one side only?)")
         if batch.packed:
             # A packed batch starts at row 0 of the engine's row space (this connector names no
             # receive buffers of its own): a slice of a view made once.
@@ -464,9 +470,9 @@ class AfdConnector:
             return rows[0]
         if "unpacked" not in self._said:
             self._said.add("unpacked")
-            _log.warning("hetmesh connector (ffn %d): the As' rows did not land back to back (their "
-                         "token counts differ from the control plane's?); copying them together",
-                         self.role_rank)
+            _log.warning("hetmesh connector (ffn %d): the As' rows did not land back to back "
+                         "(their token counts differ from the control plane's?); copying them "
+                         "together", self.role_rank)
         return import_torch().cat(rows)
 
     def send_ffn_output(self, ffn_output, context, **kwargs) -> None:
@@ -520,12 +526,20 @@ class ControlPlane:
 
     def row_offset(self, stage: int, rows: int):
         """Where this A's rows of `stage` go in its F's batch: after those of the As before it in
-        its group, by this step's counts (None, its own window, without them or where its rows
-        are not what they say)."""
+        its group, by this step's counts (None, its own window, where no counts came). Rows that
+        are not what the counts say are refused: the group's other As push at the offsets the
+        counts give, and this A's rows would land over theirs."""
         c = self.connector
         counts = self._counts.get(stage)
-        if counts is None or len(counts) != c.attn_size or counts[c.role_rank] != rows:
+        if counts is None:
             return None
+        if len(counts) != c.attn_size or counts[c.role_rank] != rows:
+            raise ValueError(
+                f"hetmesh connector (attention {c.role_rank}): stage {stage} sends {rows} rows, "
+                f"but this step's control payload gives {len(counts)} counts "
+                f"{counts if len(counts) <= 16 else '...'} for {c.attn_size} attention ranks "
+                f"(this rank's: {counts[c.role_rank] if c.role_rank < len(counts) else 'none'}); "
+                f"the F lays its group's rows out from those counts")
         first = c.role_rank - c.role_rank % c.ratio
         return sum(counts[first:c.role_rank])
 

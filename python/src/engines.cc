@@ -113,15 +113,13 @@ void check_micro_batch(int mb, const afd::EngineSpec& spec) {
                             spec.micro_batches - 1));
 }
 
-// Routing entries are {int32 expert, float weight} pairs: two strided views of the same bytes.
-// They follow the tokens in a slot, so with fp8 tokens they are 4-aligned only when tokens x
-// hidden is a multiple of 4: a misaligned int32 view would fault on a GPU.
-void check_routing_alignment(const void* routing, const afd::EngineSpec& spec) {
-  if (reinterpret_cast<uintptr_t>(routing) % alignof(int32_t) != 0)
-    throw Error(HM_ERR_NOT_SUPPORTED,
-                fmt::format("the routing of this slot is not 4-byte aligned (tokens {} x hidden {} "
-                            "x {} byte(s) precede it): make tokens x hidden a multiple of 4",
-                            spec.tokens, spec.hidden, spec.a2f_bytes));
+// Routing entries are {int32 expert, float weight} pairs: two strided views of the same bytes
+// (each tensor of a slot starts aligned: EngineSpec::kA2fAlignment). A job without routing has
+// none to view.
+void check_routing(const void* routing, const afd::EngineSpec& spec) {
+  if (routing == nullptr || spec.top_k == 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "experts and weights: this job sends no routing (top_k is 0)");
 }
 
 // Where a slot is and whose it is: the Python engine and its C++ side.
@@ -133,13 +131,13 @@ struct Owner {
 
 Slot experts_slot(void* routing, uint32_t tokens, const Owner& o) {
   const afd::EngineSpec& spec = o.context.spec();
-  check_routing_alignment(routing, spec);
+  check_routing(routing, spec);
   return Slot(routing, {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::int32},
               o.context.device(), o.object, o.engine);
 }
 Slot weights_slot(void* routing, uint32_t tokens, const Owner& o) {
   const afd::EngineSpec& spec = o.context.spec();
-  check_routing_alignment(routing, spec);
+  check_routing(routing, spec);
   return Slot(static_cast<char*>(routing) + sizeof(int32_t),
               {{tokens, spec.top_k}, {2 * int64_t{spec.top_k}, 2}, Element::fp32},
               o.context.device(), o.object, o.engine);
@@ -182,14 +180,6 @@ Slot tensor_slot(void* data, int t, uint32_t rows, const Owner& o) {
                 "the routing is two views of one tensor: use experts and weights");
   if (data == nullptr) throw Error(HM_ERR_INVALID_ARGUMENT, "the job has no such tensor");
   const afd::TensorSection& extra = config.model.a2f_tensors[static_cast<size_t>(t - 2)];
-  // Each row is row_bytes long; an element misaligned for its type would fault on a GPU.
-  if (reinterpret_cast<uintptr_t>(data) % afd::dtype_bytes(extra.dtype) != 0)
-    throw Error(
-        HM_ERR_NOT_SUPPORTED,
-        fmt::format("the rows of {} are not {}-byte aligned (the tensors before it in "
-                    "the slot leave them so): give it a dtype of 1 byte, or make the "
-                    "rows before it a multiple of {} bytes",
-                    extra.name, afd::dtype_bytes(extra.dtype), afd::dtype_bytes(extra.dtype)));
   return Slot(data, {{rows, extra.columns}, {}, element_of(extra.dtype)}, o.context.device(),
               o.object, o.engine);
 }
@@ -1004,7 +994,7 @@ void bind_engines(py::module_& m) {
           },
           py::arg("micro_batch"), py::arg("name"),
           "The engine's row space of an A2F tensor for a micro-batch (every A's rows: "
-          "[attention x tokens, columns]), fixed for the engine's life.")
+          "[its As x tokens, columns]), fixed for the engine's life.")
       .def(
           "outputs",
           [](py::object self, int mb) {
@@ -1016,7 +1006,7 @@ void bind_engines(py::module_& m) {
                              c->config().model.f2a_dtype, Owner{*c, self, f});
           },
           py::arg("micro_batch"),
-          "The engine's output rows of a micro-batch ([attention x tokens, hidden], F2A dtype): "
+          "The engine's output rows of a micro-batch ([its As x tokens, hidden], F2A dtype): "
           "where each part's output is unless respond() is given others.")
       .def(
           "receive_into",
@@ -1049,7 +1039,7 @@ void bind_engines(py::module_& m) {
           },
           py::arg("micro_batch"), py::arg("name"), py::arg("tensor"),
           "From now on the As' rows of this A2F tensor of the micro-batch land in `tensor` "
-          "([attention x tokens, columns], the same rows as the engine's row space; None: back to "
+          "([its As x tokens, columns], the same rows as the engine's row space; None: back to "
           "the engine's). Each A hears of it in order with this F's answers; a part says where "
           "its rows did land.")
       .def("lost_attention", [](const PyFfn& f) { return ffn_of(*f.live()).lost_attention(); });

@@ -1,6 +1,6 @@
-"""python3 -m hetmesh.bench, hetmesh.bench_vllm and hetmesh.bench_queue run their two sides and report both with their
-difference (what they measure is for docs/benchmarks.md; here only that they measure and say what
-they measured)."""
+"""python3 -m hetmesh.bench, hetmesh.bench_vllm and hetmesh.bench_queue run their two sides and
+report both with their difference (what they measure is for docs/benchmarks.md; here only that
+they measure and say what they measured)."""
 
 import json
 import subprocess

@@ -232,3 +232,19 @@ def test_options_and_payloads_it_cannot_serve_are_refused_by_name():
         c.send_attn_output(x, context)
     c.close()
     c.close()  # again, and after no initialization
+
+
+def test_an_attention_pushes_after_its_group_mates_by_the_steps_counts():
+    shape = dict(hidden=8, dtype=torch.bfloat16, max_tokens=8)
+    c = vllm_afd.AfdConnector(role="attention", role_rank=3, attention=4, ffn=2, **shape)
+    plane = c.control_plane
+    assert plane.row_offset(0, 3) is None  # no counts yet: its own window
+    counts = {0: [5, 3, 2, 4], 1: [1, 1, 6, 0]}
+    plane.update_state_from_dp_metadata(vllm_afd.ControlPayload(
+        {stage: vllm_afd.DPMetadata(torch.tensor(n, dtype=torch.int32))
+         for stage, n in counts.items()}))
+    # Rank 3 is the second of F 1's group (ranks 2, 3): after rank 2's rows.
+    assert plane.row_offset(0, 4) == 2 and plane.row_offset(1, 0) == 6
+    # Rows that are not what the counts say would land over the group's: refused, not sent.
+    with pytest.raises(ValueError, match="stage 0 sends 3 rows, but this step's control payload"):
+        plane.row_offset(0, 3)

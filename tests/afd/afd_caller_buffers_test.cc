@@ -155,8 +155,12 @@ int run_group_ffn(const EngineSpec& spec, KeyValueStore& store) {
   uint64_t row_spaces = 0;
   for (const auto& [name, bytes] : engine.registered())
     if (name == "a2f_receive") row_spaces = bytes;
+  int windows = 0;  // of the As its row spaces hold
+  while (windows < spec.attention &&
+         spec.micro_batches * spec.a2f_block_bytes(uint64_t{spec.tokens} * windows) != row_spaces)
+    ++windows;
   std::cout << fmt::format("served attention {}; row spaces of {} As", fmt::join(served, ","),
-                           row_spaces / (spec.micro_batches * spec.a2f_slot_bytes()))
+                           windows)
             << std::endl;
   engine.finish();
   return 0;

@@ -146,8 +146,8 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
       transport->register_memory(device, result_headers.data(), result_headers.size());
   Joined joined = join(spec, *transport, mine, store, Role::ffn, spec.ffn);
   const Link& link = *joined.peers[0].link;
-  WireHeader h =
-      make_header(spec, joined.epoch, MessageKind::a2f, 0, 1, spec.tokens, spec.a2f_slot_bytes());
+  WireHeader h = make_header(spec, joined.epoch, MessageKind::a2f, 0, 1, spec.tokens,
+                             uint64_t{spec.tokens} * spec.a2f_bytes_per_token());
   for (int t = 0; t < spec.a2f_tensors(); ++t)
     h.rows[t] = spec.tokens;
   uint32_t slot = 0;
@@ -156,6 +156,9 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
   if (defect == "magic") h.magic = 0x12345678;
   if (defect == "slot") slot = 999;
   if (defect == "reply") h.reply_region = 7;  // never announced
+  if (defect == "landing") h.landing = 3;     // the F announced no receive buffers
+  if (defect == "row_offset") h.row_offset = 1000;
+  if (defect == "layout") h.layout ^= 1;  // a job of other shapes
   if (defect == "reply_range") {
     // Announced (its results region), but the answer would run past its end.
     link.connection->send_control(region_frame(1, mine.regions["f2a_payload"]->describe()));
@@ -364,7 +367,13 @@ INSTANTIATE_TEST_SUITE_P(
                               "it never announced"},
                     std::pair{"reply_range",
                               "answer to its buffer 1 at offset 1008 (512 bytes), "
-                              "which holds 1024 bytes"}),
+                              "which holds 1024 bytes"},
+                    std::pair{"landing",
+                              "refused header: landing 3 of micro-batch 0, which this F never "
+                              "announced"},
+                    std::pair{"row_offset",
+                              "refused header: rows 1000..1008 (the row spaces hold 8)"},
+                    std::pair{"layout", "refused header: the sender's job has other shapes"}),
     [](const auto& p) { return p.param.first; });
 
 TEST(AfdLaunchTest, InstancesSayWhichRanksStartHere) {

@@ -257,7 +257,7 @@ TEST_P(AfdTensorsTest, ExtraTensorsTravelPackedAndLandWhereTheFfnSays) {
     if (a != 0) continue;
     EXPECT_TRUE(has_line(lines,
                          "past the row spaces: HM_ERR_INVALID_ARGUMENT: push_pull: rows 20..25 at "
-                         "row_offset 20: an F's row spaces of a micro-batch hold 24 rows (3 As x "
+                         "row_offset 20: ffn 0's row spaces of a micro-batch hold 24 rows (3 As x "
                          "8 tokens)"))
         << joined(lines);
     EXPECT_TRUE(has_line(lines,

@@ -85,13 +85,13 @@ TEST(WireValidate, RowsAndPayloadThatDoNotAddUpAreRefused) {
   EXPECT_TRUE(says(refusal(h, spec), "rows of tensor 2")) << refusal(h, spec);
   h = header(spec, 4);
   h.rows[5] = 1;  // a tensor the job does not have
-  EXPECT_TRUE(says(refusal(h, spec), "rows of tensor 5 (the job's holds 0..0)"))
+  EXPECT_TRUE(says(refusal(h, spec), "rows of tensor 5 (none: the job's holds 0..0)"))
       << refusal(h, spec);
   EngineSpec without_routing = spec;
   without_routing.top_k = 0;
   h = header(without_routing, 4);
   h.rows[kRoutingTensor] = 4;
-  EXPECT_TRUE(says(refusal(h, without_routing), "rows of tensor 1 (the job's holds 0..0)"))
+  EXPECT_TRUE(says(refusal(h, without_routing), "rows of tensor 1 (routing: the job's holds 0..0)"))
       << refusal(h, without_routing);
 }
 

@@ -101,7 +101,7 @@ AfdBenchResults collect(const afd::Launcher& launcher, const JobConfig& c,
                         const AfdBenchOptions& o) {
   AfdBenchResults r;
   const afd::EngineSpec spec = afd::engine_spec(c, afd::Role::attention, 0);
-  r.a2f_bytes = spec.a2f_slot_bytes();  // tokens and routing
+  r.a2f_bytes = uint64_t{spec.tokens} * spec.a2f_bytes_per_token();  // tokens and routing
   r.f2a_bytes = spec.f2a_slot_bytes();
   r.bytes_per_round_trip = uint64_t(c.job.ffn) * (r.a2f_bytes + r.f2a_bytes);
   r.all_instances = launcher.everything();

@@ -25,7 +25,7 @@ using afd::JobConfig;
 using afd::now_ns;
 
 // One instance of the bare job: its transport, its two buffers (A: send [mb], receive [mb][f];
-// F: receive [a][mb], send [a][mb], in the engine's slot sizes) and a connection to every peer.
+// F: receive [a][mb], send [a][mb], of the per-A slot sizes) and a connection to every peer.
 struct BareInstance {
   std::unique_ptr<afd::Instance> instance;  // its plugins, device, store and spec; no engine
   const afd::EngineSpec& spec;
@@ -101,7 +101,7 @@ struct BareInstance {
 int run_bare_attention(const JobConfig& c, const AfdBenchOptions& o) {
   BareInstance me(c, afd::Role::attention, o.rank, o);
   const int M = me.spec.micro_batches, F = me.spec.ffn;
-  const uint64_t a2f = me.spec.a2f_slot_bytes();
+  const uint64_t a2f = uint64_t{me.spec.tokens} * me.spec.a2f_bytes_per_token();  // the payload
   std::vector<int> arrived(static_cast<size_t>(M), 0);
   std::vector<int64_t> posted(static_cast<size_t>(M)), completed(static_cast<size_t>(M));
   std::vector<double> round_trips;

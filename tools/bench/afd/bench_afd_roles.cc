@@ -52,14 +52,13 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o, bool caller) {
     sent = instance->device().allocate(M * spec.a2f_slot_bytes());
     results = instance->device().allocate(M * spec.ffn * spec.f2a_slot_bytes());
     for (int mb = 0; mb < M; ++mb) {
-      // Each tensor's rows one after the other, as in the engine's own send slot.
-      auto* at = static_cast<uint8_t*>(sent->data()) + mb * spec.a2f_slot_bytes();
+      // Each tensor's rows at its place in a block like the engine's own send slot.
+      auto* slot = static_cast<uint8_t*>(sent->data()) + mb * spec.a2f_slot_bytes();
       afd::PushOptions& push = pushes[static_cast<size_t>(mb)];
       const auto first = static_cast<size_t>(mb * spec.a2f_tensors());
-      for (int t = 0; t < spec.a2f_tensors(); ++t) {
-        tensors[first + static_cast<size_t>(t)].from = at;
-        at += uint64_t{spec.tokens} * spec.a2f_row_bytes(t);
-      }
+      for (int t = 0; t < spec.a2f_tensors(); ++t)
+        tensors[first + static_cast<size_t>(t)].from =
+            slot + spec.a2f_tensor_offset(spec.tokens, t);
       push.tensors = std::span<const afd::PushTensor>(&tensors[first],
                                                       static_cast<size_t>(spec.a2f_tensors()));
       for (int f = 0; f < spec.ffn; ++f)
@@ -113,15 +112,14 @@ int run_ffn(const JobConfig& c, const AfdBenchOptions& o, bool caller) {
         instance->device().allocate(spec.attention * spec.micro_batches * spec.f2a_slot_bytes());
     engine.register_buffer(outputs->data(), outputs->size());
     const uint64_t rows = spec.ffn_rows(spec.rank);
-    inputs = instance->device().allocate(spec.micro_batches * rows * spec.a2f_bytes_per_token());
-    auto* at = static_cast<uint8_t*>(inputs->data());
+    inputs = instance->device().allocate(spec.micro_batches * spec.a2f_block_bytes(rows));
     for (int mb = 0; mb < spec.micro_batches; ++mb)
-      for (int t = 0; t < spec.a2f_tensors(); ++t) {
-        const uint64_t bytes = rows * spec.a2f_row_bytes(t);
-        if (bytes == 0) continue;
-        engine.receive_into(mb, t, at, bytes);
-        at += bytes;
-      }
+      for (int t = 0; t < spec.a2f_tensors(); ++t)
+        if (const uint64_t bytes = rows * spec.a2f_row_bytes(t); bytes > 0)
+          engine.receive_into(mb, t,
+                              static_cast<uint8_t*>(inputs->data()) +
+                                  mb * spec.a2f_block_bytes(rows) + spec.a2f_tensor_offset(rows, t),
+                              bytes);
   }
   while (auto batch = engine.get_batch(c.job.timeout)) {
     if (outputs)

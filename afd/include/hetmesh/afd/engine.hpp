@@ -188,7 +188,20 @@ struct EngineSpec {
     return sum;
   }
   uint64_t f2a_bytes_per_token() const { return uint64_t{hidden} * f2a_bytes; }
-  uint64_t a2f_slot_bytes() const { return checked_product(tokens, a2f_bytes_per_token()); }
+  // A block of `rows` rows of every A2F tensor, one tensor after another, each starting on a
+  // kA2fAlignment boundary (a device faults on a misaligned element; the tensors' rows keep their
+  // elements aligned from there): where tensor `tensor` starts in it, and its bytes. An A's send
+  // slot of a micro-batch is a block of `tokens` rows, F f's row spaces of one a block of
+  // ffn_rows(f).
+  static constexpr uint64_t kA2fAlignment = 256;
+  uint64_t a2f_tensor_offset(uint64_t rows, int tensor) const {
+    uint64_t at = 0;
+    for (int t = 0; t < tensor; ++t)
+      at = aligned(checked_sum(at, checked_product(rows, a2f_row_bytes(t))));
+    return at;
+  }
+  uint64_t a2f_block_bytes(uint64_t rows) const { return a2f_tensor_offset(rows, a2f_tensors()); }
+  uint64_t a2f_slot_bytes() const { return a2f_block_bytes(tokens); }
   uint64_t f2a_slot_bytes() const { return checked_product(tokens, f2a_bytes_per_token()); }
   // Every payload slot this instance allocates (headers aside): an A holds one A2F slot and one
   // F2A slot per F for each micro-batch; an F, per micro-batch, row spaces of ffn_rows(rank) rows
@@ -197,8 +210,9 @@ struct EngineSpec {
     if (role == Role::attention)
       return checked_product(micro_batches,
                              checked_sum(a2f_slot_bytes(), checked_product(ffn, f2a_slot_bytes())));
-    return checked_product(checked_product(micro_batches, ffn_rows(rank)),
-                           checked_sum(a2f_bytes_per_token(), f2a_bytes_per_token()));
+    const uint64_t rows = ffn_rows(rank);
+    return checked_product(micro_batches, checked_sum(a2f_block_bytes(rows),
+                                                      checked_product(rows, f2a_bytes_per_token())));
   }
 
  private:
@@ -212,6 +226,9 @@ struct EngineSpec {
     uint64_t sum;
     if (__builtin_add_overflow(a, b, &sum)) overflow(a, b, "+");
     return sum;
+  }
+  static uint64_t aligned(uint64_t bytes) {
+    return checked_sum(bytes, kA2fAlignment - 1) & ~(kA2fAlignment - 1);
   }
   [[noreturn]] static void overflow(uint64_t a, uint64_t b, const char* op) {
     throw Error(HM_ERR_INVALID_ARGUMENT,
