@@ -619,14 +619,15 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   const void* sent = push.tensors.empty() ? nullptr : push.tensors[kTokensTensor].from;
   for (size_t f = 0; f < push.results_into.size(); ++f) {
     if (push.results_into[f] == nullptr) continue;
-    const bool shared = std::find(push.results_into.begin() + static_cast<long>(f) + 1,
-                                  push.results_into.end(),
-                                  push.results_into[f]) != push.results_into.end();
+    const bool shared =
+        std::find(push.results_into.begin() + static_cast<long>(f) + 1, push.results_into.end(),
+                  push.results_into[f]) != push.results_into.end();
     if (shared || (answering > 1 && push.results_into[f] == sent))
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("push_pull: ffn {}'s result buffer is {}: each F answers into a "
-                              "buffer of its own",
-                              f, shared ? "another F's too" : "the tokens sent, which other Fs read"));
+      throw Error(
+          HM_ERR_INVALID_ARGUMENT,
+          fmt::format("push_pull: ffn {}'s result buffer is {}: each F answers into a "
+                      "buffer of its own",
+                      f, shared ? "another F's too" : "the tokens sent, which other Fs read"));
   }
   if (!push.tensors.empty() && push.tensors.size() != static_cast<size_t>(s.spec.a2f_tensors()))
     throw Error(HM_ERR_INVALID_ARGUMENT,

@@ -106,11 +106,9 @@ struct FfnEngine::State final : PeerHandler {
   State(const EngineSpec& s, const Device& d)
       : spec((check_shape(s), s)),
         device(d),
-        a2f_receive(allocation("A2F row spaces",
-                               [&] {
-                                 return d.allocate(s.a2f_block_bytes(s.ffn_rows(s.rank)) *
-                                                   s.micro_batches);
-                               })),
+        a2f_receive(allocation(
+            "A2F row spaces",
+            [&] { return d.allocate(s.a2f_block_bytes(s.ffn_rows(s.rank)) * s.micro_batches); })),
         a2f_headers(allocation(
             "A2F headers",
             [&] { return HostBuffer(d, sizeof(WireHeader) * s.attention * s.micro_batches); })),
@@ -963,7 +961,8 @@ void FfnEngine::receive_into(int mb, int tensor, void* data, uint64_t bytes) {
                   fmt::format("receive_into: {} has {} messages queued behind answers not "
                               "posted yet; no A was told of the new buffer: call it again once "
                               "those answers are out",
-                              peer_name(Role::attention, a), SideBand::kMaxQueued - s.side_band.room_locked(a)));
+                              peer_name(Role::attention, a),
+                              SideBand::kMaxQueued - s.side_band.room_locked(a)));
     }
   for (int a = 0; a < spec.attention; ++a)
     if (hears(a)) s.announce_locked(a, mb);

@@ -30,7 +30,8 @@ using afd::now_ns;
 // over As and iterations of the time until an A's last pair is done.
 double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples) {
   const int A = spec.attention, F = spec.ffn, M = spec.micro_batches;
-  const uint64_t a2f = uint64_t{spec.tokens} * spec.a2f_bytes_per_token(), f2a = spec.f2a_slot_bytes();
+  const uint64_t a2f = uint64_t{spec.tokens} * spec.a2f_bytes_per_token(),
+                 f2a = spec.f2a_slot_bytes();
   auto buffers = [](int count, uint64_t bytes, uint8_t fill) {
     std::vector<std::vector<uint8_t>> v;
     for (int i = 0; i < count; ++i)

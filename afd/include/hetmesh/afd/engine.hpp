@@ -211,8 +211,9 @@ struct EngineSpec {
       return checked_product(micro_batches,
                              checked_sum(a2f_slot_bytes(), checked_product(ffn, f2a_slot_bytes())));
     const uint64_t rows = ffn_rows(rank);
-    return checked_product(micro_batches, checked_sum(a2f_block_bytes(rows),
-                                                      checked_product(rows, f2a_bytes_per_token())));
+    return checked_product(
+        micro_batches,
+        checked_sum(a2f_block_bytes(rows), checked_product(rows, f2a_bytes_per_token())));
   }
 
  private:
