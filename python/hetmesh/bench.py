@@ -19,6 +19,7 @@ calls.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -62,6 +63,42 @@ def write_json(results: dict, path: str | None) -> None:
             json.dump(results, out, indent=1)
 
 
+def add_common_arguments(parser, job: dict, roles=("ffn",)) -> None:
+    """The options every Python bench takes: the devices, the shape (`job`'s by default), --json,
+    and the hidden ones its own F processes are started with (ffn_processes)."""
+    parser.add_argument("--attention-device", default="cpu:0")
+    parser.add_argument("--ffn-device", default="cpu:0")
+    parser.add_argument("--tokens", type=int, default=job["tokens"])
+    parser.add_argument("--hidden", type=int, default=job["hidden"])
+    parser.add_argument("--json", help="also write the results here ('-': stdout)")
+    parser.add_argument("--role", choices=list(roles), help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+
+
+@contextlib.contextmanager
+def ffn_processes(module: str, job: dict, args, roles=("ffn",), extra=()):
+    """A store of a new job secret hosted here, and for each of `roles` an F in a process of its
+    own (`python3 -m MODULE --role ROLE ...`, `extra` appended); yields (the store's address, the
+    secret's file). On the way out each F must have ended well."""
+    with tempfile.TemporaryDirectory(prefix="hetmesh-pybench-") as folder:
+        secret = os.path.join(folder, "job.secret")
+        hetmesh.write_secret(secret)
+        store = hetmesh.StoreServer(secret_file=secret)
+        ffns = [subprocess.Popen([sys.executable, "-m", module, "--role", role, "--store",
+                                  store.address, "--job", json.dumps(job), "--ffn-device",
+                                  args.ffn_device, *extra],
+                                 env={**os.environ, "HETMESH_JOB_SECRET_FILE": secret})
+                for role in roles]
+        try:
+            yield store.address, secret
+        finally:
+            for ffn in ffns:
+                if ffn.wait(timeout=60) != 0:
+                    raise SystemExit(f"{module}: an FFN instance failed ({ffn.returncode})")
+            store.close()
+
+
 def serve(store: str, job: dict, device: str) -> None:
     f = hetmesh.FfnEngine(rank=0, store=store, device=device, **job)
     for batch in f.batches():
@@ -69,35 +106,23 @@ def serve(store: str, job: dict, device: str) -> None:
 
 
 def measure(args, job: dict) -> dict:
-    with tempfile.TemporaryDirectory(prefix="hetmesh-pybench-") as folder:
-        secret = os.path.join(folder, "job.secret")
-        hetmesh.write_secret(secret)
-        store = hetmesh.StoreServer(secret_file=secret)
-        ffn = subprocess.Popen(
-            [sys.executable, "-m", "hetmesh.bench", "--role", "ffn", "--store", store.address,
-             "--job", json.dumps(job), "--ffn-device", args.ffn_device],
-            env={**os.environ, "HETMESH_JOB_SECRET_FILE": secret})
-        try:
-            a = hetmesh.AttentionEngine(rank=0, store=store.address, secret_file=secret,
-                                        device=args.attention_device, **job)
-            cpp_ns: list[int] = []
-            python_ns: list[int] = []
-            between_ns: list[int] = []  # one C++ round trip per call from Python
-            clock = time.perf_counter_ns
-            a._round_trips_from_cpp(0, args.warmup)
-            for _ in range(args.phases):
-                cpp_ns += a._round_trips_from_cpp(0, args.iterations)
-                for _ in range(args.iterations):
-                    start = clock()
-                    a.wait(a.push_pull(0))
-                    python_ns.append(clock() - start)
-                for _ in range(args.iterations):
-                    between_ns += a._round_trips_from_cpp(0, 1)
-            a.finish()
-        finally:
-            if ffn.wait(timeout=60) != 0:
-                raise SystemExit(f"hetmesh.bench: the FFN instance failed ({ffn.returncode})")
-            store.close()
+    with ffn_processes("hetmesh.bench", job, args) as (store, secret):
+        a = hetmesh.AttentionEngine(rank=0, store=store, secret_file=secret,
+                                    device=args.attention_device, **job)
+        cpp_ns: list[int] = []
+        python_ns: list[int] = []
+        between_ns: list[int] = []  # one C++ round trip per call from Python
+        clock = time.perf_counter_ns
+        a._round_trips_from_cpp(0, args.warmup)
+        for _ in range(args.phases):
+            cpp_ns += a._round_trips_from_cpp(0, args.iterations)
+            for _ in range(args.iterations):
+                start = clock()
+                a.wait(a.push_pull(0))
+                python_ns.append(clock() - start)
+            for _ in range(args.iterations):
+                between_ns += a._round_trips_from_cpp(0, 1)
+        a.finish()
     cpp_us = [n / 1000 for n in cpp_ns]
     python_us = [n / 1000 for n in python_ns]
     between_us = [n / 1000 for n in between_ns]
@@ -120,17 +145,10 @@ def measure(args, job: dict) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python3 -m hetmesh.bench",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attention-device", default="cpu:0")
-    parser.add_argument("--ffn-device", default="cpu:0")
+    add_common_arguments(parser, DEFAULT_JOB)
     parser.add_argument("--iterations", type=int, default=200, help="round trips per phase")
     parser.add_argument("--phases", type=int, default=5, help="C++ and Python phases, in turns")
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--tokens", type=int, default=DEFAULT_JOB["tokens"])
-    parser.add_argument("--hidden", type=int, default=DEFAULT_JOB["hidden"])
-    parser.add_argument("--json", help="also write the results here ('-': stdout)")
-    parser.add_argument("--role", choices=["ffn"], help=argparse.SUPPRESS)
-    parser.add_argument("--store", help=argparse.SUPPRESS)
-    parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "ffn":
         serve(args.store, json.loads(args.job), args.ffn_device)

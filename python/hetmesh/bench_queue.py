@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import hetmesh
-from hetmesh.bench import percentile, run_info, write_json
+from hetmesh.bench import (add_common_arguments, ffn_processes, percentile, run_info,
+                           write_json)
 
 # StepMesh's per-A traffic, bf16 both ways (so a tensor holds its answer's bytes), no routing.
 DEFAULT_JOB = dict(attention=1, ffn=1, micro_batches=1, queue_depth=8, tokens=128, hidden=7168,
@@ -45,66 +43,53 @@ def measure(args, job: dict) -> dict:
     torch = hetmesh.import_torch()
     on = "cuda:0" if args.attention_device.startswith("cuda") else "cpu"
     layers = args.layers
-    with tempfile.TemporaryDirectory(prefix="hetmesh-pybench-") as folder:
-        secret = os.path.join(folder, "job.secret")
-        hetmesh.write_secret(secret)
-        store = hetmesh.StoreServer(secret_file=secret)
-        ffn = subprocess.Popen(
-            [sys.executable, "-m", "hetmesh.bench_queue", "--role", "ffn", "--store",
-             store.address, "--job", json.dumps(job), "--ffn-device", args.ffn_device],
-            env={**os.environ, "HETMESH_JOB_SECRET_FILE": secret})
-        try:
-            with hetmesh.AttentionEngine(rank=0, store=store.address, secret_file=secret,
-                                         device=args.attention_device, **job) as a:
-                shape = (job["tokens"], job["hidden"])
-                sent = [torch.full(shape, float(layer % 64), dtype=torch.bfloat16, device=on)
-                        for layer in range(layers)]
-                answers = [torch.zeros(shape, dtype=torch.bfloat16, device=on) for _ in sent]
-                stream = torch.cuda.current_stream() if on != "cpu" else None
-                clock = time.perf_counter_ns
-                waited_ns, queued_ns, pushing_ns = [], [], []
-                wrong = 0
+    with ffn_processes("hetmesh.bench_queue", job, args) as (store, secret):
+        with hetmesh.AttentionEngine(rank=0, store=store, secret_file=secret,
+                                     device=args.attention_device, **job) as a:
+            shape = (job["tokens"], job["hidden"])
+            sent = [torch.full(shape, float(layer % 64), dtype=torch.bfloat16, device=on)
+                    for layer in range(layers)]
+            answers = [torch.zeros(shape, dtype=torch.bfloat16, device=on) for _ in sent]
+            stream = torch.cuda.current_stream() if on != "cpu" else None
+            clock = time.perf_counter_ns
+            waited_ns, queued_ns, pushing_ns = [], [], []
+            wrong = 0
 
-                def check() -> int:  # each layer's answer is its own, in order
-                    return sum(not torch.equal(answer[:1], x[:1].float().add(1).to(torch.bfloat16))
-                               for x, answer in zip(sent, answers))
+            def check() -> int:  # each layer's answer is its own, in order
+                return sum(not torch.equal(answer[:1], x[:1].float().add(1).to(torch.bfloat16))
+                           for x, answer in zip(sent, answers))
 
-                def waited() -> None:
-                    start = clock()
-                    for x, y in zip(sent, answers):
-                        a.wait(a.push_pull(0, send=x, results_into=y, stream=stream))
-                    waited_ns.append((clock() - start) // layers)
+            def waited() -> None:
+                start = clock()
+                for x, y in zip(sent, answers):
+                    a.wait(a.push_pull(0, send=x, results_into=y, stream=stream))
+                waited_ns.append((clock() - start) // layers)
 
-                def queued() -> None:
-                    start = clock()
-                    handles = [a.push_pull(0, send=x, results_into=y, stream=stream)
-                               for x, y in zip(sent, answers)]
-                    pushed = clock()
-                    for handle in handles:  # in order
-                        a.wait(handle)
-                    queued_ns.append((clock() - start) // layers)
-                    pushing_ns.append(pushed - start)
+            def queued() -> None:
+                start = clock()
+                handles = [a.push_pull(0, send=x, results_into=y, stream=stream)
+                           for x, y in zip(sent, answers)]
+                pushed = clock()
+                for handle in handles:  # in order
+                    a.wait(handle)
+                queued_ns.append((clock() - start) // layers)
+                pushing_ns.append(pushed - start)
 
-                for _ in range(args.warmup):
-                    waited(), queued()
-                waited_ns.clear(), queued_ns.clear(), pushing_ns.clear()
-                for _ in range(args.phases):
-                    for _ in range(args.iterations):
-                        for y in answers:
-                            y[:1].zero_()
-                        waited()
-                        wrong += check()
-                    for _ in range(args.iterations):
-                        for y in answers:
-                            y[:1].zero_()
-                        queued()
-                        wrong += check()
-                a.finish()  # a failure above ends the engine on its way out: the F hears
-        finally:
-            if ffn.wait(timeout=60) != 0:
-                raise SystemExit(f"hetmesh.bench_queue: the FFN instance failed "
-                                 f"({ffn.returncode})")
-            store.close()
+            for _ in range(args.warmup):
+                waited(), queued()
+            waited_ns.clear(), queued_ns.clear(), pushing_ns.clear()
+            for _ in range(args.phases):
+                for _ in range(args.iterations):
+                    for y in answers:
+                        y[:1].zero_()
+                    waited()
+                    wrong += check()
+                for _ in range(args.iterations):
+                    for y in answers:
+                        y[:1].zero_()
+                    queued()
+                    wrong += check()
+            a.finish()  # a failure above ends the engine on its way out: the F hears
     waited_us = [n / 1000 for n in waited_ns]
     queued_us = [n / 1000 for n in queued_ns]
     pushing_us = [n / 1000 for n in pushing_ns]
@@ -124,18 +109,11 @@ def measure(args, job: dict) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python3 -m hetmesh.bench_queue",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attention-device", default="cpu:0")
-    parser.add_argument("--ffn-device", default="cpu:0")
+    add_common_arguments(parser, DEFAULT_JOB)
     parser.add_argument("--layers", type=int, default=8, help="round trips a stage queues")
     parser.add_argument("--iterations", type=int, default=50, help="stages per phase and mode")
     parser.add_argument("--phases", type=int, default=4, help="waited and queued, in turns")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=DEFAULT_JOB["tokens"])
-    parser.add_argument("--hidden", type=int, default=DEFAULT_JOB["hidden"])
-    parser.add_argument("--json", help="also write the results here ('-': stdout)")
-    parser.add_argument("--role", choices=["ffn"], help=argparse.SUPPRESS)
-    parser.add_argument("--store", help=argparse.SUPPRESS)
-    parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "ffn":
         serve(args.store, json.loads(args.job), args.ffn_device)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import hetmesh
 from hetmesh import vllm_afd
-from hetmesh.bench import percentile, run_info, write_json
+from hetmesh.bench import (add_common_arguments, ffn_processes, percentile, run_info,
+                           write_json)
 
 
 def serve_bare(store: str, job: dict, device: str) -> None:
@@ -67,56 +66,42 @@ def measure(args) -> dict:
     job = vllm_afd.AfdConnector(role="attention", role_rank=0, attention=1, ffn=1,
                                 hidden=args.hidden, dtype=torch.bfloat16, max_tokens=args.tokens,
                                 options={"micro_batches": 1, "timeout_ms": 30000}).job
-    with tempfile.TemporaryDirectory(prefix="hetmesh-pybench-") as folder:
-        secret = os.path.join(folder, "job.secret")
-        hetmesh.write_secret(secret)
-        env = {**os.environ, "HETMESH_JOB_SECRET_FILE": secret}
-        store = hetmesh.StoreServer(secret_file=secret)
-        ffns = [subprocess.Popen([sys.executable, "-m", "hetmesh.bench_vllm", "--role", role,
-                                  "--store", store.address, "--job", json.dumps(job),
-                                  "--ffn-device", args.ffn_device, "--tokens", str(args.tokens),
-                                  "--hidden", str(args.hidden), "--iterations",
-                                  str(args.iterations)], env=env)
-                for role in ("bare-ffn", "connector-ffn")]
-        try:
-            bare = hetmesh.AttentionEngine(rank=0, store=store.address, secret_file=secret,
-                                           device=args.attention_device, job="bare", **job)
-            os.environ["HETMESH_JOB_SECRET_FILE"] = secret
-            a = connector("attention", store.address, args, hosts=False)
-            on = "cuda:0" if a.device.startswith("cuda") else "cpu"
-            x = torch.ones(args.tokens, args.hidden, dtype=torch.bfloat16, device=on)
-            context = vllm_afd.TransferContext(vllm_afd.TransferMetadata(0, 0, [args.tokens]))
-            clock = time.perf_counter_ns
+    extra = ["--tokens", str(args.tokens), "--hidden", str(args.hidden), "--iterations",
+             str(args.iterations)]
+    with ffn_processes("hetmesh.bench_vllm", job, args, roles=("bare-ffn", "connector-ffn"),
+                       extra=extra) as (store, secret):
+        bare = hetmesh.AttentionEngine(rank=0, store=store, secret_file=secret,
+                                       device=args.attention_device, job="bare", **job)
+        os.environ["HETMESH_JOB_SECRET_FILE"] = secret
+        a = connector("attention", store, args, hosts=False)
+        on = "cuda:0" if a.device.startswith("cuda") else "cpu"
+        x = torch.ones(args.tokens, args.hidden, dtype=torch.bfloat16, device=on)
+        context = vllm_afd.TransferContext(vllm_afd.TransferMetadata(0, 0, [args.tokens]))
+        clock = time.perf_counter_ns
 
-            def step() -> list[int]:  # one step of --iterations layers
-                counts = torch.tensor([args.tokens], dtype=torch.int32)
-                payload = vllm_afd.ControlPayload({0: vllm_afd.DPMetadata(counts)})
-                a.control_plane.update_state_from_dp_metadata(payload)
-                a.control_plane.send_dp_metadata_list(payload)
-                ns = []
-                for _ in range(args.iterations):
-                    start = clock()
-                    a.send_attn_output(x, context)
-                    a.recv_ffn_output(x, 0)
-                    ns.append(clock() - start)
-                return ns
+        def step() -> list[int]:  # one step of --iterations layers
+            counts = torch.tensor([args.tokens], dtype=torch.int32)
+            payload = vllm_afd.ControlPayload({0: vllm_afd.DPMetadata(counts)})
+            a.control_plane.update_state_from_dp_metadata(payload)
+            a.control_plane.send_dp_metadata_list(payload)
+            ns = []
+            for _ in range(args.iterations):
+                start = clock()
+                a.send_attn_output(x, context)
+                a.recv_ffn_output(x, 0)
+                ns.append(clock() - start)
+            return ns
 
-            bare._round_trips_from_cpp(0, args.iterations)  # warm-up
-            step()
-            bare_ns: list[int] = []
-            connector_ns: list[int] = []
-            for _ in range(args.phases):
-                bare_ns += bare._round_trips_from_cpp(0, args.iterations)
-                connector_ns += step()
-            counters = a.counters()
-            a.close()
-            bare.finish()
-        finally:
-            for ffn in ffns:
-                if ffn.wait(timeout=60) != 0:
-                    raise SystemExit(f"hetmesh.bench_vllm: an FFN instance failed "
-                                     f"({ffn.returncode})")
-            store.close()
+        bare._round_trips_from_cpp(0, args.iterations)  # warm-up
+        step()
+        bare_ns: list[int] = []
+        connector_ns: list[int] = []
+        for _ in range(args.phases):
+            bare_ns += bare._round_trips_from_cpp(0, args.iterations)
+            connector_ns += step()
+        counters = a.counters()
+        a.close()
+        bare.finish()
     bare_us = [n / 1000 for n in bare_ns]
     connector_us = [n / 1000 for n in connector_ns]
     bare_p50, connector_p50 = percentile(bare_us, 0.5), percentile(connector_us, 0.5)
@@ -135,16 +120,10 @@ def measure(args) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python3 -m hetmesh.bench_vllm",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attention-device", default="cpu:0")
-    parser.add_argument("--ffn-device", default="cpu:0")
+    add_common_arguments(parser, {"tokens": 128, "hidden": 7168},
+                         roles=("bare-ffn", "connector-ffn"))
     parser.add_argument("--iterations", type=int, default=200, help="exchanges per phase")
     parser.add_argument("--phases", type=int, default=5, help="bare and connector, in turns")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--json", help="also write the results here ('-': stdout)")
-    parser.add_argument("--role", choices=["bare-ffn", "connector-ffn"], help=argparse.SUPPRESS)
-    parser.add_argument("--store", help=argparse.SUPPRESS)
-    parser.add_argument("--job", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "bare-ffn":
         serve_bare(args.store, json.loads(args.job), args.ffn_device)
