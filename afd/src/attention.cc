@@ -60,6 +60,7 @@ struct PostJob {
 
 struct AttentionEngine::State final : PeerHandler {
   EngineSpec spec;
+  uint32_t wire_layout;  // job_layout(spec), once
   Device device;
   std::unique_ptr<Transport> transport;
   Buffer a2f_send;                          // [mb][tensor][tokens rows]
@@ -120,6 +121,7 @@ struct AttentionEngine::State final : PeerHandler {
 
   State(const EngineSpec& s, const Device& d)
       : spec(checked(s)),
+        wire_layout(job_layout(spec)),
         device(d),
         a2f_send(allocation("A2F send slots",
                             [&] { return d.allocate(s.a2f_slot_bytes() * s.micro_batches); })),
@@ -343,8 +345,8 @@ struct AttentionEngine::State final : PeerHandler {
       for (int t = 0; t < spec.a2f_tensors(); ++t)
         payload += uint64_t{p.rows[static_cast<size_t>(t)]} * spec.a2f_row_bytes(t);
       WireHeader* h = send_header(mb, f);
-      *h = make_header(spec, peers->own_epoch(), MessageKind::a2f, mb, p.sequence, p.tokens,
-                       payload);
+      *h = make_header(spec, wire_layout, peers->own_epoch(), MessageKind::a2f, mb, p.sequence,
+                       p.tokens, payload);
       h->tag = p.tag;
       h->messages = messages;
       h->reply_region = reply.id;
@@ -411,8 +413,8 @@ struct AttentionEngine::State final : PeerHandler {
       throw Error(kStatusProtocolError, fmt::format("{} notified slot {}, which belongs to ffn {}",
                                                     from, slot, static_cast<int>(slot) % spec.ffn));
     WireHeader h = *receive_header(mb, f);
-    validate(h, spec, MessageKind::f2a, static_cast<uint32_t>(f), peers->at(f).link->epoch,
-             static_cast<uint32_t>(mb), from.c_str());
+    validate(h, spec, wire_layout, MessageKind::f2a, static_cast<uint32_t>(f),
+             peers->at(f).link->epoch, static_cast<uint32_t>(mb), from.c_str());
     int64_t now = now_ns();
     {
       std::lock_guard lock(mutex);

@@ -59,6 +59,7 @@ struct ReceiveLayout {
 
 struct FfnEngine::State final : PeerHandler {
   EngineSpec spec;
+  uint32_t wire_layout;  // job_layout(spec), once
   Device device;
   std::unique_ptr<Transport> transport;
   Buffer a2f_receive;               // [mb][tensor][ffn_rows rows]: the input row spaces
@@ -105,6 +106,7 @@ struct FfnEngine::State final : PeerHandler {
 
   State(const EngineSpec& s, const Device& d)
       : spec((check_shape(s), s)),
+        wire_layout(job_layout(spec)),
         device(d),
         a2f_receive(allocation(
             "A2F row spaces",
@@ -293,8 +295,8 @@ struct FfnEngine::State final : PeerHandler {
                   fmt::format("{} notified slot {}, which belongs to attention {}", from,
                               slot_index, static_cast<int>(slot_index) / spec.micro_batches));
     WireHeader h = reinterpret_cast<const WireHeader*>(a2f_headers.data())[slot(a, mb)];
-    validate(h, spec, MessageKind::a2f, static_cast<uint32_t>(a), peers->at(a).link->epoch,
-             static_cast<uint32_t>(mb), from.c_str());
+    validate(h, spec, wire_layout, MessageKind::a2f, static_cast<uint32_t>(a),
+             peers->at(a).link->epoch, static_cast<uint32_t>(mb), from.c_str());
     if (!spec.sends(a, spec.rank))
       throw Error(
           kStatusProtocolError,
@@ -411,8 +413,8 @@ struct FfnEngine::State final : PeerHandler {
         messages = side_band.sent_locked(a);
         link = peer.link;
       }
-      *h = make_header(spec, peers->own_epoch(), MessageKind::f2a, mb, job.sequence, job.tokens,
-                       uint64_t{job.tokens} * spec.f2a_bytes_per_token());
+      *h = make_header(spec, wire_layout, peers->own_epoch(), MessageKind::f2a, mb, job.sequence,
+                       job.tokens, uint64_t{job.tokens} * spec.f2a_bytes_per_token());
       h->messages = messages;
       h->stamps[kReceived] = static_cast<uint64_t>(received);
       h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);

@@ -93,7 +93,9 @@ struct WireHeader {
 static_assert(sizeof(WireHeader) == 176);
 
 // A digest of what both ends of a job must agree on for the slots to line up: the model's sizes
-// and dtypes, the A2F tensors (names and row bytes), the instances and which As each F serves.
+// and dtypes, the A2F tensors (names and row bytes), the instances and which As each F serves. An
+// engine computes it once (a map's costs a pass over every A's list) and hands it to make_header
+// and validate.
 inline uint32_t job_layout(const EngineSpec& spec) {
   uint32_t hash = 2166136261u;  // FNV-1a
   auto mix = [&hash](const void* data, size_t size) {
@@ -143,8 +145,8 @@ inline uint32_t header_rows(const WireHeader& h) {
 // (kind `kind`; spec.rank is the receiver's) and arrived in the slot of (`source`, `micro_batch`)
 // from the sender's incarnation `epoch` (an older one's header, written by a process that was
 // replaced, is refused).
-inline void validate(const WireHeader& h, const EngineSpec& spec, MessageKind kind, uint32_t source,
-                     uint64_t epoch, uint32_t micro_batch, const char* where) {
+inline void validate(const WireHeader& h, const EngineSpec& spec, uint32_t layout, MessageKind kind,
+                     uint32_t source, uint64_t epoch, uint32_t micro_batch, const char* where) {
   auto bad = [&](const std::string& what) {
     throw Error(kStatusProtocolError, fmt::format("{}: refused header: {}", where, what));
   };
@@ -161,11 +163,11 @@ inline void validate(const WireHeader& h, const EngineSpec& spec, MessageKind ki
     bad(fmt::format("{} tokens (slot holds 0..{})", h.tokens, spec.tokens));
   if (h.hidden != spec.hidden) bad(fmt::format("hidden {} (job has {})", h.hidden, spec.hidden));
   if (h.top_k != spec.top_k) bad(fmt::format("top_k {} (job has {})", h.top_k, spec.top_k));
-  if (h.layout != job_layout(spec))
+  if (h.layout != layout)
     bad(
         fmt::format("the sender's job has other shapes (its A2F tensors, sizes or dtypes: layout "
                     "{:08x}, this job's {:08x})",
-                    h.layout, job_layout(spec)));
+                    h.layout, layout));
   // Rows are at most 2^20 and rows bytes 2^32, so these sums cannot wrap.
   uint64_t payload = uint64_t{h.tokens} * spec.f2a_bytes_per_token();
   if (kind == MessageKind::a2f) {
@@ -190,8 +192,9 @@ inline void validate(const WireHeader& h, const EngineSpec& spec, MessageKind ki
 
 // The header of a message from this instance (spec.role, spec.rank, `epoch`) in micro-batch slot
 // `mb`, stamps and tag zero.
-inline WireHeader make_header(const EngineSpec& spec, uint64_t epoch, MessageKind kind, int mb,
-                              uint64_t sequence, uint32_t tokens, uint64_t payload_bytes) {
+inline WireHeader make_header(const EngineSpec& spec, uint32_t layout, uint64_t epoch,
+                              MessageKind kind, int mb, uint64_t sequence, uint32_t tokens,
+                              uint64_t payload_bytes) {
   WireHeader h{};
   h.magic = kWireMagic;
   h.version = kWireVersion;
@@ -204,7 +207,7 @@ inline WireHeader make_header(const EngineSpec& spec, uint64_t epoch, MessageKin
   h.hidden = spec.hidden;
   h.top_k = spec.top_k;
   h.payload_bytes = payload_bytes;
-  h.layout = job_layout(spec);
+  h.layout = layout;
   return h;
 }
 

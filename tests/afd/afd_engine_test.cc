@@ -146,8 +146,8 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
       transport->register_memory(device, result_headers.data(), result_headers.size());
   Joined joined = join(spec, *transport, mine, store, Role::ffn, spec.ffn);
   const Link& link = *joined.peers[0].link;
-  WireHeader h = make_header(spec, joined.epoch, MessageKind::a2f, 0, 1, spec.tokens,
-                             uint64_t{spec.tokens} * spec.a2f_bytes_per_token());
+  WireHeader h = make_header(spec, job_layout(spec), joined.epoch, MessageKind::a2f, 0, 1,
+                             spec.tokens, uint64_t{spec.tokens} * spec.a2f_bytes_per_token());
   for (int t = 0; t < spec.a2f_tensors(); ++t)
     h.rows[t] = spec.tokens;
   uint32_t slot = 0;

@@ -26,7 +26,7 @@ EngineSpec receiver() {
 
 // An honest A2F header of `tokens` tokens, every tensor whole, at `row_offset`.
 WireHeader header(const EngineSpec& spec, uint32_t tokens, uint32_t row_offset = 0) {
-  WireHeader h = make_header(spec, 1, MessageKind::a2f, 0, 1, tokens, 0);
+  WireHeader h = make_header(spec, job_layout(spec), 1, MessageKind::a2f, 0, 1, tokens, 0);
   h.source = 0;
   h.row_offset = row_offset;
   for (int t = 0; t < spec.a2f_tensors(); ++t) {
@@ -39,7 +39,7 @@ WireHeader header(const EngineSpec& spec, uint32_t tokens, uint32_t row_offset =
 // What validate() says of `h` in slot (sender 0, micro-batch 0) of a sender at `epoch`.
 std::string refusal(const WireHeader& h, const EngineSpec& spec, uint64_t epoch = 1) {
   try {
-    validate(h, spec, MessageKind::a2f, 0, epoch, 0, "test");
+    validate(h, spec, job_layout(spec), MessageKind::a2f, 0, epoch, 0, "test");
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), kStatusProtocolError);
     return e.what();
