@@ -170,6 +170,15 @@ int a2f_index(const Context& c, const py::handle& name) {
                           wanted, toml_did_you_mean(wanted, names), fmt::join(names, ", ")));
 }
 
+// The elements of A2F tensor `t`: the A2F dtype's for the tokens, an extra tensor's own; nullopt
+// for the routing (pairs of two 4-byte types).
+std::optional<Element> tensor_element(const Context& c, int t) {
+  const afd::ModelSection& model = c.config().model;
+  if (t == afd::kTokensTensor) return element_of(model.a2f_dtype);
+  if (t == afd::kRoutingTensor) return std::nullopt;
+  return element_of(model.a2f_tensors[static_cast<size_t>(t - 2)].dtype);
+}
+
 // A view of `rows` rows of A2F tensor `t` at `data`: the tokens [rows, hidden] in the A2F dtype,
 // an extra tensor [rows, columns] of its dtype. The routing has two views (experts, weights).
 Slot tensor_slot(void* data, int t, uint32_t rows, const Owner& o) {
@@ -660,11 +669,7 @@ void bind_engines(py::module_& m) {
             std::vector<afd::PushTensor> each(static_cast<size_t>(spec.a2f_tensors()));
             std::vector<uint64_t> needed(each.size(), 0);  // rows a source must hold
             auto source = [&](int t, const py::handle& object, const char* what) {
-              std::optional<Element> element;
-              if (t == afd::kTokensTensor) element = element_of(c->config().model.a2f_dtype);
-              if (t >= 2)
-                element =
-                    element_of(c->config().model.a2f_tensors[static_cast<size_t>(t - 2)].dtype);
+              const std::optional<Element> element = tensor_element(*c, t);
               CallerTensor tensor = take(object, element, spec.a2f_row_bytes(t), what);
               each[static_cast<size_t>(t)].from = tensor.data;
               needed[static_cast<size_t>(t)] = tensor.rows;
@@ -1021,10 +1026,7 @@ void bind_engines(py::module_& m) {
               return;
             }
             const afd::EngineSpec& spec = c->spec();
-            std::optional<Element> element;
-            if (t == afd::kTokensTensor) element = element_of(c->config().model.a2f_dtype);
-            if (t >= 2)
-              element = element_of(c->config().model.a2f_tensors[static_cast<size_t>(t - 2)].dtype);
+            const std::optional<Element> element = tensor_element(*c, t);
             CallerTensor buffer = caller_tensor(tensor, c->device(), element, spec.a2f_row_bytes(t),
                                                 "receive_into's tensor");
             if (buffer.rows < spec.ffn_rows(spec.rank))

@@ -8,9 +8,11 @@ import torch
 
 import hetmesh
 
-# 2 As, 1 F; router logits of 3 float32 columns a token beside the tokens; no routing.
+# 2 As, 1 F; router logits of 3 float32 columns a token beside the tokens; no routing. Whole
+# batches only, however far apart a loaded machine runs the As (the gather window is the bound).
 JOB = dict(attention=2, ffn=1, micro_batches=2, tokens=8, hidden=16, experts=1, top_k=0,
-           a2f_tensors={"router_logits": ("float32", 3)}, transport="ipc")
+           a2f_tensors={"router_logits": ("float32", 3)}, transport="ipc", timeout_ms=60000,
+           gather_window_ms=60000)
 COUNTS = [(8, 3), (1, 5), (0, 2), (8, 8)]  # each A's tokens per step
 
 
