@@ -174,6 +174,35 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
   return 0;
 }
 
+// Joins as ffn 0 and tells attention 0 where to land its rows in a way that cannot be (a buffer it
+// never announced, one too small, a micro-batch or a tensor the job does not have), then waits.
+int run_rogue_ffn(const EngineSpec& spec, KeyValueStore& store, const std::string& defect) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  auto transport = Transport::create(spec.transport);
+  const uint64_t rows = spec.ffn_rows(spec.rank);
+  HostBuffer inputs(device, spec.a2f_block_bytes(rows) * spec.micro_batches);
+  HostBuffer headers(device, sizeof(WireHeader) * spec.attention * spec.micro_batches);
+  HostBuffer small(device, 16);
+  PublishedRegions mine;
+  mine.regions["a2f_payload"] = transport->register_memory(device, inputs.data(), inputs.size());
+  mine.regions["a2f_headers"] = transport->register_memory(device, headers.data(), headers.size());
+  auto small_region = transport->register_memory(device, small.data(), small.size());
+  Joined joined = join(spec, *transport, mine, store, Role::attention, spec.attention);
+  const Link& link = *joined.peers[0].link;
+  LandingFrame landing{0, 1, {}, {}};
+  if (defect == "unknown") landing.region[kTokensTensor] = 7;
+  if (defect == "mb") landing.micro_batch = 9;
+  if (defect == "small" || defect == "tensor") {
+    link.connection->send_control(region_frame(1, small_region->describe()));
+    landing.region[defect == "small" ? kTokensTensor : 5] = 1;
+  }
+  link.connection->send_control(landing_frame(landing));
+  std::vector<TransportEvent> events;
+  for (int i = 0; i < 200; ++i)
+    transport->poll(events, std::chrono::milliseconds(50));
+  return 0;
+}
+
 int child_main(int argc, char** argv) {
   // --role ROLE --rank RANK --store STORE --out DIR ATTENTION FFN GATHER TRANSPORT
   //   [ROUNDS [AFTER] | DEFECT | held]               (LocalJob's arguments, then the test's)
@@ -192,6 +221,10 @@ int child_main(int argc, char** argv) {
       spec.role = Role::ffn;
       return run_ffn(spec, *store, argc > 13 && std::string(argv[13]) == "held");
     }
+    if (role == "rogue-ffn") {
+      spec.role = Role::ffn;
+      return argc < 14 ? 2 : run_rogue_ffn(spec, *store, argv[13]);
+    }
     spec.role = Role::attention;
     if (argc < 14) return 2;
     if (role == "rogue") return run_rogue(spec, *store, argv[13]);
@@ -203,7 +236,7 @@ int child_main(int argc, char** argv) {
     // The job's first failure, for the others' rendezvous waits (as run_instance publishes it).
     try {
       if (store && e.status() != kStatusJobFailed)
-        Rendezvous(*store, spec.job, role == "ffn" ? "ffn" : "attention", rank)
+        Rendezvous(*store, spec.job, spec.role == Role::ffn ? "ffn" : "attention", rank)
             .report_failure(e.what());
     } catch (const Error&) {  // the store is gone: nobody is left to tell
     }
@@ -374,6 +407,31 @@ INSTANTIATE_TEST_SUITE_P(
                     std::pair{"row_offset",
                               "refused header: rows 1000..1008 (the row spaces hold 8)"},
                     std::pair{"layout", "refused header: the sender's job has other shapes"}),
+    [](const auto& p) { return p.param.first; });
+
+// An F's landing frames are checked by the A before it writes anywhere they name: a hostile or
+// broken F's is a protocol error of the A naming that F, and nothing lands there.
+class AfdLandingTest : public testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+TEST_P(AfdLandingTest, AnImpossibleLandingIsRefusedByTheAttention) {
+  Job job;
+  job.spawn("rogue-ffn", 0, 1, 1, "all", TransportKind::tcp, {GetParam().first});
+  ChildProcess& attention = job.spawn("attention", 0, 1, 1, "all", TransportKind::tcp, {"3"});
+  auto lines = lines_until_exit(attention);
+  EXPECT_EQ(attention.wait(kTimeout).exit_code, 1);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find("ffn 0: refused landing: " + GetParam().second), std::string::npos)
+      << lines.back();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Defects, AfdLandingTest,
+    testing::Values(std::pair{"unknown", "its buffer 7, never announced"},
+                    std::pair{"mb", "micro-batch 9 (0..1)"},
+                    std::pair{"small",
+                              "512 bytes of its buffer 1 at offset 0 for tokens's rows, which it "
+                              "holds 16 bytes"},
+                    std::pair{"tensor", "a buffer for tensor 5, which this job does not send"}),
     [](const auto& p) { return p.param.first; });
 
 TEST(AfdLaunchTest, InstancesSayWhichRanksStartHere) {
