@@ -1,6 +1,7 @@
 // The attention side of the AFD engine.
 #include "caller_buffers.hpp"
 #include "comm_thread.hpp"
+#include "device_trigger.hpp"
 #include "join.hpp"
 #include "peer.hpp"
 #include "peer_group.hpp"
@@ -20,8 +21,9 @@ namespace {
 
 // One round trip of a micro-batch in progress: an entry of the micro-batch's queue.
 struct Pending {
-  bool busy = false;  // pushed and not yet waited for (the entry's credit is taken)
-  int posted = 0;     // F instances whose writes have started
+  bool busy = false;    // pushed and not yet waited for (the entry's credit is taken)
+  bool device = false;  // rung by a stream (arm_device): settling it raises mb's done flag
+  int posted = 0;       // F instances whose writes have started
   uint64_t sequence = 0;
   uint32_t tokens = 0;
   uint64_t tag = 0;
@@ -54,6 +56,14 @@ struct PostJob {
   int mb = 0;
   uint64_t sequence = 0;
   bool message = false;
+};
+
+// What a micro-batch armed for its device sends at each ring (AttentionEngine::arm_device): the
+// push, with its tensors and result buffers held here.
+struct Armed {
+  std::vector<PushTensor> tensors;
+  std::vector<void*> results_into;
+  PushOptions push;
 };
 
 }  // namespace
@@ -101,8 +111,22 @@ struct AttentionEngine::State final : PeerHandler {
   std::unique_ptr<PeerGroup> peers;  // the F instances
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
+  // The device-triggered mode, when the device has stream memory operations: [mb] doorbells a
+  // stream rings with tokens + 1 and done flags the engine raises; per micro-batch, what it sends
+  // (null: not armed) and the sequence of the round trip the device has in flight (0: none),
+  // both under mutex.
+  std::optional<DeviceWords> doorbells, done_flags;
+  std::vector<std::shared_ptr<const Armed>> armed;
+  std::vector<uint64_t> device_in_flight;
+  DeviceTripLog device_log;
+  // Started by the first arm_device; declared last, so it is stopped before anything it uses
+  // goes. It answers rings after the engine's end too (at once, as failed), until destroyed.
+  std::unique_ptr<DoorbellThread> doorbell_thread;
 
   void close(ControlWord word);
+  AttentionEngine::Handle push(int mb, uint32_t tokens, const PushOptions& push, bool rung);
+  bool take_doorbells();
+  void check_stream(const Stream& stream, const char* what) const;
 
   // A queue of 1..64 round trips per micro-batch; micro-batches fit a handle's low byte.
   static const EngineSpec& checked(const EngineSpec& s) {
@@ -139,7 +163,9 @@ struct AttentionEngine::State final : PeerHandler {
         announced(s.ffn),
         ffn_regions(Role::ffn, s.ffn),
         landings(static_cast<size_t>(s.ffn * s.micro_batches)),
-        side_band(Role::attention, s.rank, Role::ffn, s.ffn) {
+        side_band(Role::attention, s.rank, Role::ffn, s.ffn),
+        armed(static_cast<size_t>(s.micro_batches)),
+        device_in_flight(static_cast<size_t>(s.micro_batches), 0) {
     for (int t = 0; t < s.a2f_tensors(); ++t)
       source_names[static_cast<size_t>(t)] = fmt::format("push_pull's {}", s.a2f_tensor_name(t));
   }
@@ -192,8 +218,29 @@ struct AttentionEngine::State final : PeerHandler {
   // The engine failed or is closing: no round trip still pending will settle, so a device stream
   // waiting on one's arrival flag is let go (the host's wait() reports why). Caller holds mutex.
   void release_arrival_flags_locked() {
-    for (const Pending& p : pending)
-      if (p.busy) raise_arrival_flag_locked(p.trip.micro_batch, p.sequence);
+    for (Pending& p : pending) {
+      if (!p.busy) continue;
+      raise_arrival_flag_locked(p.trip.micro_batch, p.sequence);
+      if (p.device)
+        settle_device_locked(p, failure.has()
+                                    ? failure.reason()
+                                    : fmt::format("attention {} was finished", spec.rank));
+    }
+  }
+
+  // A round trip the device rang has settled (every F answered, or `why_failed` says why not): its
+  // entry is free and the stream waiting on the done flag goes on. Caller holds mutex.
+  void settle_device_locked(Pending& p, const std::string& why_failed) {
+    const int mb = p.trip.micro_batch;
+    p.device = false;
+    p.busy = false;
+    device_in_flight[static_cast<size_t>(mb)] = 0;
+    if (why_failed.empty())
+      device_log.completed();
+    else
+      device_log.failed(
+          fmt::format("micro-batch {} (sequence {}): {}", mb, p.sequence, why_failed));
+    done_flags->store(mb, 1);
   }
 
   // Micro-batch mb's round trip is settled by every F (answered or lost). Caller holds mutex.
@@ -203,6 +250,7 @@ struct AttentionEngine::State final : PeerHandler {
     // Set even for a failed round trip: a device stream waiting on the flag must not hang; the
     // host's wait() reports the failure.
     raise_arrival_flag_locked(mb, p.sequence);
+    if (p.device) settle_device_locked(p, p.failure);
   }
 
   // F `f` is lost: every round trip still waiting for its answer fails (once the other F
@@ -454,6 +502,8 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
     s.arrival_flags.emplace(device, 4 * static_cast<uint64_t>(spec.micro_batches));
     s.ready_flags.emplace(device, 4 * static_cast<uint64_t>(spec.micro_batches));
     std::memset(s.ready_flags->data(), 0, s.ready_flags->size());
+    s.doorbells.emplace(device, spec.micro_batches);
+    s.done_flags.emplace(device, spec.micro_batches);
   }
   for (size_t i = 0; i < s.pending.size(); ++i)
     s.ready_events.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
@@ -597,8 +647,13 @@ uint64_t AttentionEngine::epoch() const {
 }
 
 AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, const Push& push) {
-  State& s = *state_;
-  const Ready& ready = push.ready;
+  return state_->push(mb, tokens, push, /*rung=*/false);
+}
+
+AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
+                                                     const PushOptions& push, bool rung) {
+  State& s = *this;
+  const ReadySignal& ready = push.ready;
   if (mb < 0 || mb >= s.spec.micro_batches)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("micro-batch {} does not exist (0..{})", mb, s.spec.micro_batches - 1));
@@ -687,6 +742,11 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
                     fmt::format("attention {}: push_pull of micro-batch {}: {}; no replacement "
                                 "has joined yet (wait_for_peers(), then push again, or drop it)",
                                 s.spec.rank, mb, f.lost_reason));
+    if (!rung && s.armed[static_cast<size_t>(mb)])
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("push_pull: micro-batch {} is armed for its device (arm_device): a "
+                              "stream rings its round trips",
+                              mb));
     sequence = s.last_sequence[static_cast<size_t>(mb)] + 1;
     Pending& p = s.entry(mb, sequence);
     if (p.busy)
@@ -697,6 +757,8 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
     // Reset in place: the vectors keep their size, so nothing is allocated.
     s.last_sequence[static_cast<size_t>(mb)] = sequence;
     p.busy = true;
+    p.device = rung;
+    if (rung) s.device_in_flight[static_cast<size_t>(mb)] = sequence;
     p.posted = 0;
     p.sequence = sequence;
     p.tokens = tokens;
@@ -746,6 +808,8 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   } catch (const Error&) {
     std::lock_guard lock(s.mutex);
     p.busy = false;  // nothing was sent: the entry is free again
+    p.device = false;
+    if (rung) s.device_in_flight[static_cast<size_t>(mb)] = 0;
     s.last_sequence[static_cast<size_t>(mb)] = sequence - 1;
     throw;
   }
@@ -757,6 +821,136 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
     if (s.spec.sends(s.spec.rank, f))
       s.senders[static_cast<size_t>(f)]->push(PostJob{mb, sequence});
   return (sequence << 8) | static_cast<uint64_t>(mb);
+}
+
+// The doorbell thread's turn: each ring of an armed micro-batch with no round trip of the device in
+// flight is taken (cleared) and sent; a ring that cannot be sent (the engine ended, an F lost, a
+// micro-batch not armed) is answered at once as failed, so the stream waiting next goes on.
+bool AttentionEngine::State::take_doorbells() {
+  bool took = false;
+  for (int mb = 0; mb < spec.micro_batches; ++mb) {
+    const uint32_t ring = doorbells->load(mb);
+    if (ring == 0) continue;
+    std::shared_ptr<const Armed> arm;
+    {
+      std::lock_guard lock(mutex);
+      // Rung again before its wait: the ring waits for the round trip in flight.
+      if (device_in_flight[static_cast<size_t>(mb)] != 0) continue;
+      arm = armed[static_cast<size_t>(mb)];
+    }
+    doorbells->store(mb, 0);
+    device_log.rung();
+    took = true;
+    try {
+      if (!arm)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("its doorbell rang, and it was not armed (arm_device)"));
+      push(mb, ring - 1, arm->push, /*rung=*/true);
+    } catch (const std::exception& e) {
+      device_log.failed(fmt::format("micro-batch {}: not sent: {}", mb, e.what()));
+      done_flags->store(mb, 1);
+    }
+  }
+  {
+    std::lock_guard lock(mutex);
+    if (failure.has())
+      device_log.ended(failure.reason());
+    else if (closed)
+      device_log.ended(fmt::format("attention {} was finished", spec.rank));
+  }
+  return took;
+}
+
+void AttentionEngine::State::check_stream(const Stream& stream, const char* what) const {
+  if (!done_flags)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("{}: {} has no stream memory operations (push_pull and wait on the "
+                            "host)",
+                            what, device.selector()));
+  if (!(stream.device() == device))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: a stream of {}, and this engine runs on {}", what,
+                            stream.device().selector(), device.selector()));
+}
+
+void AttentionEngine::arm_device(int mb, const Push& push) {
+  State& s = *state_;
+  if (!s.done_flags)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("arm_device: {} has no stream memory operations (push_pull and wait "
+                            "on the host)",
+                            s.device.selector()));
+  if (mb < 0 || mb >= s.spec.micro_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("arm_device: micro-batch {} does not exist (0..{})", mb,
+                            s.spec.micro_batches - 1));
+  if (push.ready.stream != nullptr || push.ready.flag)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "arm_device: a push with a ready signal (the doorbell's ring is the readiness)");
+  auto arm = std::make_shared<Armed>();
+  arm->tensors.assign(push.tensors.begin(), push.tensors.end());
+  arm->results_into.assign(push.results_into.begin(), push.results_into.end());
+  arm->push = push;
+  arm->push.tensors = arm->tensors;
+  arm->push.results_into = arm->results_into;
+  std::lock_guard lock(s.mutex);
+  s.failure.throw_if_set();
+  if (s.closed)
+    throw Error(kStatusClosed, fmt::format("attention {}: arm_device after finish()", s.spec.rank));
+  if (s.last_sequence[static_cast<size_t>(mb)] != 0 && !s.armed[static_cast<size_t>(mb)])
+    for (int q = 0; q < s.spec.queue_depth; ++q)
+      if (s.pending[static_cast<size_t>(mb * s.spec.queue_depth + q)].busy)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("arm_device: micro-batch {} has a round trip of push_pull in "
+                                "flight: wait for it first",
+                                mb));
+  s.armed[static_cast<size_t>(mb)] = std::move(arm);
+  if (!s.doorbell_thread)
+    s.doorbell_thread = std::make_unique<DoorbellThread>(
+        "hm-doorbells", sender_cpu(s.spec.comm_cpus, static_cast<size_t>(s.spec.ffn)),
+        [&s] { return s.take_doorbells(); });
+}
+
+void AttentionEngine::enqueue_push_pull(int mb, uint32_t tokens, const Stream& stream) {
+  State& s = *state_;
+  s.check_stream(stream, "enqueue_push_pull");
+  if (mb < 0 || mb >= s.spec.micro_batches || tokens > s.spec.tokens)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("enqueue_push_pull: micro-batch {} (0..{}) with {} tokens (0..{})", mb,
+                            s.spec.micro_batches - 1, tokens, s.spec.tokens));
+  {
+    std::lock_guard lock(s.mutex);
+    if (!s.armed[static_cast<size_t>(mb)])
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("enqueue_push_pull: micro-batch {} is not armed (arm_device)", mb));
+  }
+  stream.write_value32(s.doorbells->at(mb), tokens + 1);
+}
+
+void AttentionEngine::enqueue_wait(int mb, const Stream& stream) {
+  State& s = *state_;
+  s.check_stream(stream, "enqueue_wait");
+  if (mb < 0 || mb >= s.spec.micro_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("enqueue_wait: micro-batch {} does not exist (0..{})", mb,
+                            s.spec.micro_batches - 1));
+  enqueue_flag_wait(stream, *s.done_flags, mb);
+}
+
+void* AttentionEngine::doorbell(int mb) const {
+  const State& s = *state_;
+  if (!s.doorbells || mb < 0 || mb >= s.spec.micro_batches) return nullptr;
+  return s.doorbells->at(mb);
+}
+
+const void* AttentionEngine::done_flag(int mb) const {
+  const State& s = *state_;
+  if (!s.done_flags || mb < 0 || mb >= s.spec.micro_batches) return nullptr;
+  return s.done_flags->at(mb);
+}
+
+DeviceTrips AttentionEngine::device_trips() {
+  return state_->device_log.take();
 }
 
 RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout) {

@@ -1,6 +1,7 @@
 // The FFN side of the AFD engine.
 #include "caller_buffers.hpp"
 #include "comm_thread.hpp"
+#include "device_trigger.hpp"
 #include "join.hpp"
 #include "peer.hpp"
 #include "peer_group.hpp"
@@ -98,6 +99,24 @@ struct FfnEngine::State final : PeerHandler {
   std::unique_ptr<PeerGroup> peers;  // the A instances
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<RespondJob>>> senders;  // [a]
+  // The device-triggered mode (serve_device), when the device has stream memory operations: [mb]
+  // batch flags the engine raises and respond doorbells a stream rings; the batch of each
+  // micro-batch held for the device until its doorbell rings (under mutex).
+  std::optional<DeviceWords> batch_flags, respond_doorbells;
+  bool device_mode = false;   // under mutex
+  bool host_batches = false;  // get_batch handed one out, under mutex
+  std::vector<std::optional<Batch>> device_held;
+  // The doorbell thread's: turns since it last took the mutex, and why the job is over for this
+  // F (empty while it serves).
+  int turns_since_look = 0;
+  std::string device_over;
+  DeviceTripLog device_log;
+  // Declared last: stopped before anything it uses goes. It raises the flags after the engine's
+  // end too, until destroyed.
+  std::unique_ptr<DoorbellThread> doorbell_thread;
+
+  void respond_batch(const Batch& batch, const Stream* after, int64_t compute_start_ns);
+  bool serve_doorbells();
 
   template <typename Make>
   auto allocation(const char* what, Make make) {
@@ -127,7 +146,8 @@ struct FfnEngine::State final : PeerHandler {
         layouts(static_cast<size_t>(s.micro_batches)),
         current_layout(static_cast<size_t>(s.micro_batches), 0),
         arrivals(static_cast<size_t>(s.attention * s.micro_batches)),
-        side_band(Role::ffn, s.rank, Role::attention, s.attention) {
+        side_band(Role::ffn, s.rank, Role::attention, s.attention),
+        device_held(static_cast<size_t>(s.micro_batches)) {
     for (size_t i = 0; i < arrivals.size(); ++i)
       ready_events.push_back(d.create_event(HM_EVENT_DISABLE_TIMING));
   }
@@ -646,6 +666,10 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
     : state_(std::make_unique<State>(spec, device)) {
   State& s = *state_;
   s.spec.role = Role::ffn;
+  if (device.has(HM_CAP_STREAM_MEMOPS | HM_CAP_PINNED_HOST_MEMORY)) {
+    s.batch_flags.emplace(device, spec.micro_batches);
+    s.respond_doorbells.emplace(device, spec.micro_batches);
+  }
   s.transport = Transport::create(transport_options(spec, device));
   s.caller.emplace(*s.transport, device, peer_name(Role::ffn, spec.rank));
   s.a2f_receive_region = s.mine.regions["a2f_payload"] =
@@ -750,6 +774,10 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
   std::unique_lock lock(s.mutex);
   if (s.closed)
     throw Error(kStatusClosed, fmt::format("ffn {}: get_batch after finish()", s.spec.rank));
+  if (s.device_mode)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "get_batch: this F serves its device (serve_device): its stream waits for the "
+                "batches");
   // Lost As whose replacement has claimed its epoch, by rank and the lost epoch: while one of
   // them is not in yet, the As that left do not end the job.
   std::vector<std::pair<int, uint64_t>> coming;
@@ -770,6 +798,7 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
     if (!s.ready_batches.empty()) {
       Batch batch = std::move(s.ready_batches.front());
       s.ready_batches.pop_front();
+      s.host_batches = true;
       s.news.store(!s.ready_batches.empty() || s.failure.has(), std::memory_order_relaxed);
       return batch;
     }
@@ -822,7 +851,18 @@ std::optional<Batch> FfnEngine::get_batch(std::chrono::milliseconds timeout) {
 }
 
 void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute_start_ns) {
-  State& s = *state_;
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->device_mode)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  "respond: this F serves its device (serve_device): a stream rings its answers");
+  }
+  state_->respond_batch(batch, after, compute_start_ns);
+}
+
+void FfnEngine::State::respond_batch(const Batch& batch, const Stream* after,
+                                     int64_t compute_start_ns) {
+  State& s = *this;
   int64_t compute_end = now_ns();
   {
     std::lock_guard lock(s.mutex);
@@ -888,6 +928,142 @@ void FfnEngine::respond(const Batch& batch, const Stream* after, int64_t compute
         RespondJob{batch.micro_batch, part.epoch, part.sequence, part.tokens, after != nullptr,
                    compute_start_ns, compute_end});
   }
+}
+
+// The doorbell thread's turn: complete batches are held for their micro-batch's stream (its flag
+// raised), each ring of a respond doorbell answers the batch held; once the job is over for this F
+// every flag is raised at once, so no stream waits forever.
+bool FfnEngine::State::serve_doorbells() {
+  bool worked = false;
+  std::string& over = device_over;
+  // The engine's mutex only when a batch is ready, or every 256th turn for the job's end: a
+  // spinning thread that took it every turn would hold up the comm thread and the senders.
+  if (news.load(std::memory_order_acquire) || ++turns_since_look >= 256) {
+    turns_since_look = 0;
+    std::lock_guard lock(mutex);
+    for (auto batch = ready_batches.begin(); batch != ready_batches.end();) {
+      auto& held = device_held[static_cast<size_t>(batch->micro_batch)];
+      if (held) {  // a partial batch went out (the gather window): this one waits for its answer
+        ++batch;
+        continue;
+      }
+      held = std::move(*batch);
+      batch = ready_batches.erase(batch);
+      batch_flags->store(held->micro_batch, 1);
+      device_log.completed();
+      worked = true;
+    }
+    news.store(!ready_batches.empty() || failure.has(), std::memory_order_relaxed);
+    if (over.empty()) {  // once over, for good
+      if (failure.has())
+        over = failure.reason();
+      else if (closed)
+        over = fmt::format("ffn {} was finished", spec.rank);
+      else if (gone == spec.attention)
+        over = fmt::format("ffn {}: every attention instance left or was lost{}", spec.rank,
+                           lost.empty() ? "" : " (last: " + lost.back() + ")");
+    }
+  }
+  for (int mb = 0; mb < spec.micro_batches; ++mb) {
+    if (respond_doorbells->load(mb) == 0) continue;
+    respond_doorbells->store(mb, 0);
+    device_log.rung();
+    worked = true;
+    std::optional<Batch> batch;
+    {
+      std::lock_guard lock(mutex);
+      batch.swap(device_held[static_cast<size_t>(mb)]);
+    }
+    try {
+      if (!batch)
+        throw Error(
+            HM_ERR_INVALID_ARGUMENT,
+            over.empty() ? std::string("its respond doorbell rang with no batch held") : over);
+      respond_batch(*batch, nullptr, 0);
+    } catch (const std::exception& e) {
+      device_log.failed(fmt::format("micro-batch {}: not answered: {}", mb, e.what()));
+    }
+  }
+  if (!over.empty()) {
+    device_log.ended(over);
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      if (batch_flags->load(mb) == 0) batch_flags->store(mb, 1);
+  }
+  return worked;
+}
+
+void FfnEngine::serve_device() {
+  State& s = *state_;
+  if (!s.batch_flags)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("serve_device: {} has no stream memory operations (get_batch and "
+                            "respond on the host)",
+                            s.device.selector()));
+  if (s.spec.gather != Gather::all)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "serve_device: gather = \"eager\" hands out a micro-batch in parts; the device "
+                "waits for whole batches (gather = \"all\")");
+  std::lock_guard lock(s.mutex);
+  s.failure.throw_if_set();
+  if (s.closed)
+    throw Error(kStatusClosed, fmt::format("ffn {}: serve_device after finish()", s.spec.rank));
+  if (s.host_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "serve_device: get_batch has handed out batches already: the device serves an F "
+                "from its start");
+  if (s.device_mode) return;
+  s.device_mode = true;
+  s.doorbell_thread = std::make_unique<DoorbellThread>(
+      "hm-doorbells", sender_cpu(s.spec.comm_cpus, static_cast<size_t>(s.spec.attention)),
+      [&s] { return s.serve_doorbells(); });
+}
+
+namespace {
+
+void check_device_stream(const Device& device, bool has_words, const Stream& stream, int mb,
+                         int micro_batches, const char* what) {
+  if (!has_words)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("{}: {} has no stream memory operations", what, device.selector()));
+  if (!(stream.device() == device))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: a stream of {}, and this engine runs on {}", what,
+                            stream.device().selector(), device.selector()));
+  if (mb < 0 || mb >= micro_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{}: micro-batch {} does not exist (0..{})",
+                                                     what, mb, micro_batches - 1));
+}
+
+}  // namespace
+
+void FfnEngine::enqueue_wait_batch(int mb, const Stream& stream) {
+  State& s = *state_;
+  check_device_stream(s.device, s.batch_flags.has_value(), stream, mb, s.spec.micro_batches,
+                      "enqueue_wait_batch");
+  enqueue_flag_wait(stream, *s.batch_flags, mb);
+}
+
+void FfnEngine::enqueue_respond(int mb, const Stream& stream) {
+  State& s = *state_;
+  check_device_stream(s.device, s.respond_doorbells.has_value(), stream, mb, s.spec.micro_batches,
+                      "enqueue_respond");
+  stream.write_value32(s.respond_doorbells->at(mb), 1);
+}
+
+const void* FfnEngine::batch_flag(int mb) const {
+  const State& s = *state_;
+  if (!s.batch_flags || mb < 0 || mb >= s.spec.micro_batches) return nullptr;
+  return s.batch_flags->at(mb);
+}
+
+void* FfnEngine::respond_doorbell(int mb) const {
+  const State& s = *state_;
+  if (!s.respond_doorbells || mb < 0 || mb >= s.spec.micro_batches) return nullptr;
+  return s.respond_doorbells->at(mb);
+}
+
+DeviceTrips FfnEngine::device_trips() {
+  return state_->device_log.take();
 }
 
 void* FfnEngine::inputs(int mb, int tensor) const {

@@ -72,6 +72,7 @@ class FirstFailure {
     return true;
   }
   bool has() const { return status_ != HM_OK; }
+  const std::string& reason() const { return reason_; }
   void throw_if_set() const {
     if (has()) throw Error(status_, reason_);
   }

@@ -557,6 +557,107 @@ void bind_common(Class& cls) {
 
 }  // namespace
 
+// A push's options from push_pull's (and arm_device's) keywords: the application's tensors
+// checked, their registrations taken, the spans pointing into the struct's own vectors.
+struct PreparedPush {
+  std::vector<afd::PushTensor> tensors;
+  std::vector<void*> results_into;
+  afd::PushOptions push;
+  uint32_t tokens = 0;
+};
+
+PreparedPush prepare_push(const std::shared_ptr<Context>& c, std::optional<uint32_t> tokens,
+                          uint64_t tag, const py::object& stream, int64_t attention_start_ns,
+                          const py::object& send, const py::object& routing,
+                          const py::object& results_into, const py::dict& tensors,
+                          const py::dict& rows_of, std::optional<uint32_t> row_offset) {
+  afd::AttentionEngine& engine = attention_of(*c);
+  const afd::EngineSpec& spec = c->spec();
+  PreparedPush prepared;
+  afd::PushOptions& push = prepared.push;
+  push.ready.stream = stream_of(stream, *c);
+  push.tag = tag;
+  push.attention_start_ns = attention_start_ns;
+  push.row_offset = row_offset;
+  // The application's tensors: the rows sent are `tokens`, else send's rows.
+  std::vector<std::pair<py::handle, CallerTensor>> held;
+  auto take = [&](const py::handle& object, std::optional<Element> element, uint64_t row_bytes,
+                  const char* what) {
+    held.emplace_back(object, caller_tensor(object, c->device(), element, row_bytes, what));
+    return held.back().second;
+  };
+  // Per A2F tensor: its source (send, routing, tensors[name]) and rows (rows[name]).
+  std::vector<afd::PushTensor>& each = prepared.tensors;
+  each.resize(static_cast<size_t>(spec.a2f_tensors()));
+  std::vector<uint64_t> needed(each.size(), 0);  // rows a source must hold
+  auto source = [&](int t, const py::handle& object, const char* what) {
+    const std::optional<Element> element = tensor_element(*c, t);
+    CallerTensor tensor = take(object, element, spec.a2f_row_bytes(t), what);
+    each[static_cast<size_t>(t)].from = tensor.data;
+    needed[static_cast<size_t>(t)] = tensor.rows;
+  };
+  if (!send.is_none()) source(afd::kTokensTensor, send, "push_pull's send");
+  if (!routing.is_none()) {
+    if (spec.top_k == 0)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  "push_pull: routing for a job without routing (top_k is 0)");
+    CallerTensor tensor =
+        take(routing, std::nullopt, spec.routing_bytes_per_token(), "push_pull's routing");
+    each[afd::kRoutingTensor].from = tensor.data;
+    needed[afd::kRoutingTensor] = tensor.rows;
+  }
+  for (const auto& [name, tensor] : tensors) {
+    const int t = a2f_index(*c, name);
+    if (t < 2)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("push_pull: tensors['{}']: give it as send= or routing=",
+                              spec.a2f_tensor_name(t)));
+    if (!tensor.is_none()) source(t, tensor, "push_pull's tensors");
+  }
+  if (!tokens && !send.is_none())
+    tokens = static_cast<uint32_t>(std::min<uint64_t>(needed[0], UINT32_MAX));
+  const uint32_t count = tokens.value_or(spec.tokens);
+  prepared.tokens = count;
+  for (const auto& [name, rows] : rows_of)
+    each[static_cast<size_t>(a2f_index(*c, name))].rows = rows.cast<uint32_t>();
+  for (size_t t = 0; t < each.size(); ++t) {
+    const uint32_t sent = each[t].rows.value_or(count);
+    if (each[t].from != nullptr && needed[t] < sent)
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("push_pull: a tensor of {} rows for {} rows of {}", needed[t], sent,
+                              spec.a2f_tensor_name(static_cast<int>(t))));
+  }
+  push.tensors = each;
+  std::vector<void*>& into = prepared.results_into;
+  if (!results_into.is_none()) {
+    py::list list;
+    if (py::isinstance<py::list>(results_into) || py::isinstance<py::tuple>(results_into))
+      list = py::list(results_into);
+    else
+      list = one_result_per_ffn(results_into, spec);
+    for (const py::handle& r : list) {
+      if (r.is_none()) {
+        into.push_back(nullptr);
+        continue;
+      }
+      // The tensor sent, answered in place (vLLM's ref_tensor), is read once.
+      const afd::ModelSection& model = c->config().model;
+      CallerTensor t = r.ptr() == send.ptr() && model.a2f_dtype == model.f2a_dtype
+                           ? held.front().second
+                           : take(r, element_of(c->config().model.f2a_dtype),
+                                  spec.f2a_bytes_per_token(), "push_pull's results_into");
+      if (t.rows < count)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("push_pull: results_into of {} rows for {} tokens", t.rows, count));
+      into.push_back(t.data);
+    }
+    push.results_into = into;
+  }
+  for (const auto& [object, tensor] : held)
+    register_tensor(*c, engine, object, tensor);
+  return prepared;
+}
+
 void bind_engines(py::module_& m) {
   py::class_<PyStream>(m, "Stream", gc_visible<PyStream, &PyStream::owner>(),
                        "A stream of an engine's device (engine.create_stream()).")
@@ -582,6 +683,18 @@ void bind_engines(py::module_& m) {
       .def_readonly("posted", &afd::RoundTrip::posted)
       .def_readonly("completed", &afd::RoundTrip::completed)
       .def_readonly("wait_returned", &afd::RoundTrip::wait_returned);
+
+  py::class_<afd::DeviceTrips>(m, "DeviceTrips",
+                               "The round trips a device triggered (arm_device, serve_device).")
+      .def_readonly("rung", &afd::DeviceTrips::rung)
+      .def_readonly("completed", &afd::DeviceTrips::completed)
+      .def_readonly("failed", &afd::DeviceTrips::failed)
+      .def_readonly("failures", &afd::DeviceTrips::failures)
+      .def_readonly("ended", &afd::DeviceTrips::ended)
+      .def("__repr__", [](const afd::DeviceTrips& t) {
+        return fmt::format("DeviceTrips(rung={}, completed={}, failed={}, ended='{}')", t.rung,
+                           t.completed, t.failed, t.ended);
+      });
 
   py::class_<PyAttention> attention(m, "AttentionEngine");
   attention
@@ -650,92 +763,11 @@ void bind_engines(py::module_& m) {
              const py::object& routing, const py::object& results_into, const py::dict& tensors,
              const py::dict& rows_of, std::optional<uint32_t> row_offset) {
             std::shared_ptr<Context> c = a.live();
-            afd::AttentionEngine& engine = attention_of(*c);
-            const afd::EngineSpec& spec = c->spec();
-            afd::PushOptions push;
-            push.ready.stream = stream_of(stream, *c);
-            push.tag = tag;
-            push.attention_start_ns = attention_start_ns;
-            push.row_offset = row_offset;
-            // The application's tensors: the rows sent are `tokens`, else send's rows.
-            std::vector<std::pair<py::handle, CallerTensor>> held;
-            auto take = [&](const py::handle& object, std::optional<Element> element,
-                            uint64_t row_bytes, const char* what) {
-              held.emplace_back(object,
-                                caller_tensor(object, c->device(), element, row_bytes, what));
-              return held.back().second;
-            };
-            // Per A2F tensor: its source (send, routing, tensors[name]) and rows (rows[name]).
-            std::vector<afd::PushTensor> each(static_cast<size_t>(spec.a2f_tensors()));
-            std::vector<uint64_t> needed(each.size(), 0);  // rows a source must hold
-            auto source = [&](int t, const py::handle& object, const char* what) {
-              const std::optional<Element> element = tensor_element(*c, t);
-              CallerTensor tensor = take(object, element, spec.a2f_row_bytes(t), what);
-              each[static_cast<size_t>(t)].from = tensor.data;
-              needed[static_cast<size_t>(t)] = tensor.rows;
-            };
-            if (!send.is_none()) source(afd::kTokensTensor, send, "push_pull's send");
-            if (!routing.is_none()) {
-              if (spec.top_k == 0)
-                throw Error(HM_ERR_INVALID_ARGUMENT,
-                            "push_pull: routing for a job without routing (top_k is 0)");
-              CallerTensor tensor = take(routing, std::nullopt, spec.routing_bytes_per_token(),
-                                         "push_pull's routing");
-              each[afd::kRoutingTensor].from = tensor.data;
-              needed[afd::kRoutingTensor] = tensor.rows;
-            }
-            for (const auto& [name, tensor] : tensors) {
-              const int t = a2f_index(*c, name);
-              if (t < 2)
-                throw Error(HM_ERR_INVALID_ARGUMENT,
-                            fmt::format("push_pull: tensors['{}']: give it as send= or routing=",
-                                        spec.a2f_tensor_name(t)));
-              if (!tensor.is_none()) source(t, tensor, "push_pull's tensors");
-            }
-            if (!tokens && !send.is_none())
-              tokens = static_cast<uint32_t>(std::min<uint64_t>(needed[0], UINT32_MAX));
-            const uint32_t count = tokens.value_or(spec.tokens);
-            for (const auto& [name, rows] : rows_of)
-              each[static_cast<size_t>(a2f_index(*c, name))].rows = rows.cast<uint32_t>();
-            for (size_t t = 0; t < each.size(); ++t) {
-              const uint32_t sent = each[t].rows.value_or(count);
-              if (each[t].from != nullptr && needed[t] < sent)
-                throw Error(
-                    HM_ERR_INVALID_ARGUMENT,
-                    fmt::format("push_pull: a tensor of {} rows for {} rows of {}", needed[t], sent,
-                                spec.a2f_tensor_name(static_cast<int>(t))));
-            }
-            push.tensors = each;
-            std::vector<void*> into;
-            if (!results_into.is_none()) {
-              py::list list;
-              if (py::isinstance<py::list>(results_into) || py::isinstance<py::tuple>(results_into))
-                list = py::list(results_into);
-              else
-                list = one_result_per_ffn(results_into, spec);
-              for (const py::handle& r : list) {
-                if (r.is_none()) {
-                  into.push_back(nullptr);
-                  continue;
-                }
-                // The tensor sent, answered in place (vLLM's ref_tensor), is read once.
-                const afd::ModelSection& model = c->config().model;
-                CallerTensor t = r.ptr() == send.ptr() && model.a2f_dtype == model.f2a_dtype
-                                     ? held.front().second
-                                     : take(r, element_of(c->config().model.f2a_dtype),
-                                            spec.f2a_bytes_per_token(), "push_pull's results_into");
-                if (t.rows < count)
-                  throw Error(HM_ERR_INVALID_ARGUMENT,
-                              fmt::format("push_pull: results_into of {} rows for {} tokens",
-                                          t.rows, count));
-                into.push_back(t.data);
-              }
-              push.results_into = into;
-            }
-            for (const auto& [object, tensor] : held)
-              register_tensor(*c, engine, object, tensor);
+            PreparedPush prepared =
+                prepare_push(c, tokens, tag, stream, attention_start_ns, send, routing,
+                             results_into, tensors, rows_of, row_offset);
             py::gil_scoped_release unlocked;
-            return engine.push_pull(mb, count, push);
+            return attention_of(*c).push_pull(mb, prepared.tokens, prepared.push);
           },
           py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
           py::arg("stream") = py::none(), py::arg("attention_start_ns") = 0,
@@ -775,6 +807,54 @@ void bind_engines(py::module_& m) {
           "Later work on `stream` waits, without the host, until the round trip of `handle` has "
           "settled (its results arrived, or it failed, or the engine ended); wait(handle) still "
           "says which.")
+      .def(
+          "arm_device",
+          [](const PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
+             const py::object& send, const py::object& routing, const py::object& results_into,
+             const py::dict& tensors, const py::dict& rows_of, std::optional<uint32_t> row_offset) {
+            std::shared_ptr<Context> c = a.live();
+            check_micro_batch(mb, c->spec());
+            PreparedPush prepared = prepare_push(c, tokens, tag, py::none(), 0, send, routing,
+                                                 results_into, tensors, rows_of, row_offset);
+            attention_of(*c).arm_device(mb, prepared.push);
+          },
+          py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
+          py::arg("send") = py::none(), py::arg("routing") = py::none(),
+          py::arg("results_into") = py::none(), py::arg("tensors") = py::dict(),
+          py::arg("rows") = py::dict(), py::arg("row_offset") = py::none(),
+          "Arms micro-batch `micro_batch` for round trips its device triggers: each ring "
+          "(enqueue_push_pull on a stream, captured in a graph or not) sends it as push_pull "
+          "would with these keywords (`tokens`: the most rows a ring carries, for the checks), "
+          "and raises its done flag once answered (enqueue_wait). The tensors stay put: a "
+          "graph's. push_pull refuses an armed micro-batch.")
+      .def(
+          "enqueue_push_pull",
+          [](const PyAttention& a, int mb, uint32_t tokens, const py::object& stream) {
+            std::shared_ptr<Context> c = a.live();
+            const Stream* on = stream_of(stream, *c);
+            if (on == nullptr)
+              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_push_pull: name the stream");
+            attention_of(*c).enqueue_push_pull(mb, tokens, *on);
+          },
+          py::arg("micro_batch"), py::arg("tokens"), py::arg("stream"),
+          "Enqueues on `stream` the ring that sends micro-batch `micro_batch` with `tokens` rows "
+          "once the stream gets there (arm_device first). Capturable.")
+      .def(
+          "enqueue_wait",
+          [](const PyAttention& a, int mb, const py::object& stream) {
+            std::shared_ptr<Context> c = a.live();
+            const Stream* on = stream_of(stream, *c);
+            if (on == nullptr)
+              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_wait: name the stream");
+            attention_of(*c).enqueue_wait(mb, *on);
+          },
+          py::arg("micro_batch"), py::arg("stream"),
+          "Enqueues on `stream` a hold until micro-batch `micro_batch`'s round trip has settled "
+          "(device_trips() names those that failed). Capturable.")
+      .def(
+          "device_trips",
+          [](const PyAttention& a) { return attention_of(*a.live()).device_trips(); },
+          "The round trips the device rang: counts, and the failures since the last call.")
       .def(
           "wait_for_peers",
           [](const PyAttention& a, std::optional<double> timeout_ms) {
@@ -1044,6 +1124,37 @@ void bind_engines(py::module_& m) {
           "([its As x tokens, columns], the same rows as the engine's row space; None: back to "
           "the engine's). Each A hears of it in order with this F's answers; a part says where "
           "its rows did land.")
+      .def(
+          "serve_device", [](const PyFfn& f) { ffn_of(*f.live()).serve_device(); },
+          "From now on the engine's thread takes the batches and answers them when a stream "
+          "says so (enqueue_wait_batch, then compute outputs(mb) from inputs(mb), then "
+          "enqueue_respond); get_batch and respond are refused.")
+      .def(
+          "enqueue_wait_batch",
+          [](const PyFfn& f, int mb, const py::object& stream) {
+            std::shared_ptr<Context> c = f.live();
+            const Stream* on = stream_of(stream, *c);
+            if (on == nullptr)
+              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_wait_batch: name the stream");
+            ffn_of(*c).enqueue_wait_batch(mb, *on);
+          },
+          py::arg("micro_batch"), py::arg("stream"),
+          "Enqueues a hold until micro-batch `micro_batch`'s batch is in inputs(mb). Capturable.")
+      .def(
+          "enqueue_respond",
+          [](const PyFfn& f, int mb, const py::object& stream) {
+            std::shared_ptr<Context> c = f.live();
+            const Stream* on = stream_of(stream, *c);
+            if (on == nullptr)
+              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_respond: name the stream");
+            ffn_of(*c).enqueue_respond(mb, *on);
+          },
+          py::arg("micro_batch"), py::arg("stream"),
+          "Enqueues the ring that answers micro-batch `micro_batch` from outputs(mb). Capturable.")
+      .def(
+          "device_trips", [](const PyFfn& f) { return ffn_of(*f.live()).device_trips(); },
+          "rung: answers rung; completed: batches raised; failed and failures; ended: why the "
+          "engine raises every flag at once now.")
       .def("lost_attention", [](const PyFfn& f) { return ffn_of(*f.live()).lost_attention(); });
   bind_common<PyFfn>(ffn);
 

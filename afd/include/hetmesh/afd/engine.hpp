@@ -316,6 +316,21 @@ struct DataCounters {
   uint64_t caller_buffers = 0;  // the application's allocations registered
 };
 
+// What the host learns of the round trips its device triggered (AttentionEngine::arm_device,
+// FfnEngine::serve_device): the device rings and waits on words, so the host asks here which round
+// trips failed and why.
+struct DeviceTrips {
+  uint64_t rung = 0;       // doorbells the engine took (A: pushes; F: answers)
+  uint64_t completed = 0;  // A: answered by every F; F: batches raised for the stream
+  uint64_t failed = 0;     // settled without their answers or never sent (a peer lost, the end)
+  // Why, the latest DeviceTripLog::kMaxFailures since the last call: "micro-batch 0 (sequence
+  // 12): ffn 1 lost: ...".
+  std::vector<std::string> failures;
+  // Why the engine answers every ring at once from now on (it failed, was finished, or every A
+  // is done); empty while it serves.
+  std::string ended;
+};
+
 // A side-band message from a peer (send_message): a few KiB of the application's, e.g. a step's
 // token counts.
 struct Message {
@@ -439,6 +454,34 @@ class AttentionEngine {
   // flag's memory goes with it). Throws Error(NOT_SUPPORTED) without stream memory operations.
   void stream_wait(Handle handle, const Stream& stream) const;
 
+  // ---- Round trips the device triggers (docs/device-triggered.md) ----
+  // With no host call per layer, for a step captured in a graph: the stream rings micro-batch
+  // mb's doorbell to send it (enqueue_push_pull) and waits on its done flag for the answers
+  // (enqueue_wait). Each word returns to its armed state within the round trip, so a captured
+  // sequence can be replayed any number of times. Needs stream memory operations.
+  //
+  // Arms micro-batch `mb`: from now on each ring sends mb as push_pull(mb, tokens, push) would, the
+  // token count from the ring, and raises mb's done flag once every F has answered, or at once when
+  // it fails or cannot be sent (device_trips() says why). `push` is kept: its buffers are a
+  // graph's, fixed for the engine's life; its ready signal must be empty (the ring is the
+  // readiness: a stream rings after the work that wrote the data). A micro-batch armed is the
+  // device's alone: push_pull refuses it. Arming again replaces the push. Throws as push_pull does
+  // for what it refuses, Error(NOT_SUPPORTED) without stream memory operations.
+  void arm_device(int micro_batch, const Push& push = {});
+  // Enqueues on `stream` (of this engine's device): "send micro-batch mb with `tokens` rows
+  // here" (a write of tokens + 1 to its doorbell, after the work before it).
+  void enqueue_push_pull(int micro_batch, uint32_t tokens, const Stream& stream);
+  // Enqueues "hold the stream until mb's round trip has settled" (a wait on its done flag, then
+  // lowering it). Settled is not succeeded: device_trips() names the round trips that failed.
+  // Ring and wait alternate per micro-batch: ring, wait, ring, wait.
+  void enqueue_wait(int micro_batch, const Stream& stream);
+  // The words themselves, for a kernel of the application's (pinned host memory its device maps):
+  // a doorbell takes tokens + 1, for a token count the device computes; done is 1 once settled.
+  void* doorbell(int micro_batch) const;
+  const void* done_flag(int micro_batch) const;
+  // The counts and the failures since the last call.
+  DeviceTrips device_trips();
+
   const EngineSpec& spec() const;
   // This instance's incarnation: 1 for the first of its role and rank, higher for a replacement.
   uint64_t epoch() const;
@@ -532,6 +575,25 @@ class FfnEngine {
   // As AttentionEngine's, for the part outputs this F responds from.
   bool register_buffer(const void* data, uint64_t bytes);
   DataCounters counters() const;
+
+  // ---- Round trips the device triggers (docs/device-triggered.md) ----
+  // From now on the engine's own thread takes the batches and answers them when a stream says so:
+  // micro-batch mb's batch flag is raised when its batch is complete (as get_batch would hand it
+  // out: inputs(mb, *) hold the As' rows, each A in its window or at its row_offset), a stream
+  // waits on it (enqueue_wait_batch), computes outputs(mb), and rings mb's respond doorbell
+  // (enqueue_respond): the engine answers every part from outputs(mb). get_batch and respond are
+  // refused from then on. When the job ends for this F (every A done, the engine failed or
+  // finished), every flag is raised at once and stays so: no stream waits forever, and
+  // device_trips().ended says why. For gather = "all" (eager hands out several parts of one
+  // micro-batch), called before the first get_batch. Throws Error(NOT_SUPPORTED) without stream
+  // memory operations.
+  void serve_device();
+  void enqueue_wait_batch(int micro_batch, const Stream& stream);
+  void enqueue_respond(int micro_batch, const Stream& stream);
+  const void* batch_flag(int micro_batch) const;
+  void* respond_doorbell(int micro_batch) const;
+  // rung: answers; completed: batches raised; failed: rings with no batch to answer.
+  DeviceTrips device_trips();
 
   // The attention instances this F lost and served on without, with why: "attention 1 lost: ...",
   // every loss since the start (a replaced A's too).

@@ -1,0 +1,80 @@
+// What both engines' device-triggered mode shares (docs/device-triggered.md): the words a stream
+// writes and waits on, the thread that watches them, and the log of what the device triggered.
+//
+// A captured graph replays the values it captured, so every word goes back to its armed state
+// within one round trip: a doorbell is rung by the stream (non-zero) and cleared by the engine when
+// it takes the ring; a flag is raised by the engine (1) and lowered by the stream right after it
+// waited on it (enqueue_wait writes 0 behind its wait). A stream rings a micro-batch's doorbell
+// only after it passed that micro-batch's previous wait, so the engine never raises a flag the
+// stream has yet to lower.
+#pragma once
+
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/core/device.hpp>
+#include <hetmesh/core/spin.hpp>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace hetmesh::afd {
+
+// `count` 32-bit words in the device's pinned (device-mapped) host memory, all 0.
+class DeviceWords {
+ public:
+  DeviceWords(const Device& device, int count);
+  uint32_t* at(int i) const { return reinterpret_cast<uint32_t*>(buffer_.data()) + i; }
+  uint32_t load(int i) const {
+    return std::atomic_ref<uint32_t>(*at(i)).load(std::memory_order_acquire);
+  }
+  void store(int i, uint32_t value) const {
+    std::atomic_ref<uint32_t>(*at(i)).store(value, std::memory_order_release);
+  }
+
+ private:
+  HostBuffer buffer_;
+};
+
+// The stream's half of a flag: hold the stream until the engine raises the word, then lower it
+// for the next round trip (two memory operations, both captured by a graph).
+void enqueue_flag_wait(const Stream& stream, const DeviceWords& words, int i);
+
+// What the device triggered and how it ended, for DeviceTrips. Thread-safe.
+class DeviceTripLog {
+ public:
+  static constexpr size_t kMaxFailures = 64;
+  void rung() { count(&DeviceTrips::rung); }
+  void completed() { count(&DeviceTrips::completed); }
+  void failed(std::string why);
+  void ended(const std::string& why);
+  // The counts, the engine's end, and the failures since the last take.
+  DeviceTrips take();
+
+ private:
+  void count(uint64_t DeviceTrips::*field);
+  std::mutex mutex_;
+  DeviceTrips trips_;
+  std::deque<std::string> failures_;
+};
+
+// The thread that watches an engine's doorbells: runs `step` (true: it found work) until stopped.
+// It spins while work keeps coming (within SpinPolicy::kSpin of the last), on a machine with the
+// cores for it, and otherwise polls with sleeps that grow to 50 us: a doorbell is a word in host
+// memory, and nothing wakes a sleeper when a stream writes it.
+class DoorbellThread {
+ public:
+  DoorbellThread(const char* name, int cpu, std::function<bool()> step);
+  ~DoorbellThread();
+  DoorbellThread(const DoorbellThread&) = delete;
+  DoorbellThread& operator=(const DoorbellThread&) = delete;
+  void stop();
+
+ private:
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace hetmesh::afd

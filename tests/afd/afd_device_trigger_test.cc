@@ -1,0 +1,269 @@
+// Round trips a device triggers (docs/device-triggered.md), with real processes meeting through a
+// real TCP store: A on asic_stub (device memory the host cannot touch; its streams are threads)
+// and F on cpu, neither host calling the engine per layer. A "step" is what a captured graph holds:
+// the same stream operations with the same values, enqueued again for every replay, then one
+// synchronize. Every replay's results are checked; a killed F, a finished A and As that are done
+// release every stream that waits.
+#include "child_job.hpp"
+#include "small_engine_job.hpp"
+
+#include <hetmesh/afd/engine.hpp>
+#include <hetmesh/afd/local_job.hpp>
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/rendezvous.hpp>
+#include <hetmesh/core/subprocess.hpp>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+namespace hetmesh::afd {
+namespace {
+
+constexpr auto kTimeout = test::kSmallJobTimeout;
+constexpr int kLayers = 4;
+// Micro-batch 1 sends fewer rows than the slot holds: the count rides on the doorbell.
+constexpr uint32_t kTokens[2] = {8, 5};
+
+uint64_t row_bytes(const EngineSpec& spec) {
+  return uint64_t{spec.hidden} * spec.a2f_bytes;
+}
+
+// ---- child roles ----
+
+// The F's step: for each layer and micro-batch, wait for the batch, add one to every byte of its
+// row space (a host callback standing in for the experts), and ring the answer. "die-at R": the
+// F kills itself in layer 1 of replay R. "idle": it serves no step at all. Ends when its step
+// count is done, or when the engine says the job is over for it.
+struct FfnStep {
+  FfnEngine* engine;
+  int mb;
+  int die_at_replay;
+  int replay = 0;
+  int layer = 0;
+};
+
+void ffn_compute(void* data) {
+  auto& step = *static_cast<FfnStep*>(data);
+  const EngineSpec& spec = step.engine->spec();
+  if (step.replay == step.die_at_replay && step.layer == 1) raise(SIGKILL);
+  const auto* in = static_cast<const uint8_t*>(step.engine->inputs(step.mb, kTokensTensor));
+  auto* out = static_cast<uint8_t*>(step.engine->outputs(step.mb));
+  for (uint64_t i = 0; i < spec.ffn_rows(spec.rank) * row_bytes(spec); ++i)
+    out[i] = static_cast<uint8_t>(in[i] + 1);
+}
+
+int run_ffn(const EngineSpec& spec, KeyValueStore& store, int replays, const std::string& mode,
+            int at) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  FfnEngine engine(spec, device, store);
+  engine.serve_device();
+  try {
+    engine.get_batch(std::chrono::milliseconds(0));
+  } catch (const Error& e) {
+    std::cout << "get_batch: " << e.what() << std::endl;
+  }
+  Stream stream = device.create_stream();
+  std::vector<FfnStep> steps;
+  steps.reserve(static_cast<size_t>(kLayers * spec.micro_batches));
+  for (int layer = 0; layer < kLayers; ++layer)
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      steps.push_back(FfnStep{&engine, mb, mode == "die-at" ? at : -1, 0, layer});
+  // One step more than the A sends: the As' end must release it.
+  const int steps_run = mode == "idle" ? 0 : replays + 1;
+  for (int r = 0; r < steps_run; ++r) {
+    for (FfnStep& step : steps) {
+      step.replay = r;
+      engine.enqueue_wait_batch(step.mb, stream);
+      stream.add_callback(ffn_compute, &step);
+      engine.enqueue_respond(step.mb, stream);
+    }
+    stream.synchronize(kTimeout);
+    if (!engine.device_trips().ended.empty()) break;
+  }
+  if (mode == "idle") store.get("attention-done", kTimeout);
+  DeviceTrips trips = engine.device_trips();
+  std::cout << fmt::format("ffn: raised {} answered {} ended: {}", trips.completed,
+                           trips.rung - trips.failed, trips.ended)
+            << std::endl;
+  engine.finish();
+  return 0;
+}
+
+// The A's step, replayed `replays` times: each micro-batch's tokens start as the host's pattern,
+// are sent, and each layer's answer becomes the next layer's tokens on the stream (a copy, as a
+// kernel would write them); the last answer is copied out to the host, a region per replay.
+int run_attention(const EngineSpec& spec, KeyValueStore& store, int replays,
+                  const std::string& mode) {
+  Device device = PluginRegistry::load().device("asic_stub:0");
+  AttentionEngine engine(spec, device, store);
+  const uint64_t slot = spec.tokens * row_bytes(spec);
+  std::vector<uint8_t> start(slot * 2);
+  for (uint64_t i = 0; i < start.size(); ++i)
+    start[i] = static_cast<uint8_t>(i * 7 + 3);
+  std::vector<uint8_t> out(slot * 2 * static_cast<size_t>(replays));
+  Stream stream = device.create_stream();
+  for (int mb = 0; mb < spec.micro_batches; ++mb)
+    engine.arm_device(mb);
+  try {
+    engine.push_pull(0, 1);
+  } catch (const Error& e) {
+    std::cout << "push_pull: " << e.what() << std::endl;
+  }
+  if (mode == "finish") {
+    // The F never answers: finish() must let the waiting stream go, naming why.
+    engine.enqueue_push_pull(0, kTokens[0], stream);
+    engine.enqueue_wait(0, stream);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::cout << "stream ready before finish: " << stream.ready() << std::endl;
+    engine.finish();
+    stream.synchronize(kTimeout);
+    DeviceTrips trips = engine.device_trips();
+    std::cout << fmt::format("after finish: rung {} failed {}: {}", trips.rung, trips.failed,
+                             trips.failures.empty() ? "" : trips.failures.front())
+              << std::endl;
+    store.set("attention-done", {1});
+    return 0;
+  }
+  for (int r = 0; r < replays; ++r) {
+    for (int mb = 0; mb < spec.micro_batches; ++mb) {
+      stream.copy(engine.tokens(mb), start.data() + mb * slot, slot);
+      engine.enqueue_push_pull(mb, kTokens[mb], stream);
+    }
+    for (int layer = 0; layer < kLayers; ++layer)
+      for (int mb = 0; mb < spec.micro_batches; ++mb) {
+        engine.enqueue_wait(mb, stream);
+        if (layer + 1 < kLayers) {
+          stream.copy(engine.tokens(mb), engine.result(mb, 0), kTokens[mb] * row_bytes(spec));
+          engine.enqueue_push_pull(mb, kTokens[mb], stream);
+        }
+      }
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      stream.copy(out.data() + (2 * r + mb) * slot, engine.result(mb, 0),
+                  kTokens[mb] * row_bytes(spec));
+    stream.synchronize(kTimeout);
+    DeviceTrips trips = engine.device_trips();
+    if (!trips.failures.empty())
+      std::cout << fmt::format("replay {}: {} failed: {}", r, trips.failures.size(),
+                               trips.failures.front())
+                << std::endl;
+  }
+  int good = 0;
+  for (int r = 0; r < replays; ++r) {
+    bool same = true;
+    for (int mb = 0; mb < spec.micro_batches; ++mb)
+      for (uint64_t i = 0; i < kTokens[mb] * row_bytes(spec); ++i)
+        same = same &&
+               out[(2 * r + mb) * slot + i] == static_cast<uint8_t>(start[mb * slot + i] + kLayers);
+    good += same;
+  }
+  std::cout << fmt::format("replays {} right {}", replays, good) << std::endl;
+  engine.finish();
+  return 0;
+}
+
+int child_main(int argc, char** argv) {
+  // --role ROLE --rank RANK --store STORE --out DIR REPLAYS [MODE [AT]]
+  if (argc < 10) return 2;
+  const std::string role = argv[2];
+  EngineSpec spec = test::small_spec(1, 1, TransportKind::ipc);
+  spec.rank = std::stoi(argv[4]);
+  const int replays = std::stoi(argv[9]);
+  const std::string mode = argc > 10 ? argv[10] : "";
+  set_log_identity(fmt::format("{}:{}", role, spec.rank));
+  try {
+    auto store = connect_tcp_store(argv[6], kTimeout);
+    if (role == "ffn") {
+      spec.role = Role::ffn;
+      return run_ffn(spec, *store, replays, mode, argc > 11 ? std::stoi(argv[11]) : -1);
+    }
+    spec.role = Role::attention;
+    return run_attention(spec, *store, replays, mode);
+  } catch (const Error& e) {
+    std::cout << "error " << status_name(e.status()) << ": " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+// ---- the tests ----
+
+using test::has_line;
+using test::joined;
+
+std::vector<std::string> lines_until_exit(ChildProcess& child) {
+  return test::lines_until_exit(child, kTimeout * 2);
+}
+
+// A thousand replays of four layers of two micro-batches, no host call per layer: every replay's
+// answers are the four layers computed here, and the host's calls that would race the device are
+// refused by name.
+TEST(AfdDeviceTriggerTest, AReplayedStepGetsEveryResultRightAThousandTimes) {
+  test::ChildJob job;
+  ChildProcess& f = job.instances.start("ffn", 0, {"1000"});
+  ChildProcess& a = job.instances.start("attention", 0, {"1000"});
+  auto a_lines = lines_until_exit(a);
+  EXPECT_EQ(a.wait(kTimeout).exit_code, 0) << joined(a_lines);
+  EXPECT_TRUE(has_line(a_lines, "replays 1000 right 1000")) << joined(a_lines);
+  EXPECT_FALSE(has_line(a_lines, "failed")) << joined(a_lines);
+  EXPECT_TRUE(has_line(a_lines, "push_pull: push_pull: micro-batch 0 is armed for its device"))
+      << joined(a_lines);
+  auto f_lines = lines_until_exit(f);
+  EXPECT_EQ(f.wait(kTimeout).exit_code, 0) << joined(f_lines);
+  EXPECT_TRUE(has_line(f_lines, "get_batch: get_batch: this F serves its device"))
+      << joined(f_lines);
+  // 1000 replays x 4 layers x 2 micro-batches answered, then the step the As' end released (its
+  // rings have nothing to answer).
+  EXPECT_TRUE(has_line(f_lines,
+                       "ffn: raised 8000 answered 8000 ended: ffn 0: every attention "
+                       "instance left or was lost"))
+      << joined(f_lines);
+}
+
+// The F dies in replay 5: that replay and every later one fail naming it, no stream hangs, and the
+// replays before were right.
+TEST(AfdDeviceTriggerTest, AnFfnKilledWhileAReplayWaitsReleasesTheStreamNamingIt) {
+  test::ChildJob job;
+  ChildProcess& f = job.instances.start("ffn", 0, {"20", "die-at", "5"});
+  ChildProcess& a = job.instances.start("attention", 0, {"20"});
+  auto lines = lines_until_exit(a);
+  EXPECT_EQ(a.wait(kTimeout).exit_code, 0) << joined(lines);
+  EXPECT_TRUE(has_line(lines, "replay 5: ")) << joined(lines);
+  EXPECT_TRUE(has_line(lines, "): ffn 0 lost: ")) << joined(lines);
+  EXPECT_TRUE(has_line(lines,
+                       "replay 6: 8 failed: micro-batch 0: not sent: attention 0: push_pull "
+                       "of micro-batch 0: ffn 0 lost: "))
+      << joined(lines);
+  EXPECT_FALSE(has_line(lines, "replay 4: ")) << joined(lines);
+  EXPECT_TRUE(has_line(lines, "replay 19: ")) << joined(lines);
+  EXPECT_TRUE(has_line(lines, "replays 20 right 5")) << joined(lines);
+  EXPECT_EQ(f.wait(kTimeout).signal, SIGKILL);
+}
+
+// An F that never answers: the A's finish() lets its waiting stream go and says the round trip
+// failed because the engine was finished.
+TEST(AfdDeviceTriggerTest, FinishReleasesAStreamThatWaits) {
+  test::ChildJob job;
+  ChildProcess& f = job.instances.start("ffn", 0, {"0", "idle"});
+  ChildProcess& a = job.instances.start("attention", 0, {"0", "finish"});
+  auto lines = lines_until_exit(a);
+  EXPECT_EQ(a.wait(kTimeout).exit_code, 0) << joined(lines);
+  EXPECT_TRUE(has_line(lines, "stream ready before finish: 0")) << joined(lines);
+  EXPECT_TRUE(has_line(lines,
+                       "after finish: rung 1 failed 1: micro-batch 0 (sequence 1): "
+                       "attention 0 was finished"))
+      << joined(lines);
+  EXPECT_EQ(f.wait(kTimeout).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace hetmesh::afd
+
+int main(int argc, char** argv) {
+  if (argc > 2 && std::strcmp(argv[1], "--role") == 0) return hetmesh::afd::child_main(argc, argv);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
