@@ -118,6 +118,7 @@ struct AttentionEngine::State final : PeerHandler {
   std::optional<DeviceWords> doorbells, done_flags;
   std::vector<std::shared_ptr<const Armed>> armed;
   std::vector<uint64_t> device_in_flight;
+  std::atomic<int> device_rounds{0};  // of them, not 0: for the doorbell thread's spin
   DeviceTripLog device_log;
   // Started by the first arm_device; declared last, so it is stopped before anything it uses
   // goes. It answers rings after the engine's end too (at once, as failed), until destroyed.
@@ -125,7 +126,7 @@ struct AttentionEngine::State final : PeerHandler {
 
   void close(ControlWord word);
   AttentionEngine::Handle push(int mb, uint32_t tokens, const PushOptions& push, bool rung);
-  bool take_doorbells();
+  Turn take_doorbells();
   void check_stream(const Stream& stream, const char* what) const;
 
   // A queue of 1..64 round trips per micro-batch; micro-batches fit a handle's low byte.
@@ -235,6 +236,7 @@ struct AttentionEngine::State final : PeerHandler {
     p.device = false;
     p.busy = false;
     device_in_flight[static_cast<size_t>(mb)] = 0;
+    device_rounds.fetch_sub(1, std::memory_order_relaxed);
     if (why_failed.empty())
       device_log.completed();
     else
@@ -758,7 +760,10 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
     s.last_sequence[static_cast<size_t>(mb)] = sequence;
     p.busy = true;
     p.device = rung;
-    if (rung) s.device_in_flight[static_cast<size_t>(mb)] = sequence;
+    if (rung) {
+      s.device_in_flight[static_cast<size_t>(mb)] = sequence;
+      s.device_rounds.fetch_add(1, std::memory_order_relaxed);
+    }
     p.posted = 0;
     p.sequence = sequence;
     p.tokens = tokens;
@@ -809,7 +814,10 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
     std::lock_guard lock(s.mutex);
     p.busy = false;  // nothing was sent: the entry is free again
     p.device = false;
-    if (rung) s.device_in_flight[static_cast<size_t>(mb)] = 0;
+    if (rung) {
+      s.device_in_flight[static_cast<size_t>(mb)] = 0;
+      s.device_rounds.fetch_sub(1, std::memory_order_relaxed);
+    }
     s.last_sequence[static_cast<size_t>(mb)] = sequence - 1;
     throw;
   }
@@ -826,7 +834,7 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
 // The doorbell thread's turn: each ring of an armed micro-batch with no round trip of the device in
 // flight is taken (cleared) and sent; a ring that cannot be sent (the engine ended, an F lost, a
 // micro-batch not armed) is answered at once as failed, so the stream waiting next goes on.
-bool AttentionEngine::State::take_doorbells() {
+Turn AttentionEngine::State::take_doorbells() {
   bool took = false;
   for (int mb = 0; mb < spec.micro_batches; ++mb) {
     const uint32_t ring = doorbells->load(mb);
@@ -858,7 +866,10 @@ bool AttentionEngine::State::take_doorbells() {
     else if (closed)
       device_log.ended(fmt::format("attention {} was finished", spec.rank));
   }
-  return took;
+  // A round trip in flight: its stream rings again a few microseconds after it settles.
+  return took                                                ? Turn::worked
+         : device_rounds.load(std::memory_order_relaxed) > 0 ? Turn::expecting
+                                                             : Turn::idle;
 }
 
 void AttentionEngine::State::check_stream(const Stream& stream, const char* what) const {

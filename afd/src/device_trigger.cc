@@ -42,20 +42,20 @@ DeviceTrips DeviceTripLog::take() {
   return out;
 }
 
-DoorbellThread::DoorbellThread(const char* name, int cpu, std::function<bool()> step)
+DoorbellThread::DoorbellThread(const char* name, int cpu, std::function<Turn()> step)
     : thread_(start_thread(name, [this, step = std::move(step)] {
         const SpinPolicy policy;
         constexpr auto kMaxSleep = std::chrono::microseconds(50);
         auto last_work = std::chrono::steady_clock::now();
         auto sleep = std::chrono::microseconds(1);
         while (!stopping_.load(std::memory_order_acquire)) {
-          if (step()) {
+          const Turn turn = step();
+          if (turn != Turn::idle) {
             last_work = std::chrono::steady_clock::now();
             sleep = std::chrono::microseconds(1);
-            continue;
+            if (turn == Turn::worked) continue;
           }
-          if (policy.should_spin() &&
-              std::chrono::steady_clock::now() - last_work < SpinPolicy::kSpin) {
+          if (policy.should_spin() && std::chrono::steady_clock::now() - last_work < kRingWindow) {
             cpu_relax();
             continue;
           }

@@ -14,6 +14,7 @@
 #include <hetmesh/core/spin.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -60,13 +61,21 @@ class DeviceTripLog {
   std::deque<std::string> failures_;
 };
 
-// The thread that watches an engine's doorbells: runs `step` (true: it found work) until stopped.
-// It spins while work keeps coming (within SpinPolicy::kSpin of the last), on a machine with the
-// cores for it, and otherwise polls with sleeps that grow to 50 us: a doorbell is a word in host
-// memory, and nothing wakes a sleeper when a stream writes it.
+// What a turn of a doorbell thread found: a ring it took (or a flag it raised), none but one
+// expected soon (a round trip of the device in flight, a batch held for its answer), or nothing.
+enum class Turn { worked, expecting, idle };
+
+// The thread that watches an engine's doorbells: runs `step` until stopped. It spins while a ring
+// is expected or within kRingWindow of the last work, on a machine with the cores for it
+// (SpinPolicy), and otherwise polls with sleeps that grow to 50 us: a doorbell is a word in host
+// memory, and nothing wakes a sleeper when a stream writes it. The window is a step's, not a
+// round trip's: a step's layers ring a few hundred microseconds apart (the layer's compute between
+// them), and a thread that slept after SpinPolicy::kSpin (200 us) was asleep at every ring: 50 us
+// more per layer on the H200. Between steps (the host's own work) it sleeps.
 class DoorbellThread {
  public:
-  DoorbellThread(const char* name, int cpu, std::function<bool()> step);
+  static constexpr std::chrono::milliseconds kRingWindow{10};
+  DoorbellThread(const char* name, int cpu, std::function<Turn()> step);
   ~DoorbellThread();
   DoorbellThread(const DoorbellThread&) = delete;
   DoorbellThread& operator=(const DoorbellThread&) = delete;

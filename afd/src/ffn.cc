@@ -110,13 +110,14 @@ struct FfnEngine::State final : PeerHandler {
   // F (empty while it serves).
   int turns_since_look = 0;
   std::string device_over;
+  std::atomic<int> held_batches{0};  // device_held's, for its spin
   DeviceTripLog device_log;
   // Declared last: stopped before anything it uses goes. It raises the flags after the engine's
   // end too, until destroyed.
   std::unique_ptr<DoorbellThread> doorbell_thread;
 
   void respond_batch(const Batch& batch, const Stream* after, int64_t compute_start_ns);
-  bool serve_doorbells();
+  Turn serve_doorbells();
 
   template <typename Make>
   auto allocation(const char* what, Make make) {
@@ -933,7 +934,7 @@ void FfnEngine::State::respond_batch(const Batch& batch, const Stream* after,
 // The doorbell thread's turn: complete batches are held for their micro-batch's stream (its flag
 // raised), each ring of a respond doorbell answers the batch held; once the job is over for this F
 // every flag is raised at once, so no stream waits forever.
-bool FfnEngine::State::serve_doorbells() {
+Turn FfnEngine::State::serve_doorbells() {
   bool worked = false;
   std::string& over = device_over;
   // The engine's mutex only when a batch is ready, or every 256th turn for the job's end: a
@@ -949,6 +950,7 @@ bool FfnEngine::State::serve_doorbells() {
       }
       held = std::move(*batch);
       batch = ready_batches.erase(batch);
+      held_batches.fetch_add(1, std::memory_order_relaxed);
       batch_flags->store(held->micro_batch, 1);
       device_log.completed();
       worked = true;
@@ -974,6 +976,7 @@ bool FfnEngine::State::serve_doorbells() {
       std::lock_guard lock(mutex);
       batch.swap(device_held[static_cast<size_t>(mb)]);
     }
+    if (batch) held_batches.fetch_sub(1, std::memory_order_relaxed);
     try {
       if (!batch)
         throw Error(
@@ -989,7 +992,10 @@ bool FfnEngine::State::serve_doorbells() {
     for (int mb = 0; mb < spec.micro_batches; ++mb)
       if (batch_flags->load(mb) == 0) batch_flags->store(mb, 1);
   }
-  return worked;
+  // A batch held: its stream rings the answer once it has computed it.
+  return worked                                             ? Turn::worked
+         : held_batches.load(std::memory_order_relaxed) > 0 ? Turn::expecting
+                                                            : Turn::idle;
 }
 
 void FfnEngine::serve_device() {

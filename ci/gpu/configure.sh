@@ -1,6 +1,7 @@
 # Sourced by the GPU machine's scripts (build-and-test.sh, python.sh): configures build/gpu
 # against the carried .deps/gpu and the machine's CUDA, with the tests, plus the caller's
-# arguments. Sets deps, build and LD_LIBRARY_PATH for the caller.
+# arguments. Sets deps, build and LD_LIBRARY_PATH for the caller; build_gpu_python builds the
+# Python package there.
 deps=$PWD/.deps/gpu/usr
 build=$PWD/build/gpu
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -16,4 +17,23 @@ configure_gpu_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$deps" \
     -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DHETMESH_WITH_CUDA=ON ${cuda_root:+-DCUDAToolkit_ROOT=$cuda_root} \
     -DHETMESH_BUILD_TESTS=ON "$@" || exit 2
+}
+
+# build_gpu_python: the Python package for the GPU machine's python3 (its CUDA torch; pybind11's
+# headers from the torch wheel, DLPack's from .deps/gpu), the command and the cuda, cpu and
+# asic_stub plugins. Sets python and PYTHONPATH; exits 2 on failure.
+build_gpu_python() {
+  python=$(command -v python3)
+  "$python" -c "import sys, sysconfig, torch; print(sys.version); print('include', sysconfig.get_paths()['include']); print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 2
+  local torch_include pybind11_include
+  torch_include=$("$python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))")
+  # Only pybind11 from the wheel's include folder: it also has fmt and others, of other versions.
+  pybind11_include=$PWD/build/gpu-pybind11
+  mkdir -p "$pybind11_include" && ln -sfn "$torch_include/pybind11" "$pybind11_include/pybind11"
+  "$python" -c "import pytest; print('pytest', pytest.__version__)" || echo "no pytest here"
+  configure_gpu_build -DHETMESH_PYTHON="$python" -Dpybind11_DIR=/nonexistent \
+    -DHETMESH_PYBIND11_INCLUDE_DIR="$pybind11_include"
+  cmake --build "$build" -j "$(nproc)" --target hetmesh-python hetmesh-cli hetmesh-plugin-probe \
+    hetmesh-device-cuda hetmesh-device-cpu hetmesh-device-asic_stub || exit 2
+  export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
 }

@@ -3,7 +3,7 @@
 # builds the Python package for that machine's python3 (its CUDA torch; pybind11's headers from
 # the torch wheel, DLPack's from .deps/gpu), then runs the pytest suite, the PyTorch MoE example
 # with A on cuda:0 and F on cpu:0, and python3 -m hetmesh.bench, hetmesh.bench_vllm and
-# hetmesh.bench_queue on cpu and with A on cuda:0.
+# hetmesh.bench_queue and hetmesh.bench_graph on cpu and with A on cuda:0.
 # Output in $OUT/python.log and $OUT/python-bench-*.json.
 #
 #   run(kind="nvidia-h200", carry=[".deps/gpu"], command="bash ci/gpu/python.sh")
@@ -15,26 +15,9 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/python.log") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-source ci/gpu/configure.sh  # deps, build, LD_LIBRARY_PATH, configure_gpu_build
-python=$(command -v python3)
+source ci/gpu/configure.sh  # deps, build, LD_LIBRARY_PATH, configure_gpu_build, build_gpu_python
 section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
-
-section "python"
-"$python" -c "import sys, sysconfig, torch; print(sys.version); print('include', sysconfig.get_paths()['include']); print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 2
-torch_include=$("$python" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))")
-# Only pybind11 from the wheel's include folder: it also has fmt and others, of other versions.
-pybind11_include=$PWD/build/gpu-pybind11
-mkdir -p "$pybind11_include" && ln -sfn "$torch_include/pybind11" "$pybind11_include/pybind11"
-"$python" -c "import pytest; print('pytest', pytest.__version__)" || echo "no pytest here"
-
-section configure
-configure_gpu_build -DHETMESH_PYTHON="$python" -Dpybind11_DIR=/nonexistent \
-  -DHETMESH_PYBIND11_INCLUDE_DIR="$pybind11_include"
-
-section build
-cmake --build "$build" -j "$(nproc)" --target hetmesh-python hetmesh-cli hetmesh-plugin-probe \
-  hetmesh-device-cuda hetmesh-device-cpu hetmesh-device-asic_stub || exit 2
-export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
+build_gpu_python  # python, PYTHONPATH
 
 section "hetmesh.devices()"
 "$python" -c "import hetmesh; print(hetmesh.__version__); [print(d) for d in hetmesh.devices()]"
@@ -52,7 +35,7 @@ echo "exit $?"
 # hetmesh.bench (Python against C++), hetmesh.bench_vllm (the vLLM connector against the bare
 # engine) and hetmesh.bench_queue (layers queued against waited), each on a small and the StepMesh
 # shape, A on cpu:0 and cuda:0.
-for bench in bench bench_vllm bench_queue; do
+for bench in bench bench_vllm bench_queue bench_graph; do
   section "python3 -m hetmesh.$bench"
   for shape in "--tokens 1 --hidden 64" "--tokens 128 --hidden 7168"; do
     for device in cpu:0 cuda:0; do

@@ -56,3 +56,19 @@ def test_the_queue_benchmark_reports_both_modes_with_every_answer_in_order(tmp_p
     assert results["job"]["queue_depth"] == 8
     for mode in ("waited_per_layer_us", "queued_per_layer_us", "pushing_all_layers_us"):
         assert 0 < results[mode]["p50"] <= results[mode]["p99"]
+
+
+def test_the_graph_benchmark_reports_the_host_and_device_modes_with_every_answer_right(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "hetmesh.bench_graph", "--tokens", "4", "--hidden",
+                        "64", "--layers", "4", "--iterations", "5", "--phases", "2", "--warmup",
+                        "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = json.loads(out.read_text())
+    # cpu:0 has no graphs: the host's push_pull per layer against the device's rings.
+    assert set(results["modes"]) == {"host", "device"}
+    for mode in results["modes"].values():
+        assert mode["wrong_answers"] == 0
+        assert 0 < mode["per_layer_us"]["p50"] <= mode["per_layer_us"]["p99"]
+    # 4 layers x (1 warm-up + 2 x 5) steps, every one rung by the stream and answered.
+    assert results["device_trips"] == {"rung": 44, "completed": 44, "failed": 0, "failures": []}

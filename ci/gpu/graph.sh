@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs THERE, on the GPU machine: round trips the device triggers (docs/device-triggered.md). The
+# Python tests of the mode, then python3 -m hetmesh.bench_graph (the host's push_pull per layer,
+# the device's rings issued eagerly, the same step captured in a CUDA graph and replayed, every
+# answer checked) with A on cuda:0 and F on cpu:0 and on cuda:0, at 1 token and at StepMesh's
+# per-A shape. Output in $OUT/graph.log and $OUT/graph-*.json.
+#
+#   run(kind="nvidia-h200", carry=[".deps/gpu"], command="bash ci/gpu/graph.sh")
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+OUT=${OUT:-$PWD/build/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/graph.log") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+source ci/gpu/configure.sh  # deps, build, LD_LIBRARY_PATH, configure_gpu_build, build_gpu_python
+section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
+section build
+build_gpu_python  # python, PYTHONPATH
+
+section "pytest: the device-triggered mode and stream waits (cpu plugin)"
+(cd python/tests && timeout -k 10 200 "$python" -m pytest -q -p no:cacheprovider \
+  test_device_trigger.py test_stream_wait.py) || echo "pytest failed"
+
+for shape in "--tokens 1 --hidden 64" "--tokens 128 --hidden 7168"; do
+  for ffn in cpu:0 cuda:0; do
+    name=$(echo "$shape $ffn" | tr -c 'a-z0-9' '-')
+    section "python3 -m hetmesh.bench_graph $shape, A cuda:0, F $ffn"
+    timeout -k 10 150 "$python" -m hetmesh.bench_graph $shape --attention-device cuda:0 \
+      --ffn-device "$ffn" --json "$OUT/graph-$name.json"
+    echo "exit $?"
+  done
+done

@@ -1,0 +1,178 @@
+"""A decode step's round trips triggered by the device, eager and captured in a CUDA graph,
+against the host's push_pull per layer, in alternating phases of one job (docs/device-triggered.md).
+
+    python3 -m hetmesh.bench_graph --attention-device cuda:0            # 8 layers, StepMesh's shape
+    python3 -m hetmesh.bench_graph --attention-device cpu:0 --iterations 20
+
+A step sends `--layers` round trips of one micro-batch, each layer's tokens the previous layer's
+answer (a copy on the stream, as the next layer's attention would write them); the F answers each
+part's first row + 1 (only that row: the benchmark measures the exchange, not the F's arithmetic),
+so every step's last answer is checked against its first tokens + layers. Three modes, each a
+step at a time, then one synchronize:
+
+- host: push_pull(stream=s) and stream_wait on the stream per layer, then wait() for each (the
+  host makes two engine calls per layer and a wait per layer);
+- device: the ring and the wait enqueued on the stream per layer (enqueue_push_pull,
+  enqueue_wait), issued eagerly;
+- graph: the same step captured once in a CUDA graph (torch.cuda.graph) and replayed (cuda only).
+
+Reported: the step's wall time per layer, and the host's time per step before its synchronize.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import hetmesh
+from hetmesh.bench import (add_common_arguments, ffn_processes, percentile, run_info,
+                           write_json)
+from hetmesh.bench_queue import serve
+
+# StepMesh's per-A traffic, bf16 both ways (an answer is the next layer's tokens), no routing;
+# micro-batch 0 for the host's pushes, 1 armed for the device.
+DEFAULT_JOB = dict(attention=1, ffn=1, micro_batches=2, queue_depth=8, tokens=128, hidden=7168,
+                   experts=1, top_k=0, a2f_dtype="bf16", f2a_dtype="bf16", timeout_ms=30000)
+HOST_MB, DEVICE_MB = 0, 1
+
+
+def measure(args, job: dict) -> dict:
+    torch = hetmesh.import_torch()
+    cuda = args.attention_device.startswith("cuda")
+    layers = args.layers
+    with ffn_processes("hetmesh.bench_graph", job, args) as (store, secret):
+        with hetmesh.AttentionEngine(rank=0, store=store, secret_file=secret,
+                                     device=args.attention_device, **job) as a:
+            tokens = [hetmesh.as_tensor(a.tokens(mb)) for mb in (HOST_MB, DEVICE_MB)]
+            result = [hetmesh.as_tensor(a.result(mb, 0)) for mb in (HOST_MB, DEVICE_MB)]
+            first = torch.full((1, job["hidden"]), 3.0, dtype=torch.bfloat16,
+                               device=tokens[0].device)
+            # On a GPU each layer's tokens are the answer before (a copy in stream order); the
+            # cpu plugin's streams run no torch work, so there every layer sends `first` again.
+            chain = cuda
+            expected = first.float().add(layers if chain else 1).to(torch.bfloat16)
+            s = torch.cuda.Stream() if cuda else a.create_stream()
+            count = job["tokens"]
+            a.arm_device(DEVICE_MB)
+
+            def layer_copies(mb: int, layer: int) -> None:
+                # The next layer's tokens are this layer's answer.
+                if chain and layer + 1 < layers:
+                    tokens[mb][:1].copy_(result[mb][:1])
+
+            def host_step() -> None:
+                t, handles = tokens[HOST_MB], []
+                t[:1].copy_(first)
+                for layer in range(layers):
+                    handles.append(a.push_pull(HOST_MB, count, stream=s))
+                    a.stream_wait(handles[-1], s)
+                    layer_copies(HOST_MB, layer)
+                for h in handles:
+                    a.wait(h)
+
+            def device_step() -> None:
+                tokens[DEVICE_MB][:1].copy_(first)
+                for layer in range(layers):
+                    a.enqueue_push_pull(DEVICE_MB, count, s)
+                    a.enqueue_wait(DEVICE_MB, s)
+                    layer_copies(DEVICE_MB, layer)
+
+            graph = None
+            if cuda:
+                with torch.cuda.stream(s):
+                    device_step()  # borrows the stream and warms up before the capture
+                s.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
+                    device_step()
+
+            def graph_step() -> None:
+                graph.replay()
+
+            modes = {"host": host_step, "device": device_step}
+            if graph is not None:
+                modes["graph"] = graph_step
+            clock = time.perf_counter_ns
+            wall = {m: [] for m in modes}
+            host = {m: [] for m in modes}
+            wrong = {m: 0 for m in modes}
+
+            def run(mode: str, keep: bool) -> None:
+                answer = result[HOST_MB if mode == "host" else DEVICE_MB][:1]
+                if cuda:
+                    with torch.cuda.stream(s):
+                        answer.zero_()
+                    s.synchronize()
+                else:
+                    answer.zero_()
+                start = clock()
+                if cuda:
+                    with torch.cuda.stream(s):
+                        modes[mode]()
+                else:
+                    modes[mode]()
+                issued = clock()
+                s.synchronize()
+                done = clock()
+                if keep:
+                    wall[mode].append((done - start) / layers / 1000)
+                    host[mode].append((issued - start) / 1000)
+                    wrong[mode] += not torch.equal(answer, expected)
+
+            for mode in modes:
+                for _ in range(args.warmup):
+                    run(mode, keep=False)
+            for _ in range(args.phases):
+                for mode in modes:
+                    for _ in range(args.iterations):
+                        run(mode, keep=True)
+            trips = a.device_trips()
+            a.finish()
+    summary = {m: {"per_layer_us": {"p50": percentile(wall[m], 0.5),
+                                    "p99": percentile(wall[m], 0.99)},
+                   "host_per_step_us": {"p50": percentile(host[m], 0.5),
+                                        "p99": percentile(host[m], 0.99)},
+                   "wrong_answers": wrong[m]} for m in modes}
+    base = summary["host"]["per_layer_us"]["p50"]
+    for m in modes:
+        summary[m]["over_host"] = summary[m]["per_layer_us"]["p50"] / base
+    return {"run": run_info(), "job": job, "attention_device": args.attention_device,
+            "ffn_device": args.ffn_device, "layers": layers, "modes": summary,
+            "device_trips": {"rung": trips.rung, "completed": trips.completed,
+                             "failed": trips.failed, "failures": trips.failures}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m hetmesh.bench_graph",
+                                     description=__doc__.split("\n\n")[0])
+    add_common_arguments(parser, DEFAULT_JOB)
+    parser.add_argument("--layers", type=int, default=8, help="round trips a step makes")
+    parser.add_argument("--iterations", type=int, default=50, help="steps per phase and mode")
+    parser.add_argument("--phases", type=int, default=4, help="the modes, in turns")
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    if args.role == "ffn":
+        serve(args.store, json.loads(args.job), args.ffn_device)
+        return 0
+    job = dict(DEFAULT_JOB, tokens=args.tokens, hidden=args.hidden,
+               queue_depth=max(1, min(args.layers, 64)))
+    r = measure(args, job)
+    print(f"hetmesh.bench_graph: 1A1F, {job['tokens']} tokens x hidden {job['hidden']} (bf16 both "
+          f"ways), A on {args.attention_device}, F on {args.ffn_device}; {args.layers} layers a "
+          f"step, {args.iterations} steps per mode in {args.phases} alternating phases")
+    print(f"{'mode':<8}{'layer p50 us':>14}{'layer p99 us':>14}{'host/step p50 us':>18}"
+          f"{'/ host':>8}{'wrong':>7}")
+    for m, v in r["modes"].items():
+        print(f"{m:<8}{v['per_layer_us']['p50']:>14.1f}{v['per_layer_us']['p99']:>14.1f}"
+              f"{v['host_per_step_us']['p50']:>18.1f}{v['over_host']:>8.3f}{v['wrong_answers']:>7}")
+    t = r["device_trips"]
+    print(f"device trips: rung {t['rung']} completed {t['completed']} failed {t['failed']}"
+          + (f" (first: {t['failures'][0]})" if t["failures"] else ""))
+    write_json(r, args.json)
+    return 0 if all(v["wrong_answers"] == 0 for v in r["modes"].values()) and not t["failed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
