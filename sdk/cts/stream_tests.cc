@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 namespace hetmesh::cts {
@@ -395,6 +396,96 @@ TEST_P(DeviceTest, WriteValueKeepsAll32Bits) {
   stream.synchronize();
   for (size_t i = 0; i < 4; ++i)
     EXPECT_EQ(std::atomic_ref<uint32_t>(words[i]).load(), values[i]) << "word " << i;
+}
+
+// The memory kinds HM-R33 lets a stream memop's word lie in, each as the test allocates it: device
+// memory (which the host may be unable to touch: the word is read and set through copies),
+// pinned host memory and, with HM_CAP_HOST_REGISTER, registered host memory.
+struct MemopWord {
+  const char* kind;
+  Buffer buffer;
+  std::vector<uint8_t> plain;
+  std::optional<HostRegistration> registration;
+  uint32_t* word = nullptr;
+  bool host_readable = true;
+};
+
+std::vector<MemopWord> memop_words(const Device& device) {
+  std::vector<MemopWord> words;
+  if (device.has(HM_CAP_DEVICE_MEMORY)) {
+    MemopWord w{"device memory"};
+    w.buffer = device.allocate(4096);
+    w.word = static_cast<uint32_t*>(w.buffer.data()) + 1;  // not the allocation's first word
+    w.host_readable = false;
+    words.push_back(std::move(w));
+  }
+  if (device.has(HM_CAP_PINNED_HOST_MEMORY)) {
+    MemopWord w{"pinned host memory"};
+    w.buffer = device.allocate(4096, MemoryKind::pinned_host);
+    w.word = static_cast<uint32_t*>(w.buffer.data()) + 1;
+    words.push_back(std::move(w));
+  }
+  if (device.has(HM_CAP_HOST_REGISTER)) {
+    MemopWord w{"registered host memory"};
+    w.plain.resize(3 * 4096);
+    auto* page = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(w.plain.data()) + 4095) &
+                                            ~uintptr_t{4095});
+    w.registration.emplace(device, page, 4096);
+    w.word = reinterpret_cast<uint32_t*>(page) + 1;
+    words.push_back(std::move(w));
+  }
+  return words;
+}
+
+// The word's value, read in stream order on `stream` (through a copy for memory the host cannot
+// read).
+uint32_t read_word(const Stream& stream, const MemopWord& w, uint32_t* host) {
+  stream.copy(host, w.word, 4);
+  stream.synchronize();
+  return std::atomic_ref<uint32_t>(*host).load();
+}
+
+// stream_write_value32 stores the value into every kind of memory HM-R33 allows, the device's own
+// included: a plugin that stores through a device pointer the host cannot dereference crashes here
+// (a GPU's device memory: the kit's asic_stub maps none of it for the host), one that writes
+// pinned memory only leaves the word unchanged.
+TEST_P(DeviceTest, WriteValueLandsInEveryKindOfMemoryItAccepts) {
+  HM_RULE("HM-R33");
+  HM_REQUIRE(HM_CAP_STREAM_MEMOPS, "stream memory operations");
+  auto* host = static_cast<uint32_t*>(host_buffer(4096));
+  Stream stream = device().create_stream();
+  for (MemopWord& w : memop_words(device())) {
+    stream.fill(w.word, 0, 4);
+    HM_RULE("HM-R34");
+    stream.write_value32(w.word, 0xc0ffee01u);
+    EXPECT_EQ(read_word(stream, w, host), 0xc0ffee01u) << w.kind;
+  }
+}
+
+// stream_wait_value32 holds a stream on a word in every kind of memory HM-R33 allows, and lets it
+// go once another stream writes the word (a write the host cannot make into device memory).
+TEST_P(DeviceTest, WaitValueHoldsOnEveryKindOfMemoryItAccepts) {
+  HM_RULE("HM-R33");
+  HM_REQUIRE(kMemops, "stream memory operations");
+  auto* host = static_cast<uint32_t*>(host_buffer(4096));
+  Stream waiter = device().create_stream();
+  Stream writer = device().create_stream();
+  for (MemopWord& w : memop_words(device())) {
+    writer.fill(w.word, 0, 4);
+    writer.synchronize();
+    HostFlag marker(device());
+    HM_RULE("HM-R35");
+    waiter.wait_value32(w.word, 7, HM_WAIT_EQ);
+    waiter.write_value32(marker.address(), 1);
+    EXPECT_EQ(api().stream_synchronize(waiter.native(), 2'000'000), HM_ERR_TIMEOUT)
+        << w.kind << ": the stream passed a wait on a word that is 0";
+    writer.write_value32(w.word, 7);
+    // A hang guard only: a stream that never sees the word fails here instead of the kit's bound.
+    EXPECT_EQ(api().stream_synchronize(waiter.native(), 10'000'000'000), HM_OK)
+        << w.kind << ": the stream never saw the word another stream wrote";
+    EXPECT_EQ(*marker.word, 1u) << w.kind;
+    EXPECT_EQ(read_word(writer, w, host), 7u) << w.kind;
+  }
 }
 
 // An event recorded again captures the new work: a plugin that keeps the first record's

@@ -76,6 +76,27 @@ void wait_plain_geq(void* arg) {
   delete w;
 }
 
+// A word stored, or waited for, by the host through the address a stream memop was given: right for
+// pinned memory, a crash for device memory the host cannot address (a GPU's; asic_stub's).
+struct HostWord {
+  uint32_t* address;
+  uint32_t value;
+};
+void store_on_host(void* arg) {
+  auto* w = static_cast<HostWord*>(arg);
+  std::atomic_ref<uint32_t>(*w->address).store(w->value, std::memory_order_release);
+  delete w;
+}
+void wait_eq_on_host(void* arg) {
+  auto* w = static_cast<HostWord*>(arg);
+  while (std::atomic_ref<uint32_t>(*w->address).load(std::memory_order_acquire) != w->value)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  delete w;
+}
+bool aligned_word(const void* address) {
+  return reinterpret_cast<uintptr_t>(address) % 4 == 0;
+}
+
 // The lost-update table of racy_allocation_table: copied, changed and put back with no lock.
 std::vector<std::pair<void*, uint64_t>>* g_table = new std::vector<std::pair<void*, uint64_t>>;
 void table_update(void* base, uint64_t size, bool add) {
@@ -177,6 +198,30 @@ const Bug kBugs[] = {
          if (st == HM_OK)  // the kit's flags are pinned memory, which the host may write
            std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(address)).store(value);
          return st;
+       };
+     }},
+    {"write_value_through_device_pointer",
+     "stream_write_value32 stores through the pointer on the host, in device memory too",
+     [](hm_device_plugin_api& t) {
+       t.stream_write_value32 = [](hm_stream s, void* address, uint32_t value,
+                                   uint32_t flags) -> hm_status {
+         if (flags != 0 || !aligned_word(address))
+           return g_base->stream_write_value32(s, address, value, flags);
+         return g_base->stream_add_callback(s, store_on_host,
+                                            new HostWord{static_cast<uint32_t*>(address), value});
+       };
+     }},
+    {"wait_value_through_device_pointer",
+     "stream_wait_value32 (EQ) polls the word through the pointer on the host, in device memory "
+     "too",
+     [](hm_device_plugin_api& t) {
+       t.stream_wait_value32 = [](hm_stream s, const void* address, uint32_t value,
+                                  int32_t condition, uint32_t flags) -> hm_status {
+         if (condition != HM_WAIT_EQ || flags != 0 || !aligned_word(address))
+           return g_base->stream_wait_value32(s, address, value, condition, flags);
+         return g_base->stream_add_callback(
+             s, wait_eq_on_host,
+             new HostWord{static_cast<uint32_t*>(const_cast<void*>(address)), value});
        };
      }},
     {"geq_not_cyclic", "HM_WAIT_GEQ compares plainly (never passes across the 32-bit wrap)",
