@@ -3,6 +3,7 @@ in some processes, FFN instances (F) holding the experts in others, three micro-
 
     <build>/python/hetmesh-python examples/python/moe_layer.py              # 2A2F on cpu:0
     <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda:0
+    <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda:0 --graph
 
 (hetmesh-python is the interpreter the package was built for, with the package on its path.)
 
@@ -12,6 +13,14 @@ hidden states match it. Each A runs its attention and router in torch, writes th
 and the routing straight into its engine's slots (DLPack, no copy) and push_pull()s them; each F
 runs its share of the experts on what arrived and writes the weighted sum into the output slot,
 which lands in the A's result slot; the A adds the partials of every F to its residual.
+
+With --graph (A on a GPU), each A captures its whole decode step, every layer of every
+micro-batch with its rings and waits (arm_device, enqueue_push_pull, enqueue_wait), in one CUDA
+graph and replays it --steps times: no hetmesh call per layer, one graph.replay() per step. Every
+replay's final hidden states must equal the first's, and those the reference. The F tells a part's
+layer by its sequence number (each step pushes every layer once per micro-batch), since a graph's
+pushes all carry the tag their micro-batch was armed with. (On the H200 on 2026-12-04, --graph did
+not yet run: in its first eager step every instance reported the others hung; docs/benchmarks.md.)
 """
 
 from __future__ import annotations
@@ -133,14 +142,83 @@ def run_attention(rank: int, store: str, device: str, out: str) -> None:
     torch.save([t.cpu() for t in x], os.path.join(out, f"attention{rank}.pt"))
 
 
+def run_attention_graph(rank: int, store: str, device: str, out: str, steps: int) -> None:
+    """The decode step captured in one CUDA graph with its rings and waits, replayed `steps`
+    times."""
+    a = hetmesh.AttentionEngine(rank=rank, store=store, device=device, **JOB)
+    s = torch.cuda.Stream()
+    weights = [{k: v.to(device) for k, v in layer_weights(l).items()} for l in range(JOB["layers"])]
+    M, F = JOB["micro_batches"], JOB["ffn"]
+    x0 = [model_input(rank, mb).to(device) for mb in range(M)]
+    final = [torch.empty_like(x) for x in x0]  # the step's output, at a fixed address
+    tokens = [hetmesh.as_tensor(a.tokens(mb)) for mb in range(M)]
+    experts = [torch.from_dlpack(a.experts(mb)) for mb in range(M)]
+    gates = [torch.from_dlpack(a.weights(mb)) for mb in range(M)]
+    results = [[torch.from_dlpack(a.result(mb, f)) for f in range(F)] for mb in range(M)]
+    for mb in range(M):
+        a.arm_device(mb)  # each ring sends mb from its slots
+
+    def step():
+        x = [x0[mb].clone() for mb in range(M)]
+
+        def finish(mb):  # the stream waits for mb's partials, then adds them (in F order)
+            a.enqueue_wait(mb, s)
+            for f in range(F):
+                x[mb] = x[mb] + results[mb][f].float()
+
+        for layer, w in enumerate(weights):
+            for mb in range(M):
+                if layer > 0:
+                    finish(mb)
+                h, e, g = attention(x[mb], w)
+                tokens[mb].copy_(h)
+                experts[mb].copy_(e)
+                gates[mb].copy_(g)
+                x[mb] = h
+                a.enqueue_push_pull(mb, JOB["tokens"], s)
+        for mb in range(M):
+            finish(mb)
+            final[mb].copy_(x[mb])
+
+    def check_trips():
+        trips = a.device_trips()
+        if trips.failures:
+            raise RuntimeError(f"attention {rank}: {trips.failed} round trip(s) failed: "
+                               f"{trips.failures[0]}")
+
+    with torch.cuda.stream(s):
+        step()  # once eagerly: it warms up, and hetmesh borrows the stream before the capture
+    s.synchronize()
+    check_trips()
+    eager = [t.clone() for t in final]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s, capture_error_mode="thread_local"):
+        step()
+    for replay in range(steps):
+        for t in final:
+            t.zero_()
+        graph.replay()  # the whole step: no hetmesh call per layer
+        torch.cuda.synchronize()
+        check_trips()
+        for mb in range(M):
+            if not torch.equal(final[mb], eager[mb]):
+                raise RuntimeError(f"attention {rank}: replay {replay} micro-batch {mb} differs "
+                                   f"from the step run eagerly")
+    print(f"attention {rank}: {steps} replays of the captured step, each equal to the eager one",
+          flush=True)
+    a.finish()
+    torch.save([t.cpu() for t in final], os.path.join(out, f"attention{rank}.pt"))
+
+
 def run_ffn(rank: int, store: str, device: str) -> None:
     f = hetmesh.FfnEngine(rank=rank, store=store, device=device, **JOB)
     weights = [layer_weights(layer) for layer in range(JOB["layers"])]
     mine = experts_of(rank)
     for batch in f.batches():
-        for part in batch.parts:  # the tag is the layer
+        for part in batch.parts:  # each step pushes every layer once per micro-batch, in order
+            layer = (part.sequence - 1) % JOB["layers"]
             out = run_experts(torch.from_dlpack(part.tokens), torch.from_dlpack(part.experts),
-                              torch.from_dlpack(part.weights), weights[part.tag], mine)
+                              torch.from_dlpack(part.weights), weights[layer], mine)
             torch.from_dlpack(part.output).copy_(out)
         f.respond(batch)
 
@@ -154,8 +232,9 @@ def launch(args) -> int:
         me = [sys.executable, os.path.abspath(__file__), "--store", store.address, "--out", folder]
         procs = [subprocess.Popen(me + ["--role", "ffn", "--rank", str(f), "--device",
                                         args.ffn_device], env=env) for f in range(JOB["ffn"])]
+        graph = ["--graph", "--steps", str(args.steps)] if args.graph else []
         procs += [subprocess.Popen(me + ["--role", "attention", "--rank", str(r), "--device",
-                                         args.attention_device], env=env)
+                                         args.attention_device] + graph, env=env)
                   for r in range(JOB["attention"])]
         codes = [p.wait(timeout=300) for p in procs]
         if any(codes):
@@ -173,7 +252,8 @@ def launch(args) -> int:
                     return 1
         print(f"verified: {JOB['attention']} attention x {JOB['ffn']} ffn, "
               f"{JOB['micro_batches']} micro-batches, {JOB['layers']} layers, A on "
-              f"{args.attention_device}, F on {args.ffn_device}: every final hidden state matches "
+              f"{args.attention_device}{' (the step captured in a CUDA graph)' if args.graph else ''}"
+              f", F on {args.ffn_device}: every final hidden state matches "
               f"the single-process reference (max difference {worst:.3g})")
         return 0
 
@@ -182,6 +262,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--attention-device", default="cpu:0")
     parser.add_argument("--ffn-device", default="cpu:0")
+    parser.add_argument("--graph", action="store_true",
+                        help="capture each A's decode step in a CUDA graph and replay it")
+    parser.add_argument("--steps", type=int, default=20, help="replays of the graph")
     parser.add_argument("--role", choices=["attention", "ffn"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu:0", help=argparse.SUPPRESS)
@@ -189,9 +272,13 @@ def main() -> int:
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role is None:
+        if args.graph and not args.attention_device.startswith("cuda"):
+            parser.error("--graph captures a CUDA graph: it needs --attention-device cuda:N")
         return launch(args)
     torch.set_num_threads(1)
-    if args.role == "attention":
+    if args.role == "attention" and args.graph:
+        run_attention_graph(args.rank, args.store, args.device, args.out, args.steps)
+    elif args.role == "attention":
         run_attention(args.rank, args.store, args.device, args.out)
     else:
         run_ffn(args.rank, args.store, args.device)

@@ -51,7 +51,7 @@ def measure(args, job: dict) -> dict:
                                device=tokens[0].device)
             # On a GPU each layer's tokens are the answer before (a copy in stream order); the
             # cpu plugin's streams run no torch work, so there every layer sends `first` again.
-            chain = cuda
+            chain = cuda and not args.no_chain
             expected = first.float().add(layers if chain else 1).to(torch.bfloat16)
             s = torch.cuda.Stream() if cuda else a.create_stream()
             count = job["tokens"]
@@ -152,6 +152,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=50, help="steps per phase and mode")
     parser.add_argument("--phases", type=int, default=4, help="the modes, in turns")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-chain", action="store_true",
+                        help="no copy on the stream between layers: every layer sends the first "
+                             "tokens again (the exchange alone, with no GPU work between)")
     args = parser.parse_args()
     if args.role == "ffn":
         serve(args.store, json.loads(args.job), args.ffn_device)

@@ -89,6 +89,15 @@ class IpcConnection : public Connection {
         ring_(*link_),
         routes_(shared_, peer_id_),
         queue_(kMaxInFlight) {
+    // Both rings registered now with the copy engines of the regions registered so far (an
+    // engine's slots), not at their first chunk: a registration (cuMemHostRegister) may wait for
+    // the device's streams, and a stream that a device-triggered round trip holds until this
+    // connection's data lands would then never let it finish (seen on the H200: the first
+    // chunk's registration in the comm thread, every peer then "hung").
+    for (const Device& device : shared_->copy_engine_devices()) {
+      link_->register_ring_with(device);
+      ring_.register_with(device);
+    }
     progress_ = start_thread("hm-ipc-progress", [this] { link_->run_progress(); });
     try {
       completer_ = start_thread("hm-ipc-complete", [this] { complete_in_order(); });

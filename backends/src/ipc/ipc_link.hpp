@@ -79,6 +79,9 @@ class IpcLink {
   // wakes the peer if it asked. Throws Error(kStatusPeerLost) if the link is closed or lost,
   // Error(HM_ERR_TIMEOUT) if the peer reads nothing for kProgressTimeout.
   void send(const Frame& frame, const void* payload = nullptr, size_t size = 0);
+  // Registers the incoming ring with `device`'s plugin now, for the chunks it lands in that
+  // device's regions (else at the first such chunk).
+  void register_ring_with(const Device& device) { ring_registered_.ensure(device); }
   void send_notification(uint32_t value) {
     Frame f = make_frame(kNotify);
     f.value = value;

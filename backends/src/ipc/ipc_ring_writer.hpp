@@ -22,6 +22,9 @@ class RingWriter {
   // the peer returns no slot within kProgressTimeout or returns the wrong one.
   void send(const IpcRegion& src, uint64_t src_offset, uint32_t region, uint64_t dst_offset,
             uint64_t length, std::optional<uint32_t> notify);
+  // Registers the outgoing ring with `device`'s plugin now, for chunks from that device's regions
+  // (else at the first such chunk).
+  void register_with(const Device& device) { registered_.ensure(device); }
   // Waits until the peer has handed back every slot, i.e. landed every chunk sent so far.
   void drain();
   // Every chunk sent so far has been landed by the peer. Read by write() under the connection's

@@ -77,9 +77,13 @@ void IpcRoutes::map_peer_memory(IpcRemoteRegion& remote, const nlohmann::json& d
                             remote.id, offset, remote.size(), info.size));
   remote.mapped = static_cast<uint8_t*>(mapping->data()) + offset;
   remote.host_addressable = host_addressable(lane->device, mapping->data());
-  if (remote.host_addressable)
+  if (remote.host_addressable) {
     remote.registered.emplace(mapping->data(), info.size,
                               fmt::format("ipc: region {} of peer {}", remote.id, peer_id_));
+    // Registered now with the copy engines that will write into it (IpcConnection says why).
+    for (const Device& device : shared_->copy_engine_devices())
+      remote.registered->ensure(device);
+  }
   remote.mapping.emplace(std::move(*mapping));
   remote.lane = lane;
 }

@@ -44,6 +44,9 @@ struct IpcShared {
   // A device of `plugin` this process already uses (from a registered region), so zero-copy
   // writes run on the device that holds the sources; nullopt if none.
   std::optional<Device> registered_device_of(const std::string& plugin);
+  // The devices of the regions registered so far that the host cannot address (their copies run
+  // on the device's copy engine), one per plugin.
+  std::vector<Device> copy_engine_devices();
   void add_link(std::shared_ptr<IpcLink> link);
   void remove_link(const IpcLink* link);
 };

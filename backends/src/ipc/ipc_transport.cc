@@ -116,6 +116,23 @@ std::optional<Device> IpcShared::registered_device_of(const std::string& plugin)
   return std::nullopt;
 }
 
+std::vector<Device> IpcShared::copy_engine_devices() {
+  std::vector<std::shared_ptr<IpcRegion>> live;  // examined after unlocking, as above
+  {
+    std::lock_guard lock(regions_mutex);
+    for (auto& [region_id, weak] : regions)
+      if (auto region = weak.lock()) live.push_back(std::move(region));
+  }
+  std::vector<Device> devices;
+  for (const auto& region : live)
+    if (!region->access().direct() &&
+        std::none_of(devices.begin(), devices.end(), [&](const Device& d) {
+          return d.plugin_ptr() == region->device().plugin_ptr();
+        }))
+      devices.push_back(region->device());
+  return devices;
+}
+
 void IpcShared::add_link(std::shared_ptr<IpcLink> link) {
   std::lock_guard lock(links_mutex);
   links.push_back(std::move(link));
