@@ -859,7 +859,9 @@ Turn AttentionEngine::State::take_doorbells() {
       done_flags->store(mb, 1);
     }
   }
-  {
+  // The engine's mutex only once it has ended: a thread spinning on it every turn starved the comm
+  // thread (no heartbeat went out: on the H200 every peer of a 2A2F job saw the others hung).
+  if (failed.load(std::memory_order_acquire) || closed.load(std::memory_order_acquire)) {
     std::lock_guard lock(mutex);
     if (failure.has())
       device_log.ended(failure.reason());
