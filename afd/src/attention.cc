@@ -847,15 +847,15 @@ Turn AttentionEngine::State::take_doorbells() {
       arm = armed[static_cast<size_t>(mb)];
     }
     doorbells->store(mb, 0);
-    device_log.rung();
     took = true;
     try {
       if (!arm)
         throw Error(HM_ERR_INVALID_ARGUMENT,
                     fmt::format("its doorbell rang, and it was not armed (arm_device)"));
       push(mb, ring - 1, arm->push, /*rung=*/true);
+      device_log.rung();
     } catch (const std::exception& e) {
-      device_log.failed(fmt::format("micro-batch {}: not sent: {}", mb, e.what()));
+      device_log.ring_failed(fmt::format("micro-batch {}: not sent: {}", mb, e.what()));
       done_flags->store(mb, 1);
     }
   }

@@ -29,6 +29,14 @@ void DeviceTripLog::failed(std::string why) {
   failures_.push_back(std::move(why));
 }
 
+void DeviceTripLog::ring_failed(std::string why) {
+  std::lock_guard lock(mutex_);
+  ++trips_.rung;
+  ++trips_.failed;
+  if (failures_.size() == kMaxFailures) failures_.pop_front();
+  failures_.push_back(std::move(why));
+}
+
 void DeviceTripLog::ended(const std::string& why) {
   std::lock_guard lock(mutex_);
   if (trips_.ended.empty()) trips_.ended = why;

@@ -50,6 +50,8 @@ class DeviceTripLog {
   void rung() { count(&DeviceTrips::rung); }
   void completed() { count(&DeviceTrips::completed); }
   void failed(std::string why);
+  // A ring answered at once as failed: both counts under one lock, so no reader sees one alone.
+  void ring_failed(std::string why);
   void ended(const std::string& why);
   // The counts, the engine's end, and the failures since the last take.
   DeviceTrips take();

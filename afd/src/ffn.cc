@@ -969,7 +969,6 @@ Turn FfnEngine::State::serve_doorbells() {
   for (int mb = 0; mb < spec.micro_batches; ++mb) {
     if (respond_doorbells->load(mb) == 0) continue;
     respond_doorbells->store(mb, 0);
-    device_log.rung();
     worked = true;
     std::optional<Batch> batch;
     {
@@ -983,8 +982,9 @@ Turn FfnEngine::State::serve_doorbells() {
             HM_ERR_INVALID_ARGUMENT,
             over.empty() ? std::string("its respond doorbell rang with no batch held") : over);
       respond_batch(*batch, nullptr, 0);
+      device_log.rung();
     } catch (const std::exception& e) {
-      device_log.failed(fmt::format("micro-batch {}: not answered: {}", mb, e.what()));
+      device_log.ring_failed(fmt::format("micro-batch {}: not answered: {}", mb, e.what()));
     }
   }
   if (!over.empty()) {

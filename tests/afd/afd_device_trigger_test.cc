@@ -118,7 +118,10 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int replays,
     // The F never answers: finish() must let the waiting stream go, naming why.
     engine.enqueue_push_pull(0, kTokens[0], stream);
     engine.enqueue_wait(0, stream);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Until the engine has taken the ring (sent it): then only finish() can let the stream go.
+    const auto give_up = std::chrono::steady_clock::now() + kTimeout;  // a hang guard only
+    while (engine.device_trips().rung == 0 && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::cout << "stream ready before finish: " << stream.ready() << std::endl;
     engine.finish();
     stream.synchronize(kTimeout);
