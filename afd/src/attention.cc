@@ -26,6 +26,7 @@ struct Pending {
   int posted = 0;       // F instances whose writes have started
   uint64_t sequence = 0;
   uint32_t tokens = 0;
+  uint32_t result_rows = 0;  // of each F's answer
   uint64_t tag = 0;
   ReadyWait ready;  // the engine's own event or flag for this slot, set by push_pull
   int settled = 0;  // F instances that answered or were lost
@@ -405,6 +406,7 @@ struct AttentionEngine::State final : PeerHandler {
           p.row_offset.value_or(static_cast<uint32_t>(spec.window_of(spec.rank, f)) * spec.tokens);
       h->row_offset = row_offset;
       h->landing = to.id;
+      h->result_rows = p.result_rows;
       std::copy(p.rows.begin(), p.rows.end(), h->rows);
       h->stamps[kAttentionStart] = static_cast<uint64_t>(p.trip.attention_start);
       h->stamps[kPushStart] = static_cast<uint64_t>(p.trip.push_start);
@@ -470,14 +472,14 @@ struct AttentionEngine::State final : PeerHandler {
       std::lock_guard lock(mutex);
       Pending& p = entry(mb, h.sequence);
       if (!p.busy || h.sequence != p.sequence || p.from[static_cast<size_t>(f)] ||
-          h.tokens != p.tokens)
+          h.tokens != p.result_rows)
         throw Error(kStatusProtocolError,
-                    fmt::format("{} answered micro-batch {} sequence {} ({} tokens), which A {}",
+                    fmt::format("{} answered micro-batch {} sequence {} ({} rows), which A {}",
                                 from, mb, h.sequence, h.tokens,
                                 !p.busy || h.sequence != p.sequence ? "has not sent"
                                 : p.from[static_cast<size_t>(f)]
                                     ? "had answered already"
-                                    : fmt::format("sent with {} tokens", p.tokens)));
+                                    : fmt::format("asked {} rows of", p.result_rows)));
       p.from[static_cast<size_t>(f)] = true;
       auto& per = p.trip.ffn[static_cast<size_t>(f)];
       per.received_at_a = now;
@@ -712,6 +714,13 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
                                                      : fmt::format("0..{}", s.spec.tokens)));
     most = std::max(most, rows[i]);
   }
+  const uint32_t result_rows = push.result_rows.value_or(tokens);
+  if (result_rows > s.spec.tokens)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("push_pull: an answer of {} rows (result_rows: 0..{})", result_rows,
+                            s.spec.tokens));
+  // The answer comes from the F's output rows at the same offset.
+  most = std::max(most, result_rows);
   // An eager F serves each part alone, into output rows at the part's offset: offsets that move
   // from step to step would land one A's rows on another's still being answered.
   if (push.row_offset && s.spec.gather == Gather::eager)
@@ -767,6 +776,7 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
     p.posted = 0;
     p.sequence = sequence;
     p.tokens = tokens;
+    p.result_rows = result_rows;
     p.tag = push.tag;
     // An F this A does not send to (groups, map) counts as settled from the start.
     p.settled = 0;
@@ -807,7 +817,7 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
       p.results_into[f] =
           push.results_into.empty()
               ? CallerBuffers::Found{}
-              : found(push.results_into[f], uint64_t{tokens} * s.spec.f2a_bytes_per_token(),
+              : found(push.results_into[f], uint64_t{result_rows} * s.spec.f2a_bytes_per_token(),
                       "push_pull's result buffer");
     if (ready.stream != nullptr) event.record(*ready.stream);
   } catch (const Error&) {

@@ -22,6 +22,7 @@ struct Arrival {
   bool responding = false;  // handed out, not yet answered (the slot's credit is taken)
   bool queued = false;      // respond() was called for it; its sender has yet to post
   uint32_t tokens = 0;
+  uint32_t result_rows = 0;  // of the answer the A asked for
   uint64_t tag = 0;
   int64_t received = 0;
   int64_t batch_ready = 0;
@@ -42,7 +43,7 @@ struct RespondJob {
   int mb = 0;
   uint64_t epoch = 0;  // the A's incarnation the part came from
   uint64_t sequence = 0;
-  uint32_t tokens = 0;
+  uint32_t rows = 0;         // of the answer
   bool after_event = false;  // wait for the slot's ready event (recorded by respond)
   int64_t compute_start = 0;
   int64_t compute_end = 0;
@@ -195,6 +196,7 @@ struct FfnEngine::State final : PeerHandler {
     part.sequence = arrival.sequence;
     part.tag = arrival.tag;
     part.tokens = arrival.tokens;
+    part.result_rows = arrival.result_rows;
     part.row_offset = arrival.row_offset;
     for (int t = 0; t < spec.a2f_tensors(); ++t) {
       part.inputs[static_cast<size_t>(t)] = input_rows(mb, t, arrival.landing, arrival.row_offset);
@@ -328,7 +330,7 @@ struct FfnEngine::State final : PeerHandler {
     if (h.reply_region != 0) {
       // A buffer of the A's own that it announced, with room for the whole answer.
       std::shared_ptr<RemoteRegion> region = a_regions.find_locked(a, h.reply_region);
-      const uint64_t answer = uint64_t{h.tokens} * spec.f2a_bytes_per_token();
+      const uint64_t answer = uint64_t{h.result_rows} * spec.f2a_bytes_per_token();
       if (region == nullptr || region->size() < answer || h.reply_offset > region->size() - answer)
         throw Error(
             kStatusProtocolError,
@@ -358,13 +360,14 @@ struct FfnEngine::State final : PeerHandler {
     // Its rows must not lie over a part of another A that this F still holds unanswered (waiting,
     // or handed out and not yet given to respond()): the bytes have landed, and that part's are
     // gone. A part respond() took is done with its inputs (its answer waits for the compute).
-    const uint64_t begin = h.row_offset, end = begin + std::max(header_rows(h), h.tokens);
+    const uint64_t begin = h.row_offset, end = begin + std::max(header_rows(h), h.result_rows);
     for (int b = 0; b < spec.attention && end > begin; ++b) {
       const Arrival& other = arrivals[slot(b, mb)];
       if (b == a || !(other.waiting || (other.responding && !other.queued))) continue;
       const uint64_t other_end =
           other.row_offset +
-          uint64_t{std::max(*std::max_element(other.rows.begin(), other.rows.end()), other.tokens)};
+          uint64_t{
+              std::max(*std::max_element(other.rows.begin(), other.rows.end()), other.result_rows)};
       if (other_end > other.row_offset && begin < other_end && other.row_offset < end)
         throw Error(kStatusProtocolError,
                     fmt::format("{} pushed micro-batch {} at rows {}..{}, over the rows {}..{} "
@@ -376,6 +379,7 @@ struct FfnEngine::State final : PeerHandler {
     }
     arrival.sequence = h.sequence;
     arrival.tokens = h.tokens;
+    arrival.result_rows = h.result_rows;
     arrival.tag = h.tag;
     arrival.row_offset = h.row_offset;
     arrival.landing = h.landing;
@@ -435,7 +439,7 @@ struct FfnEngine::State final : PeerHandler {
         link = peer.link;
       }
       *h = make_header(spec, wire_layout, peers->own_epoch(), MessageKind::f2a, mb, job.sequence,
-                       job.tokens, uint64_t{job.tokens} * spec.f2a_bytes_per_token());
+                       job.rows, uint64_t{job.rows} * spec.f2a_bytes_per_token());
       h->messages = messages;
       h->stamps[kReceived] = static_cast<uint64_t>(received);
       h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
@@ -865,6 +869,8 @@ void FfnEngine::State::respond_batch(const Batch& batch, const Stream* after,
                                      int64_t compute_start_ns) {
   State& s = *this;
   int64_t compute_end = now_ns();
+  // Each part's answer rows, as its A asked (the engine's record, not the caller's copy).
+  std::vector<uint32_t> answer_rows(batch.parts.size(), 0);
   {
     std::lock_guard lock(s.mutex);
     s.failure.throw_if_set();
@@ -885,6 +891,7 @@ void FfnEngine::State::respond_batch(const Batch& batch, const Stream* after,
                                 "an answer{}",
                                 part.rank, batch.micro_batch, part.sequence,
                                 arrival.queued ? " (already answered)" : ""));
+      answer_rows[static_cast<size_t>(&part - batch.parts.data())] = arrival.result_rows;
     }
   }
   // The parts whose output the application pointed at a buffer of its own, registered at first
@@ -892,11 +899,11 @@ void FfnEngine::State::respond_batch(const Batch& batch, const Stream* after,
   std::vector<CallerBuffers::Found> outputs;
   for (size_t i = 0; i < batch.parts.size(); ++i) {
     const auto& part = batch.parts[i];
-    if (part.output == s.output_rows(batch.micro_batch, part.row_offset) || part.tokens == 0)
+    if (part.output == s.output_rows(batch.micro_batch, part.row_offset) || answer_rows[i] == 0)
       continue;
     outputs.resize(batch.parts.size());
     outputs[i] = s.caller->find_or_register(
-        part.output, uint64_t{part.tokens} * s.spec.f2a_bytes_per_token(), "a part's output");
+        part.output, uint64_t{answer_rows[i]} * s.spec.f2a_bytes_per_token(), "a part's output");
   }
   // Each part's slot event is free: its last record was waited for before the slot's previous
   // answer was posted. Recording it is all the engine keeps of the caller's stream; a record that
@@ -926,7 +933,7 @@ void FfnEngine::State::respond_batch(const Batch& batch, const Stream* after,
     arrival.queued = true;
     arrival.output = outputs.empty() ? CallerBuffers::Found{} : std::move(outputs[i]);
     s.senders[static_cast<size_t>(part.rank)]->push(
-        RespondJob{batch.micro_batch, part.epoch, part.sequence, part.tokens, after != nullptr,
+        RespondJob{batch.micro_batch, part.epoch, part.sequence, answer_rows[i], after != nullptr,
                    compute_start_ns, compute_end});
   }
 }

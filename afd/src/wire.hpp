@@ -21,8 +21,9 @@ namespace hetmesh::afd {
 
 constexpr uint32_t kWireMagic = 0x46414d48;  // "HMAF"
 // 2: the sender's epoch and the application's tag; 3: messages; 4: the caller's result buffers;
-// 5: several A2F tensors with their rows, row offsets, the F's receive buffers, the job's layout
-constexpr uint16_t kWireVersion = 5;
+// 5: several A2F tensors with their rows, row offsets, the F's receive buffers, the job's layout;
+// 6: the rows of the answer an A asks for
+constexpr uint16_t kWireVersion = 6;
 enum class MessageKind : uint16_t { a2f = 1, f2a = 2 };
 
 // The control messages between engines, on a connection's control channel beside the slots.
@@ -87,7 +88,7 @@ struct WireHeader {
   // receive buffers they landed in (0: its own row spaces; FfnEngine::receive_into).
   uint32_t row_offset;
   uint32_t landing;
-  uint32_t reserved;
+  uint32_t result_rows;           // A2F: rows of the answer (F2A: `tokens` says them)
   uint32_t rows[kMaxA2fTensors];  // A2F: rows of each tensor (tokens for kTokensTensor)
 };
 static_assert(sizeof(WireHeader) == 176);
@@ -181,10 +182,13 @@ inline void validate(const WireHeader& h, const EngineSpec& spec, uint32_t layou
                         t < spec.a2f_tensors() && spec.a2f_row_bytes(t) > 0 ? spec.tokens : 0));
       payload += uint64_t{h.rows[t]} * spec.a2f_row_bytes(t);
     }
-    // The receiver is the F whose row spaces these are.
-    if (uint64_t{h.row_offset} + header_rows(h) > spec.ffn_rows(spec.rank))
+    if (h.result_rows > spec.tokens)
+      bad(fmt::format("an answer of {} rows (0..{})", h.result_rows, spec.tokens));
+    // The receiver is the F whose row spaces (and output rows) these are.
+    const uint64_t covered = std::max(header_rows(h), h.result_rows);
+    if (uint64_t{h.row_offset} + covered > spec.ffn_rows(spec.rank))
       bad(fmt::format("rows {}..{} (the row spaces hold {})", h.row_offset,
-                      uint64_t{h.row_offset} + header_rows(h), spec.ffn_rows(spec.rank)));
+                      uint64_t{h.row_offset} + covered, spec.ffn_rows(spec.rank)));
   }
   if (h.payload_bytes != payload)
     bad(fmt::format("payload of {} bytes for its rows ({} bytes)", h.payload_bytes, payload));

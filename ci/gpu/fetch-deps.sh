@@ -8,6 +8,8 @@
 # The packages are Debian 12's, the same versions CI builds with (ci/install-deps.sh); their CMake
 # package files are relocatable and the shared libraries (libfmt.so.9, libtomlplusplus.so.3) need
 # only glibc and libstdc++, which any newer distribution provides.
+#
+# With STEPMESH_SRC=<a StepMesh checkout> (or a bare repository's worktree), its Python tests too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -36,6 +38,15 @@ for deb in "$download"/*.deb; do
 done
 rm -rf "$dest/usr/share/doc" "$dest/usr/share/lintian" "$dest/usr/share/man"
 find "$dest" -xtype l -delete  # development symlinks to runtime libraries not carried (libamdhip64.so)
+
+# StepMesh's own Python tests, run unmodified there against hetmesh's fserver_lib
+# (ci/gpu/stepmesh.sh): copied from a StepMesh checkout the caller names, never committed here.
+if [ -n "${STEPMESH_SRC:-}" ]; then
+  mkdir -p "$dest/stepmesh"
+  cp "$STEPMESH_SRC"/tests/fserver/test_fserver*.py "$dest/stepmesh/"
+  echo "stepmesh tests $(git -C "$STEPMESH_SRC" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    >>"$dest/PACKAGES"
+fi
 
 echo "fetch-deps: unpacked into $dest ($(du -sh "$dest" | cut -f1)):"
 sed 's/^/  /' "$dest/PACKAGES"

@@ -16,7 +16,7 @@ namespace hetmesh {
 namespace {
 
 // Test-only variables are not hetmesh's: they are named HM_TEST_* (tests/README.md).
-constexpr std::array<std::string_view, 27> kKnownVariables = {
+constexpr std::array<std::string_view, 33> kKnownVariables = {
     // The log (log.hpp).
     "HETMESH_LOG", "HETMESH_LOG_FILE",
     // The job's secret (job_secret.hpp), etcd's TLS files and user (rendezvous.hpp).
@@ -32,6 +32,9 @@ constexpr std::array<std::string_view, 27> kKnownVariables = {
     // The asic_stub plugin's options (plugins/asic_stub).
     "HETMESH_ASIC_STUB_DEVICES", "HETMESH_ASIC_STUB_MEMORY_MIB",
     "HETMESH_ASIC_STUB_COPY_LATENCY_US", "HETMESH_ASIC_STUB_COPY_BANDWIDTH_GBPS",
+    // StepMesh's API on hetmesh (python/hetmesh/stepmesh.py): its job's settings and sizes.
+    "HETMESH_CONFIG", "HETMESH_STEPMESH_MAX_BYTES", "HETMESH_STEPMESH_TENSORS",
+    "HETMESH_STEPMESH_MICRO_BATCHES", "HETMESH_STEPMESH_MAX_BUFFERS", "HETMESH_STEPMESH_DEVICE",
     // The soft-RoCE VM (ci/rxe-vm.sh and its README), which runs hetmesh with them set.
     "HETMESH_CACHE", "HETMESH_RXE_VM", "HETMESH_RXE_DEVICE", "HETMESH_RXE_GID_INDEX",
     "HETMESH_RXE_IP", "HETMESH_RXE_RESULTS", "HETMESH_RXE_KERNEL", "HETMESH_RXE_VM_DEBUG"};

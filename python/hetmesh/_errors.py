@@ -99,7 +99,7 @@ def from_native(status: int, status_name: str, message: str) -> Error:
     return cls(message, status, status_name, peer)
 
 
-_NAMES = {1: "HM_ERR_INVALID_ARGUMENT", 2: "HM_ERR_NOT_SUPPORTED", 1000: "PEER_LOST",
+_NAMES = {1: "HM_ERR_INVALID_ARGUMENT", 2: "HM_ERR_NOT_SUPPORTED", 6: "HM_ERR_TIMEOUT", 1000: "PEER_LOST",
           1001: "PROTOCOL_ERROR", 1004: "CLOSED"}
 
 

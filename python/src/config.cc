@@ -21,6 +21,8 @@ void bind_config(py::module_& m) {
                              [](const JobConfig& c) { return c.job.micro_batches; })
       .def_property_readonly("layers", [](const JobConfig& c) { return c.job.layers; })
       .def_property_readonly("timeout_ms", [](const JobConfig& c) { return c.job.timeout.count(); })
+      .def_property_readonly("join_timeout_ms",
+                             [](const JobConfig& c) { return c.job.join_timeout.count(); })
       .def_property_readonly("tokens", [](const JobConfig& c) { return c.model.tokens; })
       .def_property_readonly("hidden", [](const JobConfig& c) { return c.model.hidden; })
       .def_property_readonly("experts", [](const JobConfig& c) { return c.model.experts; })

@@ -41,6 +41,9 @@ struct Context {
   std::vector<std::shared_ptr<void>> held;
   std::map<uintptr_t, Stream> borrowed;
   std::unique_ptr<afd::Instance> instance;  // its engine ends first
+  // A job of bytes (take_tensors_as_bytes): every row of every tensor is one byte, and push_pull
+  // and respond take any contiguous tensor as its bytes (hetmesh.stepmesh's tensors of any dtype).
+  bool bytes = false;
 
   const afd::JobConfig& config() const { return instance->config(); }
   const afd::EngineSpec& spec() const { return instance->spec(); }
@@ -77,6 +80,32 @@ void register_tensor(Context& c, Engine& engine, const py::handle& object,
     fresh = engine.register_buffer(tensor.data, tensor.bytes);
   }
   if (fresh) c.held.push_back(keep(py::reinterpret_borrow<py::object>(object)));
+}
+
+// An application's tensor as push_pull and respond take it: of the job's element type and row
+// size, or in a job of bytes, any contiguous tensor as that many rows of one byte.
+CallerTensor job_tensor(const Context& c, const py::handle& object, std::optional<Element> element,
+                        uint64_t row_bytes, const char* what) {
+  if (!c.bytes) return caller_tensor(object, c.device(), element, row_bytes, what);
+  CallerTensor t = caller_tensor(object, c.device(), element, 0, what);
+  t.rows = t.bytes;
+  return t;
+}
+
+// Makes `c`'s job one of bytes, where every row of the job is a byte (so nothing else is
+// misread): tokens of hidden 1 in a 1-byte dtype both ways, no routing, extra tensors of one
+// 1-byte column.
+void take_tensors_as_bytes(Context& c) {
+  const afd::EngineSpec& spec = c.spec();
+  bool bytes = spec.f2a_bytes_per_token() == 1 && spec.top_k == 0;
+  for (int t = 0; t < spec.a2f_tensors(); ++t)
+    bytes = bytes && (t == afd::kRoutingTensor || spec.a2f_row_bytes(t) == 1);
+  if (!bytes)
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        "take_tensors_as_bytes: a job of bytes has rows of one byte in every tensor (hidden "
+        "1, fp8 both ways, top_k 0, extra tensors of one fp8 column)");
+  c.bytes = true;
 }
 
 py::dict counters_dict(const afd::DataCounters& counters) {
@@ -518,6 +547,10 @@ void bind_common(Class& cls) {
           "Registers a tensor's memory (its whole allocation) now, as the engine does at a "
           "buffer's first use; the engine keeps the tensor until it ends.")
       .def(
+          "_take_tensors_as_bytes", [](const Py& e) { take_tensors_as_bytes(*e.live()); },
+          "For hetmesh.stepmesh: push_pull and respond take any contiguous tensor as its bytes, "
+          "in a job whose every row is one byte.")
+      .def(
           "counters",
           [](const Py& e) {
             return counters_dict(engine_of<typename Py::EngineType>(*e.live()).counters());
@@ -570,7 +603,8 @@ PreparedPush prepare_push(const std::shared_ptr<Context>& c, std::optional<uint3
                           uint64_t tag, const py::object& stream, int64_t attention_start_ns,
                           const py::object& send, const py::object& routing,
                           const py::object& results_into, const py::dict& tensors,
-                          const py::dict& rows_of, std::optional<uint32_t> row_offset) {
+                          const py::dict& rows_of, std::optional<uint32_t> row_offset,
+                          std::optional<uint32_t> result_rows) {
   afd::AttentionEngine& engine = attention_of(*c);
   const afd::EngineSpec& spec = c->spec();
   PreparedPush prepared;
@@ -579,11 +613,12 @@ PreparedPush prepare_push(const std::shared_ptr<Context>& c, std::optional<uint3
   push.tag = tag;
   push.attention_start_ns = attention_start_ns;
   push.row_offset = row_offset;
+  push.result_rows = result_rows;
   // The application's tensors: the rows sent are `tokens`, else send's rows.
   std::vector<std::pair<py::handle, CallerTensor>> held;
   auto take = [&](const py::handle& object, std::optional<Element> element, uint64_t row_bytes,
                   const char* what) {
-    held.emplace_back(object, caller_tensor(object, c->device(), element, row_bytes, what));
+    held.emplace_back(object, job_tensor(*c, object, element, row_bytes, what));
     return held.back().second;
   };
   // Per A2F tensor: its source (send, routing, tensors[name]) and rows (rows[name]).
@@ -646,9 +681,10 @@ PreparedPush prepare_push(const std::shared_ptr<Context>& c, std::optional<uint3
                            ? held.front().second
                            : take(r, element_of(c->config().model.f2a_dtype),
                                   spec.f2a_bytes_per_token(), "push_pull's results_into");
-      if (t.rows < count)
+      if (t.rows < result_rows.value_or(count))
         throw Error(HM_ERR_INVALID_ARGUMENT,
-                    fmt::format("push_pull: results_into of {} rows for {} tokens", t.rows, count));
+                    fmt::format("push_pull: results_into of {} rows for an answer of {} rows",
+                                t.rows, result_rows.value_or(count)));
       into.push_back(t.data);
     }
     push.results_into = into;
@@ -676,7 +712,20 @@ void bind_engines(py::module_& m) {
       .def_property_readonly("native_handle", &native_handle,
                              "The vendor's stream handle (cudaStream_t for cuda), or None.");
 
+  py::class_<afd::RoundTrip::PerFfn>(
+      m, "RoundTripFfn",
+      "One F's share of a round trip: received_at_a and posted_at_a on A's clock, the f_* stamps "
+      "on that F's own clock (subtract them only from each other).")
+      .def_readonly("posted_at_a", &afd::RoundTrip::PerFfn::posted_at_a)
+      .def_readonly("received_at_a", &afd::RoundTrip::PerFfn::received_at_a)
+      .def_readonly("f_received", &afd::RoundTrip::PerFfn::f_received)
+      .def_readonly("f_batch_ready", &afd::RoundTrip::PerFfn::f_batch_ready)
+      .def_readonly("f_compute_start", &afd::RoundTrip::PerFfn::f_compute_start)
+      .def_readonly("f_compute_end", &afd::RoundTrip::PerFfn::f_compute_end)
+      .def_readonly("f_posted", &afd::RoundTrip::PerFfn::f_posted);
+
   py::class_<afd::RoundTrip>(m, "RoundTrip", "Timestamps of one round trip (ns, A's clock).")
+      .def_readonly("ffn", &afd::RoundTrip::ffn, "per F (RoundTripFfn); zeros for an F not sent to")
       .def_readonly("micro_batch", &afd::RoundTrip::micro_batch)
       .def_readonly("sequence", &afd::RoundTrip::sequence)
       .def_readonly("push_start", &afd::RoundTrip::push_start)
@@ -761,11 +810,12 @@ void bind_engines(py::module_& m) {
           [](const PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
              const py::object& stream, int64_t attention_start_ns, const py::object& send,
              const py::object& routing, const py::object& results_into, const py::dict& tensors,
-             const py::dict& rows_of, std::optional<uint32_t> row_offset) {
+             const py::dict& rows_of, std::optional<uint32_t> row_offset,
+             std::optional<uint32_t> result_rows) {
             std::shared_ptr<Context> c = a.live();
             PreparedPush prepared =
                 prepare_push(c, tokens, tag, stream, attention_start_ns, send, routing,
-                             results_into, tensors, rows_of, row_offset);
+                             results_into, tensors, rows_of, row_offset, result_rows);
             py::gil_scoped_release unlocked;
             return attention_of(*c).push_pull(mb, prepared.tokens, prepared.push);
           },
@@ -774,6 +824,7 @@ void bind_engines(py::module_& m) {
           py::arg("send") = py::none(), py::arg("routing") = py::none(),
           py::arg("results_into") = py::none(), py::arg("tensors") = py::dict(),
           py::arg("rows") = py::dict(), py::arg("row_offset") = py::none(),
+          py::arg("result_rows") = py::none(),
           "Sends micro-batch `micro_batch`: from its slots, or from the application's own "
           "tensors (send: [tokens, hidden] in the A2F dtype; routing: [tokens, top_k] (int32 "
           "expert, float32 weight) pairs, e.g. int32 [tokens, top_k, 2]; tensors: the job's "
@@ -781,7 +832,8 @@ void bind_engines(py::module_& m) {
           "`tokens`; 0 leaves a tensor out), landing at `row_offset` of each F's row spaces "
           "(default: this A's own window), its results in the result slots or in results_into "
           "(one [tokens, hidden] tensor in the F2A dtype per F, a list where there are several, "
-          "None for a slot; one tensor where the A sends to one F). Returns a handle for wait().")
+          "None for a slot; one tensor where the A sends to one F), `result_rows` rows of each "
+          "(default `tokens`). Returns a handle for wait().")
       .def(
           "wait",
           [](const PyAttention& a, afd::AttentionEngine::Handle handle,
@@ -811,17 +863,20 @@ void bind_engines(py::module_& m) {
           "arm_device",
           [](const PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
              const py::object& send, const py::object& routing, const py::object& results_into,
-             const py::dict& tensors, const py::dict& rows_of, std::optional<uint32_t> row_offset) {
+             const py::dict& tensors, const py::dict& rows_of, std::optional<uint32_t> row_offset,
+             std::optional<uint32_t> result_rows) {
             std::shared_ptr<Context> c = a.live();
             check_micro_batch(mb, c->spec());
-            PreparedPush prepared = prepare_push(c, tokens, tag, py::none(), 0, send, routing,
-                                                 results_into, tensors, rows_of, row_offset);
+            PreparedPush prepared =
+                prepare_push(c, tokens, tag, py::none(), 0, send, routing, results_into, tensors,
+                             rows_of, row_offset, result_rows);
             attention_of(*c).arm_device(mb, prepared.push);
           },
           py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
           py::arg("send") = py::none(), py::arg("routing") = py::none(),
           py::arg("results_into") = py::none(), py::arg("tensors") = py::dict(),
           py::arg("rows") = py::dict(), py::arg("row_offset") = py::none(),
+          py::arg("result_rows") = py::none(),
           "Arms micro-batch `micro_batch` for round trips its device triggers: each ring "
           "(enqueue_push_pull on a stream, captured in a graph or not) sends it as push_pull "
           "would with these keywords (`tokens`: the most rows a ring carries, for the checks), "
@@ -893,6 +948,9 @@ void bind_engines(py::module_& m) {
       .def_property_readonly(
           "count", [](const PyPart& p) { return p.part.tokens; }, "the tokens this A sent")
       .def_property_readonly(
+          "result_rows", [](const PyPart& p) { return p.part.result_rows; },
+          "the rows of the answer this A asked for (its push's result_rows, else count)")
+      .def_property_readonly(
           "row_offset", [](const PyPart& p) { return p.part.row_offset; },
           "the row its rows start at in the F's row spaces of the micro-batch")
       .def_property_readonly(
@@ -930,7 +988,7 @@ void bind_engines(py::module_& m) {
       .def_property_readonly(
           "output",
           part_slot([](const afd::Batch::FromAttention& part, const Context& c, const Owner& o) {
-            return rows_slot(part.output, part.tokens, c.config().model.f2a_dtype, o);
+            return rows_slot(part.output, part.result_rows, c.config().model.f2a_dtype, o);
           }));
 
   py::class_<PyBatch>(m, "Batch", gc_visible<PyBatch, &PyBatch::parts>(),
@@ -998,19 +1056,28 @@ void bind_engines(py::module_& m) {
       .def(
           "respond",
           [](const PyFfn& f, const PyBatch& b, const py::object& stream, int64_t compute_start_ns,
-             const py::object& outputs) {
+             const py::object& outputs, std::optional<size_t> only) {
             if (b.engine != &f)
               throw Error(HM_ERR_INVALID_ARGUMENT,
                           "respond: this batch came from another FfnEngine's get_batch");
             std::shared_ptr<Context> c = f.live();
             const Stream* after = stream_of(stream, *c);
             afd::FfnEngine& engine = ffn_of(*c);
+            // One part alone (each part is answered on its own; the others await theirs).
+            afd::Batch batch = b.batch;
+            if (only) {
+              if (*only >= batch.parts.size())
+                throw Error(
+                    HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("respond: part {} of a batch of {}", *only, batch.parts.size()));
+              batch.parts = {b.batch.parts[*only]};
+              batch.packed = false;
+            }
             if (outputs.is_none()) {
               py::gil_scoped_release unlocked;
-              engine.respond(b.batch, after, compute_start_ns);
+              engine.respond(batch, after, compute_start_ns);
               return;
             }
-            afd::Batch batch = b.batch;
             const afd::EngineSpec& spec = c->spec();
             const bool list =
                 py::isinstance<py::list>(outputs) || py::isinstance<py::tuple>(outputs);
@@ -1021,13 +1088,16 @@ void bind_engines(py::module_& m) {
                             fmt::format("respond: one output tensor for {} parts that do not lie "
                                         "back to back: give a list, one per part",
                                         batch.parts.size()));
-              CallerTensor t =
-                  caller_tensor(outputs, c->device(), element_of(c->config().model.f2a_dtype),
-                                spec.f2a_bytes_per_token(), "respond's output");
-              if (t.rows < batch.packed_rows)
+              CallerTensor t = job_tensor(*c, outputs, element_of(c->config().model.f2a_dtype),
+                                          spec.f2a_bytes_per_token(), "respond's output");
+              uint64_t rows = 0;  // the answers' (each part's at its row offset)
+              for (const auto& part : batch.parts)
+                rows = std::max(rows, uint64_t{part.row_offset} + part.result_rows);
+              if (t.rows < rows)
                 throw Error(HM_ERR_INVALID_ARGUMENT,
-                            fmt::format("respond: an output of {} rows for a batch of {} tokens",
-                                        t.rows, batch.packed_rows));
+                            fmt::format("respond: an output of {} rows for a batch whose answers "
+                                        "take {}",
+                                        t.rows, rows));
               register_tensor(*c, engine, outputs, t);
               for (auto& part : batch.parts)
                 part.output = static_cast<uint8_t*>(t.data) +
@@ -1043,18 +1113,18 @@ void bind_engines(py::module_& m) {
               each = py::list(outputs);
             else
               each.append(outputs);
-            if (each.size() != b.batch.parts.size())
+            if (each.size() != batch.parts.size())
               throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("respond: {} outputs for {} parts",
-                                                               each.size(), b.batch.parts.size()));
+                                                               each.size(), batch.parts.size()));
             for (size_t i = 0; i < batch.parts.size(); ++i) {
               if (each[i].is_none()) continue;
               CallerTensor t =
-                  caller_tensor(each[i], c->device(), element_of(c->config().model.f2a_dtype),
-                                uint64_t{spec.hidden} * spec.f2a_bytes, "respond's outputs");
-              if (t.rows < batch.parts[i].tokens)
+                  job_tensor(*c, each[i], element_of(c->config().model.f2a_dtype),
+                             uint64_t{spec.hidden} * spec.f2a_bytes, "respond's outputs");
+              if (t.rows < batch.parts[i].result_rows)
                 throw Error(HM_ERR_INVALID_ARGUMENT,
-                            fmt::format("respond: an output of {} rows for a part of {} tokens",
-                                        t.rows, batch.parts[i].tokens));
+                            fmt::format("respond: an output of {} rows for an answer of {} rows",
+                                        t.rows, batch.parts[i].result_rows));
               register_tensor(*c, engine, each[i], t);
               batch.parts[i].output = t.data;
             }
@@ -1063,9 +1133,11 @@ void bind_engines(py::module_& m) {
           },
           py::arg("batch"), py::kw_only(), py::arg("stream") = py::none(),
           py::arg("compute_start_ns") = 0, py::arg("outputs") = py::none(),
+          py::arg("part") = py::none(),
           "Sends each part's output back to its A: from the part's output slot, or from the "
-          "application's tensors in `outputs` (one [tokens, hidden] tensor in the F2A dtype per "
-          "part, None for a slot; or one tensor of a packed batch's rows).")
+          "application's tensors in `outputs` (one [result_rows, hidden] tensor in the F2A dtype "
+          "per part, None for a slot; or one tensor of a packed batch's rows). `part`: answer "
+          "that part (an index into batch.parts) alone, the others later.")
       .def(
           "inputs",
           [](py::object self, int mb, const py::object& name) {

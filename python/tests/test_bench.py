@@ -1,4 +1,5 @@
-"""python3 -m hetmesh.bench, hetmesh.bench_vllm and hetmesh.bench_queue run their two sides and
+"""python3 -m hetmesh.bench, hetmesh.bench_vllm, hetmesh.bench_queue, hetmesh.bench_graph and
+hetmesh.bench_stepmesh run their two sides and
 report both with their difference (what they measure is for docs/benchmarks.md; here only that
 they measure and say what they measured)."""
 
@@ -42,6 +43,26 @@ def test_the_connector_benchmark_reports_both_jobs_and_the_cost(tmp_path):
     # Every exchange (the warm-up step's too) from and into the A's own tensor: 4 rows of 64
     # bf16 each way.
     assert results["connector_counters"]["caller_bytes"] == (40 + 20) * 4 * 64 * 2 * 2
+
+
+def test_the_stepmesh_benchmark_reports_both_paths_and_the_cost(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "hetmesh.bench_stepmesh", "--tokens", "4", "--hidden",
+                        "64", "--iterations", "20", "--phases", "2", "--warmup", "5", "--json",
+                        str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fserver_lib's cost per round trip" in r.stdout
+    results = json.loads(out.read_text())
+    assert results["round_trips_per_side"] == 40
+    for side in ("hetmesh_python_round_trip_us", "fserver_lib_round_trip_us"):
+        assert 0 < results[side]["p50"] <= results[side]["p99"]
+    assert results["fserver_lib_cost_us_p50"] == (results["fserver_lib_round_trip_us"]["p50"]
+                                                  - results["hetmesh_python_round_trip_us"]["p50"])
+    # Every round trip (the warm-up's too) from worker 0's own tensors: 4 x 64 bytes out to each
+    # of the two servers, 4 x 64 bf16 back from each; none through hetmesh's buffers.
+    counters = results["fserver_lib_counters"]
+    assert counters["caller_bytes"] == (40 + 5) * 2 * (4 * 64 + 4 * 64 * 2), counters
+    assert counters["slot_bytes"] == 0, counters
 
 
 def test_the_queue_benchmark_reports_both_modes_with_every_answer_in_order(tmp_path):

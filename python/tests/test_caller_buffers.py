@@ -103,3 +103,42 @@ def test_topology_groups_is_a_keyword_and_refused_where_the_as_do_not_divide():
     assert 'topology = "groups"' in config.to_toml()
     with pytest.raises(hetmesh.Error, match="3 As do not divide among 2 Fs"):
         hetmesh.config(attention=3, ffn=2, topology="groups")
+
+
+# An F that answers each part's result_rows rows: row r of the answer is r + the part's count.
+RESULT_ROWS_FFN = """
+import torch, hetmesh
+job = {job!r}
+with hetmesh.FfnEngine(rank=0, store={store!r}, **job) as f:
+    for batch in f.batches():
+        outputs = []
+        for part in batch.parts:
+            out = torch.from_dlpack(part.output)
+            assert out.shape[0] == part.result_rows, (out.shape, part.result_rows)
+            out[:] = (torch.arange(part.result_rows) + part.count).unsqueeze(1)
+            print("part", part.count, part.result_rows, flush=True)
+        f.respond(batch)
+"""
+
+
+def test_an_answer_has_the_rows_the_push_asked_for_not_the_tokens_sent(store, job, spawn):
+    ffn = spawn(RESULT_ROWS_FFN.format(job=job, store=store.address))
+    hidden = job["hidden"]
+    with hetmesh.AttentionEngine(rank=0, store=store.address, **job) as a:
+        x = torch.ones(job["tokens"], hidden, dtype=torch.bfloat16)
+        into = torch.full((job["tokens"], hidden), -1.0, dtype=torch.bfloat16)
+        for tokens, rows in [(8, 2), (1, 8), (5, 0), (3, 3)]:
+            into.fill_(-1)
+            a.wait(a.push_pull(0, send=x[:tokens], results_into=into, result_rows=rows))
+            expected = (torch.arange(rows) + tokens).unsqueeze(1).expand(rows, hidden)
+            assert torch.equal(into[:rows].float(), expected.float()), (tokens, rows)
+            assert into[rows:].unique().tolist() in ([-1.0], []), "rows past the answer written"
+        # Bounds, by name: more rows than a slot holds, a buffer too short for the answer.
+        with pytest.raises(hetmesh.InvalidArgumentError, match="an answer of 9 rows"):
+            a.push_pull(0, send=x[:1], result_rows=job["tokens"] + 1)
+        with pytest.raises(hetmesh.InvalidArgumentError,
+                           match="results_into of 2 rows for an answer of 4 rows"):
+            a.push_pull(0, send=x[:1], results_into=into[:2], result_rows=4)
+    code, out, err = ffn.finish()
+    assert code == 0, err
+    assert "part 8 2" in out and "part 1 8" in out and "part 5 0" in out, out

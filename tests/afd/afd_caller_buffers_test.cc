@@ -28,6 +28,16 @@ using test::joined;
 constexpr auto kTimeout = test::kSmallJobTimeout;
 constexpr int kSteps = 6;
 constexpr uint32_t kRows[kSteps] = {8, 3, 8, 1, 5, 8};  // tokens per step: row slices
+// Rows of each step's answers (PushOptions::result_rows): the first rows of the F's output, as an
+// F that returns a shard would; 0 is an answer of the header alone.
+constexpr uint32_t kAnswerRows[kSteps] = {8, 1, 4, 1, 0, 8};
+
+uint64_t sum(const uint32_t (&rows)[kSteps]) {
+  uint64_t total = 0;
+  for (uint32_t r : rows)
+    total += r;
+  return total;
+}
 
 uint8_t token_byte(int step, uint64_t i) {
   return static_cast<uint8_t>(i * 7 + step);
@@ -64,8 +74,9 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store) {
 }
 
 // Sends each step's tokens from a plain host vector and its routing from a row slice of a larger
-// device buffer, and takes both Fs' answers into two halves of one device buffer of its own; the
-// engine's own result slots must stay as they were.
+// device buffer, and takes both Fs' answers (kAnswerRows rows) into two halves of one device
+// buffer of its own, nothing past them written; the engine's own result slots must stay as they
+// were.
 int run_attention(const EngineSpec& spec, KeyValueStore& store) {
   Device device = PluginRegistry::load().device("cpu:0");
   AttentionEngine engine(spec, device, store);
@@ -92,18 +103,21 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store) {
         std::memcpy(routing + t * row_routing + k * 8, &expert, 4);
         std::memcpy(routing + t * row_routing + k * 8 + 4, &weight, 4);
       }
-    std::memset(results.data(), 0, results.size());
+    std::memset(results.data(), 0xee, results.size());
     PushOptions push;
     push.tag = static_cast<uint64_t>(step);
+    push.result_rows = kAnswerRows[step];
     const PushTensor from[] = {{tokens.data()}, {routing}};
     push.tensors = from;
     push.results_into = into;
     engine.wait(engine.push_pull(step % spec.micro_batches, rows, push), kTimeout);
     bool right = true;
     for (int f = 0; f < spec.ffn; ++f)
-      for (uint64_t i = 0; i < rows * row_out; ++i)
-        right &= static_cast<const uint8_t*>(into[f])[i] ==
-                 static_cast<uint8_t>(token_byte(step, i) + f + 1);
+      for (uint64_t i = 0; i < spec.tokens * row_out; ++i)
+        right &=
+            static_cast<const uint8_t*>(into[f])[i] ==
+            (i < kAnswerRows[step] * row_out ? static_cast<uint8_t>(token_byte(step, i) + f + 1)
+                                             : 0xee);
     good += right;
   }
   bool slots_untouched = true;
@@ -273,11 +287,9 @@ TEST_P(AfdCallerBuffersTest, TheApplicationsOwnBuffersTravelInPlace) {
   // Every byte sent came from the application's buffers and every answer went into them: tokens
   // and routing to both Fs, answers from both. Three allocations, each registered once.
   const EngineSpec spec = test::small_spec(1, 2, GetParam());
-  uint64_t rows = 0;
-  for (uint32_t r : kRows)
-    rows += r;
+  const uint64_t rows = sum(kRows), answer_rows = sum(kAnswerRows);
   const uint64_t sent = rows * spec.a2f_bytes_per_token() * spec.ffn;
-  const uint64_t received = rows * spec.hidden * spec.f2a_bytes * spec.ffn;
+  const uint64_t received = answer_rows * spec.hidden * spec.f2a_bytes * spec.ffn;
   EXPECT_TRUE(
       has_line(lines, fmt::format("caller bytes {}, slot bytes 0, buffers 3", sent + received)))
       << joined(lines);
@@ -291,7 +303,7 @@ TEST_P(AfdCallerBuffersTest, TheApplicationsOwnBuffersTravelInPlace) {
       << joined(lines);
   EXPECT_TRUE(has_line(lines, "runs past the end of its allocation")) << joined(lines);
   // F 0 answered from its slot, F 1 from its own buffer (one registration).
-  const uint64_t answered = rows * spec.hidden * spec.f2a_bytes;
+  const uint64_t answered = answer_rows * spec.hidden * spec.f2a_bytes;
   const uint64_t got = rows * spec.a2f_bytes_per_token();
   auto f0_lines = test::lines_until_exit(f0, kTimeout);
   EXPECT_EQ(f0.wait(kTimeout).exit_code, 0) << joined(f0_lines);

@@ -150,6 +150,7 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
                              spec.tokens, uint64_t{spec.tokens} * spec.a2f_bytes_per_token());
   for (int t = 0; t < spec.a2f_tensors(); ++t)
     h.rows[t] = spec.tokens;
+  h.result_rows = spec.tokens;
   uint32_t slot = 0;
   if (defect == "tokens") h.tokens = spec.tokens + 1000;
   if (defect == "payload") h.payload_bytes = spec.a2f_slot_bytes() * 4;
@@ -159,6 +160,7 @@ int run_rogue(const EngineSpec& spec, KeyValueStore& store, const std::string& d
   if (defect == "landing") h.landing = 3;     // the F announced no receive buffers
   if (defect == "row_offset") h.row_offset = 1000;
   if (defect == "layout") h.layout ^= 1;  // a job of other shapes
+  if (defect == "result_rows") h.result_rows = spec.tokens + 1;
   if (defect == "reply_range") {
     // Announced (its results region), but the answer would run past its end.
     link.connection->send_control(region_frame(1, mine.regions["f2a_payload"]->describe()));
@@ -406,7 +408,8 @@ INSTANTIATE_TEST_SUITE_P(
                               "announced"},
                     std::pair{"row_offset",
                               "refused header: rows 1000..1008 (the row spaces hold 8)"},
-                    std::pair{"layout", "refused header: the sender's job has other shapes"}),
+                    std::pair{"layout", "refused header: the sender's job has other shapes"},
+                    std::pair{"result_rows", "refused header: an answer of 9 rows (0..8)"}),
     [](const auto& p) { return p.param.first; });
 
 // An F's landing frames are checked by the A before it writes anywhere they name: a hostile or

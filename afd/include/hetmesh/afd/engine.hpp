@@ -303,6 +303,11 @@ struct PushOptions {
   // for an idle one, at that step's offsets): an F that finds another A's rows there fails with a
   // protocol error naming both (the bytes have landed over them).
   std::optional<uint32_t> row_offset;
+  // Rows of the answer each F writes back ([rows][hidden] in the F2A dtype, 0..EngineSpec::tokens,
+  // from the part's row_offset of the F's output rows); unset: the push's `tokens`. For answers
+  // that are not a row per token sent: an F that returns its shard of the rows, or StepMesh's
+  // pulls, whose size is independent of the push's (hetmesh.stepmesh).
+  std::optional<uint32_t> result_rows;
 };
 
 // What an engine moved, by where the bytes were: the application's buffers (PushOptions, an F's
@@ -511,9 +516,11 @@ struct Batch {
     std::array<uint32_t, kMaxA2fTensors> rows{};
     void* tokens_data() const { return inputs[kTokensTensor]; }
     void* routing_data() const { return inputs[kRoutingTensor]; }
-    // Device memory to fill: [tokens][hidden] F2A dtype, the engine's output rows. An application
-    // that computes into a buffer of its own points this at it before respond(), which then
-    // sends from there (registered as PushOptions's buffers are, and as long-lived).
+    // Rows of the answer the A asked for (PushOptions::result_rows; `tokens` unless it said).
+    uint32_t result_rows = 0;
+    // Device memory to fill: [result_rows][hidden] F2A dtype, the engine's output rows. An
+    // application that computes into a buffer of its own points this at it before respond(), which
+    // then sends from there (registered as PushOptions's buffers are, and as long-lived).
     void* output = nullptr;
   };
   std::vector<FromAttention> parts;

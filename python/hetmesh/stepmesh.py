@@ -1,0 +1,684 @@
+"""StepMesh's Python API (`import fserver_lib as f`) on hetmesh's engines (docs/stepmesh.md).
+
+Roles from DMLC_ROLE: the scheduler hosts the job's store at DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT, a
+server is an FFN instance (F), a worker an attention instance (A). Ranks follow StepMesh's: with
+DMLC_GROUP_SIZE instances a node, instance i of worker node n is A n*G+i and talks to instance i of
+every server node (StepMesh's rails), each of which answers it into a pull tensor of its own.
+
+Every push_pull is one round trip of the job's "bytes" layout: each push tensor travels as its
+bytes, from the caller's tensor in place, and each server's answer lands in the caller's pull
+tensor in place (hetmesh registers each allocation once). What a push's tensors are (keys,
+dtypes, shapes but the first dimension) is said once per distinct layout on the engines' side
+band, in order with the data; after that a push carries only a number for it. The F gives back
+views of the bytes where they landed, with the push's dtypes and shapes.
+
+Differences from StepMesh, none silent: errors are raised (hetmesh.Error subclasses naming the
+peer) where StepMesh aborted; one pull tensor per server; the n-th push_pull of every worker
+makes up one batch (StepMesh's get_batch takes each worker's oldest push alike); an F holds at
+most HETMESH_STEPMESH_MICRO_BATCHES batches unanswered; register_recv_buffer is accepted and not
+needed (every push lands in memory registered at init).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, NamedTuple
+
+import hetmesh
+from . import _errors
+from ._errors import InvalidArgumentError, NotSupportedError
+
+_log = logging.getLogger("hetmesh.stepmesh")
+
+# ---- the environment ----
+
+# StepMesh's variables this module reads.
+_READ = ("DMLC_ROLE", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
+         "DMLC_NODE_RANK", "DMLC_GROUP_SIZE", "DMLC_RANK_OFFSET", "DMLC_INSTANCE_ID", "STEPMESH_GPU",
+         "DMLC_NODE_HOST", "DMLC_ENABLE_RDMA")
+# StepMesh's variables that mean nothing here: said once, at init.
+_IGNORED = ("DMLC_INTERFACE", "STEPMESH_BAKCEND", "STEPMESH_BACKEND", "STEPMESH_MEM_SYNC",
+            "STEPMESH_SPLIT_QP_LAG", "STEPAF_QP_NUM", "STEPMESH_BIND_CPU_CORE",
+            "STEPMESH_CPU_CORES_PER_SOCKET", "STEPMESH_CPU_CORES_PER_GPU",
+            "STEPMESH_CPU_START_OFFSET", "STEPMESH_DROP_RATE", "STEPMESH_ENABLE_TRACE",
+            "BYTEPS_RDMA_RX_DEPTH", "BYTEPS_RDMA_START_DEPTH", "BYTEPS_RDMA_MAX_CONCURR_WR",
+            "PS_VERBOSE")
+# hetmesh's own, with their defaults: sizes every instance of the job must agree on.
+SETTINGS = {
+    "HETMESH_STEPMESH_MAX_BYTES": (8 << 20, "the most bytes of one push or pull tensor"),
+    "HETMESH_STEPMESH_TENSORS": (4, "the most push tensors of one push_pull (1..7)"),
+    "HETMESH_STEPMESH_MICRO_BATCHES": (3, "push_pulls a worker may have in flight before the "
+                                       "F answered the oldest: the F's buffers, one set each"),
+    "HETMESH_STEPMESH_MAX_BUFFERS": (64, "allocations a direction uses in place before it copies "
+                                     "through hetmesh's own buffers (tensors new every call)"),
+}
+# [section] key of HETMESH_CONFIG this module sets itself from StepMesh's variables.
+_OWN_KEYS = {"attention", "ffn", "micro_batches", "topology", "ffns_of", "gather", "tokens",
+             "hidden", "experts", "top_k", "a2f_dtype", "f2a_dtype", "a2f_tensors"}
+
+
+def _integer(name: str, default=None, low: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise _errors.make(InvalidArgumentError, f"fserver_lib.init: {name} is not set")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _errors.make(InvalidArgumentError,
+                           f"fserver_lib.init: {name}={raw!r} is not an integer") from None
+    if value < low:
+        raise _errors.make(InvalidArgumentError,
+                           f"fserver_lib.init: {name}={value} is below {low}")
+    return value
+
+
+class _Environment:
+    """StepMesh's variables, read once by init()."""
+
+    def __init__(self):
+        self.role = os.environ.get("DMLC_ROLE", "server")
+        if self.role not in ("scheduler", "server", "worker"):
+            raise _errors.make(InvalidArgumentError,
+                               f"fserver_lib.init: DMLC_ROLE={self.role!r}: expected scheduler, "
+                               f"server or worker (joint is not supported)")
+        self.workers = _integer("DMLC_NUM_WORKER", 1, 1)
+        self.servers = _integer("DMLC_NUM_SERVER", 1, 1)
+        self.group_size = _integer("DMLC_GROUP_SIZE", 1, 1)
+        self.node_rank = _integer("DMLC_NODE_RANK", 0)
+        self.gpu = _integer("STEPMESH_GPU", 0)
+        self.instance = _integer("DMLC_INSTANCE_ID", self.gpu + _integer("DMLC_RANK_OFFSET", 0))
+        host = os.environ.get("DMLC_PS_ROOT_URI") or "127.0.0.1"
+        self.store = f"{host}:{_integer('DMLC_PS_ROOT_PORT')}"
+        self.node_host = os.environ.get("DMLC_NODE_HOST", "")
+        self.rdma = os.environ.get("DMLC_ENABLE_RDMA", "").lower() in ("ibverbs", "1", "true")
+        self.settings = {name: _integer(name, default, 1)
+                         for name, (default, _) in SETTINGS.items()}
+        if self.role != "scheduler":
+            nodes = self.workers if self.role == "worker" else self.servers
+            if self.instance >= self.group_size or self.node_rank >= nodes:
+                raise _errors.make(
+                    InvalidArgumentError,
+                    f"fserver_lib.init: a {self.role} at DMLC_NODE_RANK={self.node_rank}, instance "
+                    f"{self.instance} (DMLC_INSTANCE_ID, else STEPMESH_GPU + DMLC_RANK_OFFSET), "
+                    f"and the job has {nodes} node(s) of DMLC_GROUP_SIZE={self.group_size}")
+        ignored = sorted(name for name in _IGNORED if name in os.environ)
+        if ignored:
+            _log.info("fserver_lib: hetmesh ignores %s (docs/stepmesh.md says why)",
+                      ", ".join(ignored))
+
+    @property
+    def rank(self) -> int:
+        return self.node_rank * self.group_size + self.instance
+
+    def config(self) -> hetmesh.Config:
+        """The job: As and Fs by rail, the "bytes" layout, and HETMESH_CONFIG's other settings."""
+        tensors = self.settings["HETMESH_STEPMESH_TENSORS"]
+        if tensors > 7:
+            raise _errors.make(InvalidArgumentError,
+                               f"fserver_lib.init: HETMESH_STEPMESH_TENSORS={tensors}: at most 7")
+        # Each tensor starts on a 256-byte boundary in the F's rows (any dtype's view is aligned).
+        max_bytes = -(-self.settings["HETMESH_STEPMESH_MAX_BYTES"] // 256) * 256
+        g = self.group_size
+        ffns_of = [[s * g + a % g for s in range(self.servers)] for a in range(self.workers * g)]
+        job = dict(attention=self.workers * g, ffn=self.servers * g,
+                   micro_batches=self.settings["HETMESH_STEPMESH_MICRO_BATCHES"],
+                   topology="map", ffns_of=ffns_of, gather="all", tokens=max_bytes, hidden=1,
+                   experts=self.servers * g, top_k=0, a2f_dtype="fp8", f2a_dtype="fp8",
+                   a2f_tensors={f"push{i}": ("fp8", 1) for i in range(1, tensors)})
+        job.update(_config_file_settings())
+        if self.rdma and "transport" not in job:
+            job["transport"] = "verbs"
+        if self.node_host and "listen_host" not in job:
+            job["listen_host"] = self.node_host
+        # StepMesh's get_batch waits for every worker: no partial batch after a window.
+        job.setdefault("gather_window_ms", job.get("timeout_ms", 10000))
+        # StepMesh's init waits for its peers without a bound; here ten minutes, as processes that
+        # load a model start minutes apart.
+        job.setdefault("join_timeout_ms", 600000)
+        return hetmesh.config(**job)
+
+
+def _config_file_settings() -> dict:
+    """HETMESH_CONFIG's settings as the package's keywords; those StepMesh's variables set here
+    are refused by name."""
+    path = os.environ.get("HETMESH_CONFIG")
+    if not path:
+        return {}
+    import tomllib
+
+    with open(path, "rb") as file:
+        table = tomllib.load(file)
+    keyword_of = {key: name for name, key in hetmesh._KEYS.items()}
+    settings = {}
+    for section, values in table.items():
+        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
+            name = keyword_of.get((section, key))
+            if name is None or name in _OWN_KEYS:
+                why = ("set from StepMesh's variables here" if name in _OWN_KEYS
+                       else "not a setting fserver_lib takes")
+                raise _errors.make(InvalidArgumentError,
+                                   f"HETMESH_CONFIG {path}: [{section}] {key}: {why}; it takes "
+                                   f"{', '.join(sorted(set(keyword_of.values()) - _OWN_KEYS))}")
+            settings[name] = value
+    return settings
+
+
+def _device(env: _Environment) -> str:
+    """This instance's device: STEPMESH_GPU's GPU where torch has CUDA, else the host's."""
+    chosen = os.environ.get("HETMESH_STEPMESH_DEVICE")
+    if chosen:
+        return chosen.replace("{gpu}", str(env.gpu))
+    torch = hetmesh.import_torch()
+    return f"cuda:{env.gpu}" if torch.cuda.is_available() else "cpu"
+
+
+def _current_stream(tensor):
+    """torch's current stream where `tensor` is on a GPU (what wrote it runs there); None on the
+    host."""
+    if tensor.device.type != "cuda":
+        return None
+    return hetmesh.import_torch().cuda.current_stream(tensor.device)
+
+
+class _InPlace:
+    """Which of the caller's allocations one direction uses in place: each from its first sight,
+    up to `limit` of them; past that (tensors new every call, which would be registered and kept
+    without bound) it copies through hetmesh's own buffers, said once."""
+
+    def __init__(self, what: str, limit: int):
+        self.what, self.limit, self.known, self.said = what, limit, set(), False
+
+    def use(self, tensor) -> bool:
+        base = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
+        if base in self.known:
+            return True
+        if len(self.known) < self.limit:
+            self.known.add(base)
+            return True
+        if not self.said:
+            self.said = True
+            _log.warning("fserver_lib: %s came from more than %d allocations; copying the new "
+                         "ones through hetmesh's buffers (HETMESH_STEPMESH_MAX_BUFFERS)",
+                         self.what, self.limit)
+        return False
+
+
+def _nbytes(tensor) -> int:
+    return tensor.numel() * tensor.element_size()  # torch 1.13 has no Tensor.nbytes
+
+
+def _bytes(tensor):
+    """A contiguous tensor's bytes, as a 1-D uint8 view."""
+    return tensor.reshape(-1).view(hetmesh.import_torch().uint8)
+
+
+# ---- the layouts of pushes, said once each on the side band ----
+
+_LAYOUT = b"hetmesh.stepmesh.layout:"
+_MAX_LAYOUTS = 4096  # an A's layouts known at once (more: it says them again)
+_MAX_TRACES = 4096  # round trips fetch_trace still knows
+
+
+def _layout_of(tensors, keys) -> tuple:
+    return tuple((int(k), t.dtype, tuple(t.shape[1:]), t.dim()) for t, k in zip(tensors, keys))
+
+
+def _encode_layout(number: int, layout: tuple) -> bytes:
+    entries = [[key, str(dtype).removeprefix("torch."), list(trailing), dims]
+               for key, dtype, trailing, dims in layout]
+    return _LAYOUT + json.dumps([number, entries]).encode()
+
+
+# ---- the module's state ----
+
+class _Trip(NamedTuple):
+    """A push_pull in flight."""
+    handle: int  # the engine's
+    count: int  # handlers it answers to (get_all_handlers)
+    mb: int
+    copies: list  # (F, pull tensor) answers that land in the engine's result slot, copied at wait
+    tensors: tuple  # the caller's, held until wait
+
+
+class _Worker:
+    """An attention instance: push_pull, wait and their traces."""
+
+    def __init__(self, env: _Environment):
+        self.env = env
+        self.engine = hetmesh.AttentionEngine(env.config(), rank=env.rank, store=env.store,
+                                              device=_device(env), job="stepmesh")
+        self.engine._take_tensors_as_bytes()
+        g = env.group_size
+        self.rail = [s * g + env.instance for s in range(env.servers)]  # F ranks, server order
+        self.ffn_count = env.servers * g
+        self.micro_batches = env.settings["HETMESH_STEPMESH_MICRO_BATCHES"]
+        self.tensors = env.settings["HETMESH_STEPMESH_TENSORS"]
+        limit = env.settings["HETMESH_STEPMESH_MAX_BUFFERS"]
+        self.push_in_place = _InPlace("push tensors", limit)
+        self.pull_in_place = _InPlace("pull tensors", limit)
+        self.layouts: dict[tuple, int] = {}
+        self.said = 0  # layouts said so far: the last one's number (numbers are never reused)
+        self.pushes = 0
+        self.next_handler = 1
+        self.trips: dict[int, _Trip] = {}  # push_pulls not yet waited for
+        self.traces: dict[int, Any] = {}  # handler -> (count, RoundTrip), the latest _MAX_TRACES
+        self.lock = threading.Lock()
+
+    def layout_number(self, layout: tuple) -> int:
+        number = self.layouts.get(layout)
+        if number is None:
+            if len(self.layouts) >= _MAX_LAYOUTS:
+                self.layouts.clear()  # said again when seen again, under a new number
+            self.said += 1
+            number = self.said
+            self.layouts[layout] = number
+            message = _encode_layout(number, layout)
+            for f in self.rail:
+                self.engine.send_message(f, message)
+        return number
+
+    def push_pull(self, push_tensors, push_keys, pull_tensors, pull_keys, need_event) -> int:
+        push_tensors, pull_tensors = list(push_tensors), list(pull_tensors)
+        if len(push_tensors) != len(push_keys) or len(pull_tensors) != len(pull_keys):
+            raise _errors.make(InvalidArgumentError,
+                               f"push_pull: {len(push_tensors)} push tensors for "
+                               f"{len(push_keys)} keys, {len(pull_tensors)} pull tensors for "
+                               f"{len(pull_keys)} keys")
+        if len(push_tensors) > self.tensors:
+            raise _errors.make(InvalidArgumentError,
+                               f"push_pull: {len(push_tensors)} push tensors; the job takes "
+                               f"{self.tensors} (HETMESH_STEPMESH_TENSORS)")
+        servers = len(self.rail)
+        if len(pull_tensors) not in (0, servers):
+            raise _errors.make(
+                NotSupportedError if len(pull_tensors) % servers == 0 else InvalidArgumentError,
+                f"push_pull: {len(pull_tensors)} pull tensors for {servers} server(s): hetmesh "
+                f"takes one pull tensor per server, in server order (docs/stepmesh.md)")
+        answer = _nbytes(pull_tensors[0]) if pull_tensors else 0
+        for s, t in enumerate(pull_tensors):
+            if _nbytes(t) != answer:
+                raise _errors.make(InvalidArgumentError,
+                                   f"push_pull: server {s}'s pull tensor holds {_nbytes(t)} bytes "
+                                   f"and server 0's {answer}: every server answers as many")
+        tag = self.layout_number(_layout_of(push_tensors, push_keys))
+        with self.lock:
+            mb = self.pushes % self.micro_batches
+            self.pushes += 1
+        # The caller's tensors in place, or (past the allocations kept) copied into the slots.
+        send, tensors, rows, tokens = None, {}, {}, 0
+        for i in range(self.tensors):
+            name = "tokens" if i == 0 else f"push{i}"
+            t = push_tensors[i] if i < len(push_tensors) else None
+            size = _nbytes(t) if t is not None else 0
+            if i == 0:
+                tokens = size
+            else:
+                rows[name] = size
+            if t is None or size == 0:
+                continue
+            if self.push_in_place.use(t):
+                if i == 0:
+                    send = t
+                else:
+                    tensors[name] = t
+            else:
+                slot = self.engine.tokens(mb) if i == 0 else self.engine.tensor(mb, name)
+                hetmesh.import_torch().from_dlpack(slot).view(-1)[:size].copy_(_bytes(t))
+        into = [None] * self.ffn_count
+        copies = []
+        for f, t in zip(self.rail, pull_tensors):
+            if self.pull_in_place.use(t):
+                into[f] = t
+            else:
+                copies.append((f, t))
+        stream = _current_stream(push_tensors[0]) if need_event and push_tensors else None
+        handle = self.engine.push_pull(mb, tokens, send=send, tensors=tensors, rows=rows,
+                                       results_into=into, result_rows=answer, tag=tag,
+                                       stream=stream)
+        count = max(1, len(push_tensors) + (1 if pull_tensors else 0))
+        with self.lock:
+            handler = self.next_handler
+            self.next_handler += count
+            # The caller's tensors are held until wait: the engine reads and writes them meanwhile
+            # (StepMesh's requests hold them alike), even where the caller dropped its own.
+            self.trips[handler] = _Trip(handle, count, mb, copies, (push_tensors, pull_tensors))
+        return handler
+
+    def wait(self, handler: int, timeout_ms: float) -> None:
+        with self.lock:
+            trip = self.trips.pop(handler, None)
+        if trip is None:
+            raise _errors.make(InvalidArgumentError,
+                               f"wait: handler {handler} is not a push_pull in flight")
+        try:
+            result = self.engine.wait(trip.handle, timeout_ms)
+        except hetmesh.TimeoutError:
+            with self.lock:  # still in flight: it can be waited for again
+                self.trips[handler] = trip
+            raise
+        for f, t in trip.copies:
+            slot = hetmesh.import_torch().from_dlpack(self.engine.result(trip.mb, f))
+            _bytes(t).copy_(slot.view(-1)[:_nbytes(t)])
+        with self.lock:
+            if len(self.traces) >= _MAX_TRACES:
+                self.traces.pop(next(iter(self.traces)))
+            self.traces[handler] = (trip.count, result)
+
+    def all_handlers(self, handler: int) -> list[int]:
+        with self.lock:
+            entry = self.trips.get(handler) or self.traces.get(handler)
+        count = 1 if entry is None else entry.count if isinstance(entry, _Trip) else entry[0]
+        return list(range(handler, handler + count))
+
+    def trace(self, handler: int) -> list[int]:
+        with self.lock:
+            for base, (count, trip) in reversed(self.traces.items()):
+                if base <= handler < base + count:
+                    break
+            else:
+                raise _errors.make(InvalidArgumentError,
+                                   f"fetch_trace: handler {handler} has not been waited for")
+        # The server whose answer came last; its stamps on its own clock, A's on A's.
+        per = max((trip.ffn[f] for f in self.rail), key=lambda p: p.received_at_a)
+        return [trip.push_start, per.posted_at_a, per.f_received, per.f_batch_ready,
+                per.f_compute_end, per.f_posted, per.received_at_a, trip.completed]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _Server:
+    """An FFN instance: get_batch and respond, one entry per worker."""
+
+    def __init__(self, env: _Environment):
+        self.env = env
+        self.engine = hetmesh.FfnEngine(env.config(), rank=env.rank, store=env.store,
+                                        device=_device(env), job="stepmesh")
+        self.engine._take_tensors_as_bytes()
+        self.out_in_place = _InPlace("respond's tensors", env.settings[
+            "HETMESH_STEPMESH_MAX_BUFFERS"])
+        # A rank -> its layouts said: number -> [(key, dtype, trailing shape, dims)]
+        self.layouts: dict[int, dict[int, list]] = {}
+        self.rows: dict[tuple, Any] = {}  # (mb, tensor name) -> the row space as 1-D bytes
+        self.next_handler = 1
+        self.parts: dict[int, tuple] = {}  # handler -> (batch, part index)
+        # (micro-batch, A rank) -> the tensor its last answer is sent from: held until that slot's
+        # next answer (its A pushes again only once this one arrived), as StepMesh's responses
+        # hold theirs, since the engine sends after respond() returns.
+        self.answering: dict[tuple, Any] = {}
+        self.timeout_ms = env.config().timeout_ms
+        self.lock = threading.Lock()
+
+    def take_messages(self) -> None:
+        """The layouts said since the last call (only when a part names one not known yet: the
+        side band holds them in order with the data, and reading it costs a lock)."""
+        torch = hetmesh.import_torch()
+        while (message := self.engine.receive_message(0)) is not None:
+            _, rank, data = message
+            if not data.startswith(_LAYOUT):
+                _log.warning("fserver_lib: a side-band message from attention %d that is not a "
+                             "layout: dropped", rank)
+                continue
+            number, entries = json.loads(data[len(_LAYOUT):])
+            said = self.layouts.setdefault(rank, {})
+            if len(said) >= 2 * _MAX_LAYOUTS:  # an A uses only the last _MAX_LAYOUTS it said
+                for old in list(said)[:_MAX_LAYOUTS]:
+                    del said[old]
+            said[number] = [
+                (key, getattr(torch, dtype), tuple(trailing), dims)
+                for key, dtype, trailing, dims in entries]
+
+    def row_space(self, mb: int, name: str):
+        view = self.rows.get((mb, name))
+        if view is None:
+            view = hetmesh.import_torch().from_dlpack(self.engine.inputs(mb, name)).view(-1)
+            self.rows[(mb, name)] = view
+        return view
+
+    def get_batch(self) -> list:
+        while True:
+            try:
+                batch = self.engine.get_batch(self.timeout_ms)
+                break
+            except hetmesh.TimeoutError:
+                # A server waits for its workers as long as they live (a lost one is served
+                # without; every one lost ends the wait with the engine's error).
+                if all(p["state"] == "lost" for p in self.engine.peers()):
+                    raise
+        if batch is None:
+            return []
+        out = []
+        parts = sorted(enumerate(batch.parts), key=lambda item: item[1].rank)
+        for index, part in parts:
+            layout = self.layouts.get(part.rank, {}).get(part.tag)
+            if layout is None:
+                self.take_messages()
+                layout = self.layouts.get(part.rank, {}).get(part.tag)
+            if layout is None:
+                raise _errors.make(hetmesh.ProtocolError,
+                                   f"get_batch: attention {part.rank} pushed layout {part.tag}, "
+                                   f"which it never said")
+            tensors = []
+            for i, (key, dtype, trailing, dims) in enumerate(layout):
+                name = "tokens" if i == 0 else f"push{i}"
+                size = part.rows(name)
+                data = self.row_space(batch.micro_batch, name)[
+                    part.row_offset:part.row_offset + size].view(dtype)
+                tensors.append(data.view(-1, *trailing) if dims > 0 else data.view(()))
+            with self.lock:
+                handler = self.next_handler
+                self.next_handler += 1
+                self.parts[handler] = (batch, index)
+            out.append((handler, tensors, [entry[0] for entry in layout]))
+        return out
+
+    def respond(self, tensors, handler: int, need_event: bool) -> None:
+        with self.lock:
+            entry = self.parts.pop(handler, None)
+        if entry is None:
+            raise _errors.make(InvalidArgumentError,
+                               f"respond: handler {handler} is not a part get_batch handed out "
+                               f"and not yet answered")
+        batch, index = entry
+        part = batch.parts[index]
+        tensors = list(tensors)
+        size = sum(_nbytes(t) for t in tensors)
+        if len(tensors) > 1 or size != part.result_rows:
+            with self.lock:
+                self.parts[handler] = entry
+            raise _errors.make(
+                InvalidArgumentError,
+                f"respond: {len(tensors)} tensor(s) of {size} bytes for worker "
+                f"{part.rank}'s pull tensor of {part.result_rows} bytes (one tensor, as many "
+                f"bytes)")
+        output = None
+        if tensors and size:
+            if self.out_in_place.use(tensors[0]):
+                output = tensors[0]
+            else:
+                torch = hetmesh.import_torch()
+                torch.from_dlpack(part.output).view(-1).copy_(_bytes(tensors[0]))
+        stream = _current_stream(tensors[0]) if need_event and tensors else None
+        self.engine.respond(batch, part=index, outputs=[output], stream=stream)
+        self.answering[(batch.micro_batch, part.rank)] = output
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+_state: dict[str, Any] = {}
+
+
+def _role(kind: str):
+    node = _state.get(kind)
+    if node is None:
+        raise _errors.make(InvalidArgumentError,
+                           f"fserver_lib: this process is no {kind} (DMLC_ROLE="
+                           f"{os.environ.get('DMLC_ROLE', 'server')!r}), or init() was not "
+                           f"called")
+    return node
+
+
+# ---- barriers, through the job's store ----
+
+def _barrier(groups: tuple[str, ...], timeout_ms: float | None = None) -> None:
+    """Waits until every member of `groups` came (at most timeout_ms, default the job's
+    join_timeout_ms)."""
+    env: _Environment = _state["env"]
+    if env.role not in groups:
+        _log.info("fserver_lib.barrier: a %s is not among %s: nothing to wait for", env.role,
+                  "+".join(groups))
+        return
+    members = sum({"worker": env.workers * env.group_size,
+                   "server": env.servers * env.group_size, "scheduler": 1}[g] for g in groups)
+    name = "+".join(groups)
+    generation = _state["barriers"].get(name, 0) + 1
+    _state["barriers"][name] = generation
+    key = f"stepmesh/barrier/{name}/{generation}"
+    store = _state["store_client"]
+    if store.add(key, 1) == members:
+        store.set(key + "/open", b"1")
+    else:
+        timeout = _state["join_timeout_ms"] if timeout_ms is None else timeout_ms
+        try:
+            store.get(key + "/open", timeout)
+        except hetmesh.TimeoutError as error:
+            raise _errors.make(hetmesh.TimeoutError,
+                               f"fserver_lib.barrier({name}): {members} member(s) expected, not "
+                               f"all came within {timeout:.0f} ms") from error
+
+
+# ---- the API ----
+
+def init() -> None:
+    """Joins the job as DMLC_ROLE says; a worker or server returns once every peer is in."""
+    if "env" in _state:
+        raise _errors.make(InvalidArgumentError, "fserver_lib.init: called twice")
+    env = _Environment()
+    _state.update(env=env, barriers={})
+    secret = os.environ.get("HETMESH_JOB_SECRET_FILE") or None
+    if env.role == "scheduler":
+        host = env.store.rsplit(":", 1)[0]
+        _state["store_server"] = hetmesh.StoreServer(
+            f"0.0.0.0:{env.store.rsplit(':', 1)[1]}" if host not in ("127.0.0.1", "localhost")
+            else env.store, secret)
+    config = env.config()
+    _state["join_timeout_ms"] = float(config.join_timeout_ms)
+    _state["store_client"] = hetmesh._native.StoreClient(env.store, secret,
+                                                         _state["join_timeout_ms"])
+    if env.role == "worker":
+        _state["worker"] = _Worker(env)
+    elif env.role == "server":
+        _state["server"] = _Server(env)
+
+
+def stop() -> None:
+    """Leaves the job: waits until every worker, server and the scheduler has called stop()."""
+    env: _Environment = _state.get("env")
+    if env is None:
+        return
+    if "worker" in _state:
+        _state["worker"].engine.finish()  # every F hears "leave"
+    # The scheduler waits as long as the job runs (StepMesh's does too); the others, as long as
+    # joining may take. Then the engines close, and the store goes once every one has.
+    _barrier(("worker", "server", "scheduler"),
+             float("inf") if env.role == "scheduler" else None)
+    store = _state["store_client"]
+    for kind in ("worker", "server"):
+        node = _state.pop(kind, None)
+        if node is not None:
+            node.close()
+            store.add("stepmesh/closed", 1)
+    if "store_server" in _state:
+        instances = (env.workers + env.servers) * env.group_size
+        deadline = time.monotonic() + _state["join_timeout_ms"] / 1000
+        while int(store.get("stepmesh/closed", _state["join_timeout_ms"])) < instances:
+            if time.monotonic() > deadline:
+                _log.warning("fserver_lib.stop: not every instance closed within %.0f ms; the "
+                             "store goes now", _state["join_timeout_ms"])
+                break
+            time.sleep(0.01)
+        _state.pop("store_server").close()
+    _state.clear()
+
+
+def barrier(include_server: bool, include_client: bool, instance_barrier: bool = True) -> None:
+    """Waits until every server (include_server) and every worker (include_client) called it."""
+    groups = tuple(g for g, on in (("server", include_server), ("worker", include_client)) if on)
+    if groups:
+        _barrier(groups)
+
+
+def get_nanosecond() -> int:
+    return hetmesh.now_ns()
+
+
+def push_pull(push_tensors, push_keys, pull_tensors, pull_keys, need_event: bool = True) -> int:
+    return _role("worker").push_pull(push_tensors, push_keys, pull_tensors, pull_keys, need_event)
+
+
+def wait(handler: int, timeout_ms: float = 10000) -> None:
+    _role("worker").wait(handler, timeout_ms)
+
+
+def get_all_handlers(handler: int) -> list[int]:
+    return _role("worker").all_handlers(handler)
+
+
+def fetch_trace(handler: int) -> list[int]:
+    return _role("worker").trace(handler)
+
+
+def get_batch() -> list:
+    return _role("server").get_batch()
+
+
+def respond(tensors, handler: int, need_event: bool = False) -> None:
+    _role("server").respond(tensors, handler, need_event)
+
+
+def respond_vec(ret_buffer, tensors_vec, handler_vec) -> None:
+    if len(tensors_vec) != len(handler_vec):
+        raise _errors.make(InvalidArgumentError,
+                           f"respond_vec: {len(tensors_vec)} tensors for {len(handler_vec)} "
+                           f"handlers")
+    for i, (tensor, handler) in enumerate(zip(tensors_vec, handler_vec)):
+        respond([ret_buffer[:tensor.size(0)]], handler, i == 0)
+
+
+def register_recv_buffer(tensor, worker_ranks, push_keys) -> None:
+    """Accepted; every push already lands in memory hetmesh registered at init, and get_batch's
+    tensors are views of it (the tensor given is not written)."""
+    _role("server")
+    if not _state.get("said_register"):
+        _state["said_register"] = True
+        _log.info("fserver_lib.register_recv_buffer: not needed on hetmesh (every push lands in "
+                  "memory registered at init); get_batch's tensors are where the data is")
+
+
+def _device_call(name: str):
+    def call(*args, **kwargs):
+        raise _errors.make(
+            NotSupportedError,
+            f"fserver_lib.{name}: StepMesh's stream-side helpers are not answered yet; hetmesh's "
+            f"own are AttentionEngine.arm_device/enqueue_push_pull/enqueue_wait and "
+            f"FfnEngine.serve_device (docs/device-triggered.md)")
+    call.__name__ = name
+    return call
+
+
+SimpleNotify = _device_call("SimpleNotify")
+map_pinned_tensor = _device_call("map_pinned_tensor")
+write_flag = _device_call("write_flag")
+wait_flag = _device_call("wait_flag")
+seq_add_one = _device_call("seq_add_one")
+
+__all__ = ["init", "stop", "barrier", "get_nanosecond", "push_pull", "wait", "get_all_handlers",
+           "fetch_trace", "get_batch", "respond", "respond_vec", "register_recv_buffer",
+           "SimpleNotify", "map_pinned_tensor", "write_flag", "wait_flag", "seq_add_one"]

@@ -1,0 +1,261 @@
+"""StepMesh's `fserver_lib` on hetmesh: versions of StepMesh's own Python tests
+(tests/fserver/test_fserver*.py), each role a process of its own started with StepMesh's
+variables, as its run_single_gpu.sh and run_multi_gpu.sh start them. On CPU tensors in the test
+command; ci/gpu/stepmesh.sh runs them with CUDA tensors (HM_TEST_STEPMESH_DEVICE=cuda), every
+instance on cuda:0."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+
+CUDA = os.environ.get("HM_TEST_STEPMESH_DEVICE") == "cuda"
+# The package's folder, where fserver_lib.py lies beside hetmesh/ (what PYTHONPATH names).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__import__("hetmesh").__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """A scheduler, servers and workers of one StepMesh job, each running `script`."""
+
+    def __init__(self, script: str, workers=1, servers=1, group_size=1, **extra):
+        self.env = {**os.environ, "PYTHONPATH": PACKAGE_PARENT, "DMLC_NUM_WORKER": str(workers),
+                    "DMLC_NUM_SERVER": str(servers), "DMLC_GROUP_SIZE": str(group_size),
+                    "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()),
+                    "HETMESH_STEPMESH_MAX_BYTES": str(64 << 10),
+                    "HETMESH_STEPMESH_DEVICE": "cuda:0" if CUDA else "cpu:0",
+                    "STEPMESH_BIND_CPU_CORE": "1", **extra}
+        self.script = textwrap.dedent(script)
+        self.processes = {}
+        self.start("scheduler")
+        for node in range(servers):
+            for gpu in range(group_size):
+                self.start(f"server{node}.{gpu}", DMLC_ROLE="server", DMLC_NODE_RANK=node,
+                           STEPMESH_GPU=gpu)
+        for node in range(workers):
+            for gpu in range(group_size):
+                self.start(f"worker{node}.{gpu}", DMLC_ROLE="worker", DMLC_NODE_RANK=node,
+                           STEPMESH_GPU=gpu)
+
+    def start(self, name, **env):
+        env = {**self.env, "DMLC_ROLE": "scheduler", **{k: str(v) for k, v in env.items()}}
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-c", self.script], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+
+    def finish(self, timeout=240):
+        """Each process's (exit code, stdout, stderr); the scheduler's last (it stops once every
+        other process has stopped, and waits for ever if one died)."""
+        results = {}
+        try:
+            for name, p in sorted(self.processes.items(), key=lambda item: item[0] == "scheduler"):
+                limit = timeout if name != "scheduler" else 30
+                try:
+                    out, err = p.communicate(timeout=limit)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out, err = p.communicate()
+                    err += f"\n(killed: still running after {limit} s)"
+                results[name] = (p.returncode, out, err)
+        finally:
+            for p in self.processes.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return results
+
+
+def assert_all_passed(results):
+    for name, (code, out, err) in results.items():
+        assert code == 0, f"{name} exited {code}:\n{out}\n{err}"
+
+
+# StepMesh's test_fserver.py on CPU tensors: three tensors pushed, their sum pulled.
+SUM = """
+import torch, os, time
+import fserver_lib as f
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+is_worker = os.environ.get('DMLC_ROLE') == 'worker'
+is_server = os.environ.get('DMLC_ROLE') == 'server'
+f.init()
+if is_worker:
+    push_tensors = [torch.rand([1, 8192], dtype=torch.float32, device=dev) for _ in range(3)]
+    pull_tensors = [torch.rand([1, 8192], dtype=torch.float32, device=dev)]
+    handler = f.push_pull(push_tensors, [i for i in range(len(push_tensors))], pull_tensors,
+                          [i for i in range(len(pull_tensors))])
+    f.wait(handler)
+    assert torch.allclose(sum(push_tensors), pull_tensors[0])
+    print("worker test done")
+elif is_server:
+    res = []
+    while len(res) == 0:
+        time.sleep(0.1)
+        res = f.get_batch()
+    for comm_id, batch, keys in res:
+        assert keys == [0, 1, 2], keys
+        assert [t.shape for t in batch] == [torch.Size([1, 8192])] * 3, batch
+        f.respond([sum(batch)], comm_id)
+f.stop()
+"""
+
+
+def test_a_worker_pushes_three_tensors_and_pulls_their_sum():
+    results = Job(SUM).finish()
+    assert_all_passed(results)
+    assert "worker test done" in results["worker0.0"][1]
+
+
+# StepMesh's test_fserver_dynamic.py on CPU tensors: three stages, a new number of rows every
+# call, each server echoing every worker's tensor into that worker's pull tensor for it; plus
+# what StepMesh's test prints and does not check: the keys, the bytes, and that nothing was copied.
+DYNAMIC = """
+import torch, os, random
+import fserver_lib as f
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+import hetmesh.stepmesh
+is_worker = os.environ.get('DMLC_ROLE') == 'worker'
+is_server = os.environ.get('DMLC_ROLE') == 'server'
+server_count = int(os.environ.get('DMLC_NUM_SERVER', '1'))
+worker_count = int(os.environ.get('DMLC_NUM_WORKER', '1'))
+rank = int(os.environ.get('DMLC_NODE_RANK', '0'))
+iter_count, max_num_tokens, hidden = 40, 16, 1024
+f.init()
+if is_worker:
+    f.barrier(False, True)
+    recv_buffer = [[torch.empty((max_num_tokens, hidden), dtype=torch.bfloat16, device=dev)
+                    for _ in range(server_count)] for _ in range(3)]
+    send_buffer = [torch.empty((max_num_tokens, hidden), dtype=torch.bfloat16, device=dev)
+                   for _ in range(3)]
+    scales = [torch.empty(max_num_tokens, dtype=torch.float32, device=dev) for _ in range(3)]
+    random.seed(rank)
+    for i in range(iter_count):
+        for stage in range(3):
+            width = max_num_tokens if i == 0 else random.randint(1, max_num_tokens)
+            push = [send_buffer[stage][:width], scales[stage][:width]]
+            push[0].copy_(torch.rand([width, hidden]) + rank)
+            push[1].copy_(torch.arange(width) * (stage + 1))
+            pull = [recv_buffer[stage][s][:width] for s in range(server_count)]
+            handler = f.push_pull(push, [stage + rank * 1000, 99], pull,
+                                  [1000 + stage + s for s in range(server_count)])
+            assert len(f.get_all_handlers(handler)) == 3
+            f.wait(handler, 1000 * 60)
+            for s in range(server_count):
+                assert torch.equal(pull[s], push[0]), (i, stage, s)
+            trace = f.fetch_trace(handler)
+            assert len(trace) == 8 and trace[0] <= trace[1] <= trace[6] <= trace[7], trace
+            assert trace[2] <= trace[3] <= trace[4] <= trace[5], trace
+    counters = hetmesh.stepmesh._state["worker"].engine.counters()
+    assert counters["slot_bytes"] == 0 and counters["caller_bytes"] > 0, counters
+    print("worker test done", counters)
+    f.stop()
+elif is_server:
+    f.barrier(True, False)
+    for i in range(iter_count * 3):
+        batches = f.get_batch()
+        assert len(batches) == worker_count, batches
+        for j in range(worker_count):
+            handler, tensors, keys = batches[j]
+            stage = i % 3
+            assert keys == [stage + j * 1000, 99], (i, j, keys)
+            assert tensors[0].dtype == torch.bfloat16 and tensors[0].shape[1] == hidden
+            assert tensors[1].dtype == torch.float32 and tensors[1].dim() == 1
+            assert torch.equal(tensors[1].cpu(), torch.arange(tensors[1].shape[0]) * (stage + 1.0))
+            assert (tensors[0].float() >= j).all() and (tensors[0].float() <= j + 1).all()
+        # Answered in reverse order: any handler, any order.
+        for j in reversed(range(worker_count)):
+            f.respond([batches[j][1][0]], batches[j][0], need_event=True)
+    print("server test done")
+    f.stop()
+else:
+    f.stop()
+"""
+
+
+def test_shapes_that_change_every_call_keys_and_stages_from_two_workers_to_two_servers():
+    results = Job(DYNAMIC, workers=2, servers=2).finish()
+    assert_all_passed(results)
+    for name in ("worker0.0", "worker1.0"):
+        assert "worker test done" in results[name][1], results[name]
+    for name in ("server0.0", "server1.0"):
+        assert "server test done" in results[name][1], results[name]
+
+
+# Rails (DMLC_GROUP_SIZE 2): worker instance i talks to server instance i alone. Both push and
+# respond from temporaries they drop at once: the shim holds them until the engine is done.
+RAILS = """
+import torch, os
+import fserver_lib as f
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+gpu = int(os.environ.get('STEPMESH_GPU', '0'))
+f.init()
+if os.environ['DMLC_ROLE'] == 'worker':
+    x = torch.full((4, 8), float(gpu), device=dev)
+    y = torch.zeros(4, 8, device=dev)
+    for _ in range(5):
+        f.wait(f.push_pull([x * 1], [gpu], [y], [gpu]))
+        assert torch.equal(y, x * 10 + gpu), y
+    print("worker test done")
+elif os.environ['DMLC_ROLE'] == 'server':
+    for _ in range(5):
+        (handler, tensors, keys), = f.get_batch()
+        assert keys == [gpu] and torch.equal(tensors[0].cpu(), torch.full((4, 8), float(gpu)))
+        f.respond([tensors[0] * 10 + gpu], handler)
+f.stop()
+"""
+
+
+def test_instance_i_of_a_worker_node_talks_to_instance_i_of_each_server_node():
+    results = Job(RAILS, workers=1, servers=1, group_size=2).finish()
+    assert_all_passed(results)
+
+
+# A server killed mid-run: the worker's wait raises PeerLostError naming it (StepMesh aborts).
+KILLED = """
+import torch, os, signal
+import fserver_lib as f
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+import hetmesh
+f.init()
+if os.environ['DMLC_ROLE'] == 'worker':
+    x, y0, y1 = (torch.ones(4, 8, device=dev), torch.zeros(4, 8, device=dev),
+                 torch.zeros(4, 8, device=dev))
+    for step in range(1000):
+        try:
+            f.wait(f.push_pull([x], [0], [y0, y1], [1, 2]), 30000)
+        except hetmesh.PeerLostError as error:
+            print("lost at step", step, ":", error, flush=True)
+            break
+    else:
+        raise SystemExit("no server was lost")
+elif os.environ['DMLC_ROLE'] == 'server':
+    rank = int(os.environ['DMLC_NODE_RANK'])
+    for step in range(1000):
+        batches = f.get_batch()
+        if not batches:
+            break  # the worker is gone
+        (handler, tensors, keys), = batches
+        if rank == 1 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        f.respond([tensors[0]], handler)
+else:
+    f.stop()  # the store stays up while the job runs
+"""
+
+
+def test_a_server_killed_mid_run_is_an_error_naming_it_in_the_worker():
+    job = Job(KILLED, workers=1, servers=2)
+    worker = job.processes["worker0.0"]
+    out, err = worker.communicate(timeout=120)
+    for p in job.processes.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert worker.returncode == 0, err
+    assert "lost at step 3" in out and "ffn 1" in out, out
