@@ -169,7 +169,8 @@ inline void validate(const WireHeader& h, const EngineSpec& spec, uint32_t layou
         fmt::format("the sender's job has other shapes (its A2F tensors, sizes or dtypes: layout "
                     "{:08x}, this job's {:08x})",
                     h.layout, layout));
-  // Rows are at most 2^20 and rows bytes 2^32, so these sums cannot wrap.
+  // Each tensor's rows are at most the job's tokens (checked in the loop before they are added), so
+  // the sum is at most a slot's bytes, which the engine computed with overflow checks: no wrap.
   uint64_t payload = uint64_t{h.tokens} * spec.f2a_bytes_per_token();
   if (kind == MessageKind::a2f) {
     if (h.rows[kTokensTensor] != h.tokens)

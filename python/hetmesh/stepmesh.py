@@ -57,8 +57,8 @@ SETTINGS = {
                                      "through hetmesh's own buffers (tensors new every call)"),
 }
 # [section] key of HETMESH_CONFIG this module sets itself from StepMesh's variables.
-_OWN_KEYS = {"attention", "ffn", "micro_batches", "topology", "ffns_of", "gather", "tokens",
-             "hidden", "experts", "top_k", "a2f_dtype", "f2a_dtype", "a2f_tensors"}
+_OWN_KEYS = {"attention", "ffn", "micro_batches", "queue_depth", "topology", "ffns_of", "gather",
+             "tokens", "hidden", "experts", "top_k", "a2f_dtype", "f2a_dtype", "a2f_tensors"}
 
 
 def _integer(name: str, default=None, low: int = 0) -> int:
@@ -128,7 +128,8 @@ class _Environment:
         ffns_of = [[s * g + a % g for s in range(self.servers)] for a in range(self.workers * g)]
         job = dict(attention=self.workers * g, ffn=self.servers * g,
                    micro_batches=self.settings["HETMESH_STEPMESH_MICRO_BATCHES"],
-                   topology="map", ffns_of=ffns_of, gather="all", tokens=max_bytes, hidden=1,
+                   topology="map", ffns_of=ffns_of, gather="all", queue_depth=1,
+                   tokens=max_bytes, hidden=1,
                    experts=self.servers * g, top_k=0, a2f_dtype="fp8", f2a_dtype="fp8",
                    a2f_tensors={f"push{i}": ("fp8", 1) for i in range(1, tensors)})
         job.update(_config_file_settings())
@@ -136,11 +137,14 @@ class _Environment:
             job["transport"] = "verbs"
         if self.node_host and "listen_host" not in job:
             job["listen_host"] = self.node_host
-        # StepMesh's get_batch waits for every worker: no partial batch after a window.
-        job.setdefault("gather_window_ms", job.get("timeout_ms", 10000))
-        # StepMesh's init waits for its peers without a bound; here ten minutes, as processes that
-        # load a model start minutes apart.
-        job.setdefault("join_timeout_ms", 600000)
+        # StepMesh waits for its peers without a bound (init, get_batch's every worker); here ten
+        # minutes, as processes that load a model start minutes apart: a worker later than that
+        # is served without. A write whose bytes stop moving is still found in 10 s, a hung peer
+        # by the heartbeat.
+        job.setdefault("timeout_ms", 600000)
+        job.setdefault("join_timeout_ms", job["timeout_ms"])
+        job.setdefault("gather_window_ms", job["timeout_ms"])
+        job.setdefault("io_timeout_ms", 10000)
         return hetmesh.config(**job)
 
 
@@ -226,12 +230,21 @@ _MAX_TRACES = 4096  # round trips fetch_trace still knows
 
 
 def _layout_of(tensors, keys) -> tuple:
-    return tuple((int(k), t.dtype, tuple(t.shape[1:]), t.dim()) for t, k in zip(tensors, keys))
+    """Per tensor: its key, dtype, shape past the first dimension, dimensions, and the first
+    dimension itself only where the bytes cannot tell it (a later dimension is 0; else -1)."""
+    return tuple((int(k), t.dtype, tuple(t.shape[1:]), t.dim(),
+                  t.shape[0] if t.dim() > 1 and 0 in t.shape[1:] else -1)
+                 for t, k in zip(tensors, keys))
+
+
+def _flat(tensor):
+    """A 0-d tensor as one of 1 element (the engine's tensors have rows); any other as it is."""
+    return tensor.reshape(1) if tensor.dim() == 0 else tensor
 
 
 def _encode_layout(number: int, layout: tuple) -> bytes:
-    entries = [[key, str(dtype).removeprefix("torch."), list(trailing), dims]
-               for key, dtype, trailing, dims in layout]
+    entries = [[key, str(dtype).removeprefix("torch."), list(trailing), dims, first]
+               for key, dtype, trailing, dims, first in layout]
     return _LAYOUT + json.dumps([number, entries]).encode()
 
 
@@ -259,6 +272,7 @@ class _Worker:
         self.ffn_count = env.servers * g
         self.micro_batches = env.settings["HETMESH_STEPMESH_MICRO_BATCHES"]
         self.tensors = env.settings["HETMESH_STEPMESH_TENSORS"]
+        self.max_bytes = env.settings["HETMESH_STEPMESH_MAX_BYTES"]
         limit = env.settings["HETMESH_STEPMESH_MAX_BUFFERS"]
         self.push_in_place = _InPlace("push tensors", limit)
         self.pull_in_place = _InPlace("pull tensors", limit)
@@ -306,12 +320,18 @@ class _Worker:
                 raise _errors.make(InvalidArgumentError,
                                    f"push_pull: server {s}'s pull tensor holds {_nbytes(t)} bytes "
                                    f"and server 0's {answer}: every server answers as many")
+        for what, t in [("push", t) for t in push_tensors] + [("pull", t) for t in pull_tensors]:
+            if _nbytes(t) > self.max_bytes:
+                raise _errors.make(InvalidArgumentError,
+                                   f"push_pull: a {what} tensor of {_nbytes(t)} bytes; the job's "
+                                   f"hold {self.max_bytes} (HETMESH_STEPMESH_MAX_BYTES, the same "
+                                   f"for every process of the job)")
         tag = self.layout_number(_layout_of(push_tensors, push_keys))
+        # The n-th push of every worker is micro-batch n mod MICRO_BATCHES: counted once sent.
         with self.lock:
             mb = self.pushes % self.micro_batches
-            self.pushes += 1
         # The caller's tensors in place, or (past the allocations kept) copied into the slots.
-        send, tensors, rows, tokens = None, {}, {}, 0
+        send, tensors, rows, tokens, copied = None, {}, {}, 0, False
         for i in range(self.tensors):
             name = "tokens" if i == 0 else f"push{i}"
             t = push_tensors[i] if i < len(push_tensors) else None
@@ -324,25 +344,29 @@ class _Worker:
                 continue
             if self.push_in_place.use(t):
                 if i == 0:
-                    send = t
+                    send = _flat(t)
                 else:
-                    tensors[name] = t
+                    tensors[name] = _flat(t)
             else:
                 slot = self.engine.tokens(mb) if i == 0 else self.engine.tensor(mb, name)
                 hetmesh.import_torch().from_dlpack(slot).view(-1)[:size].copy_(_bytes(t))
+                copied = True
         into = [None] * self.ffn_count
         copies = []
         for f, t in zip(self.rail, pull_tensors):
             if self.pull_in_place.use(t):
-                into[f] = t
+                into[f] = _flat(t)
             else:
                 copies.append((f, t))
         stream = _current_stream(push_tensors[0]) if need_event and push_tensors else None
+        if copied and stream is None:
+            stream = _current_stream(push_tensors[0])  # the shim's copies run there
         handle = self.engine.push_pull(mb, tokens, send=send, tensors=tensors, rows=rows,
                                        results_into=into, result_rows=answer, tag=tag,
                                        stream=stream)
         count = max(1, len(push_tensors) + (1 if pull_tensors else 0))
         with self.lock:
+            self.pushes += 1
             handler = self.next_handler
             self.next_handler += count
             # The caller's tensors are held until wait: the engine reads and writes them meanwhile
@@ -430,9 +454,16 @@ class _Server:
             if len(said) >= 2 * _MAX_LAYOUTS:  # an A uses only the last _MAX_LAYOUTS it said
                 for old in list(said)[:_MAX_LAYOUTS]:
                     del said[old]
-            said[number] = [
-                (key, getattr(torch, dtype), tuple(trailing), dims)
-                for key, dtype, trailing, dims in entries]
+            layout = []
+            for key, dtype, trailing, dims, first in entries:
+                kind = getattr(torch, dtype, None)
+                if not isinstance(kind, torch.dtype):
+                    raise _errors.make(hetmesh.ProtocolError,
+                                       f"get_batch: attention {rank} pushes tensors of dtype "
+                                       f"{dtype}, which this server's torch {torch.__version__} "
+                                       f"does not have")
+                layout.append((key, kind, tuple(trailing), dims, first))
+            said[number] = layout
 
     def row_space(self, mb: int, name: str):
         view = self.rows.get((mb, name))
@@ -453,7 +484,8 @@ class _Server:
                     raise
         if batch is None:
             return []
-        out = []
+        # Every part's tensors first, then the handlers: an error hands out none of them.
+        views = []
         parts = sorted(enumerate(batch.parts), key=lambda item: item[1].rank)
         for index, part in parts:
             layout = self.layouts.get(part.rank, {}).get(part.tag)
@@ -465,17 +497,20 @@ class _Server:
                                    f"get_batch: attention {part.rank} pushed layout {part.tag}, "
                                    f"which it never said")
             tensors = []
-            for i, (key, dtype, trailing, dims) in enumerate(layout):
+            for i, (key, dtype, trailing, dims, first) in enumerate(layout):
                 name = "tokens" if i == 0 else f"push{i}"
                 size = part.rows(name)
                 data = self.row_space(batch.micro_batch, name)[
                     part.row_offset:part.row_offset + size].view(dtype)
-                tensors.append(data.view(-1, *trailing) if dims > 0 else data.view(()))
-            with self.lock:
+                tensors.append(data.view(()) if dims == 0 else data.view(first, *trailing))
+            views.append((index, tensors, [entry[0] for entry in layout]))
+        out = []
+        with self.lock:
+            for index, tensors, keys in views:
                 handler = self.next_handler
                 self.next_handler += 1
                 self.parts[handler] = (batch, index)
-            out.append((handler, tensors, [entry[0] for entry in layout]))
+                out.append((handler, tensors, keys))
         return out
 
     def respond(self, tensors, handler: int, need_event: bool) -> None:
@@ -497,15 +532,23 @@ class _Server:
                 f"respond: {len(tensors)} tensor(s) of {size} bytes for worker "
                 f"{part.rank}'s pull tensor of {part.result_rows} bytes (one tensor, as many "
                 f"bytes)")
-        output = None
-        if tensors and size:
-            if self.out_in_place.use(tensors[0]):
-                output = tensors[0]
-            else:
-                torch = hetmesh.import_torch()
-                torch.from_dlpack(part.output).view(-1).copy_(_bytes(tensors[0]))
-        stream = _current_stream(tensors[0]) if need_event and tensors else None
-        self.engine.respond(batch, part=index, outputs=[output], stream=stream)
+        output, stream = None, None
+        try:
+            if tensors and size:
+                t = _flat(tensors[0])
+                if self.out_in_place.use(t):
+                    output = t
+                else:
+                    torch = hetmesh.import_torch()
+                    torch.from_dlpack(part.output).view(-1).copy_(_bytes(t))
+                    stream = _current_stream(t)  # the copy runs there
+                if need_event:
+                    stream = _current_stream(t)
+            self.engine.respond(batch, part=index, outputs=[output], stream=stream)
+        except BaseException:
+            with self.lock:  # not answered: the handler stays, to respond to again
+                self.parts[handler] = entry
+            raise
         self.answering[(batch.micro_batch, part.rank)] = output
 
     def close(self) -> None:
@@ -538,17 +581,24 @@ def _barrier(groups: tuple[str, ...], timeout_ms: float | None = None) -> None:
     members = sum({"worker": env.workers * env.group_size,
                    "server": env.servers * env.group_size, "scheduler": 1}[g] for g in groups)
     name = "+".join(groups)
-    generation = _state["barriers"].get(name, 0) + 1
-    _state["barriers"][name] = generation
-    key = f"stepmesh/barrier/{name}/{generation}"
     store = _state["store_client"]
-    if store.add(key, 1) == members:
+    # A barrier whose wait timed out is waited for again on its own key (this member was counted).
+    generation = _state["pending"].pop(name, None)
+    if generation is None:
+        generation = _state["barriers"].get(name, 0) + 1
+        _state["barriers"][name] = generation
+        arrived = store.add(f"stepmesh/barrier/{name}/{generation}", 1)
+    else:
+        arrived = 0
+    key = f"stepmesh/barrier/{name}/{generation}"
+    if arrived == members:
         store.set(key + "/open", b"1")
     else:
         timeout = _state["join_timeout_ms"] if timeout_ms is None else timeout_ms
         try:
             store.get(key + "/open", timeout)
         except hetmesh.TimeoutError as error:
+            _state["pending"][name] = generation
             raise _errors.make(hetmesh.TimeoutError,
                                f"fserver_lib.barrier({name}): {members} member(s) expected, not "
                                f"all came within {timeout:.0f} ms") from error
@@ -561,7 +611,7 @@ def init() -> None:
     if "env" in _state:
         raise _errors.make(InvalidArgumentError, "fserver_lib.init: called twice")
     env = _Environment()
-    _state.update(env=env, barriers={})
+    _state.update(env=env, barriers={}, pending={})
     secret = os.environ.get("HETMESH_JOB_SECRET_FILE") or None
     if env.role == "scheduler":
         host = env.store.rsplit(":", 1)[0]
@@ -598,7 +648,13 @@ def stop() -> None:
     if "store_server" in _state:
         instances = (env.workers + env.servers) * env.group_size
         deadline = time.monotonic() + _state["join_timeout_ms"] / 1000
-        while int(store.get("stepmesh/closed", _state["join_timeout_ms"])) < instances:
+        while True:
+            try:
+                closed = int(store.get("stepmesh/closed", _state["join_timeout_ms"]))
+            except hetmesh.TimeoutError:
+                closed = 0
+            if closed >= instances:
+                break
             if time.monotonic() > deadline:
                 _log.warning("fserver_lib.stop: not every instance closed within %.0f ms; the "
                              "store goes now", _state["join_timeout_ms"])
@@ -648,8 +704,10 @@ def respond_vec(ret_buffer, tensors_vec, handler_vec) -> None:
         raise _errors.make(InvalidArgumentError,
                            f"respond_vec: {len(tensors_vec)} tensors for {len(handler_vec)} "
                            f"handlers")
-    for i, (tensor, handler) in enumerate(zip(tensors_vec, handler_vec)):
-        respond([ret_buffer[:tensor.size(0)]], handler, i == 0)
+    # Every part ordered after the work that wrote ret_buffer: each is sent by its own worker's
+    # sender (StepMesh's one sending thread let the first part's event cover the rest).
+    for tensor, handler in zip(tensors_vec, handler_vec):
+        respond([ret_buffer[:tensor.size(0)]], handler, True)
 
 
 def register_recv_buffer(tensor, worker_ranks, push_keys) -> None:

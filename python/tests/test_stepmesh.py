@@ -259,3 +259,57 @@ def test_a_server_killed_mid_run_is_an_error_naming_it_in_the_worker():
             p.wait()
     assert worker.returncode == 0, err
     assert "lost at step 3" in out and "ffn 1" in out, out
+
+
+# What StepMesh aborted on or did silently, refused by name, each leaving the job usable: a 0-d
+# tensor travels; a push past HETMESH_STEPMESH_MAX_BYTES is refused and the next pairs right; a
+# push_pull past MICRO_BATCHES in flight is refused; a respond of the wrong size is refused and
+# the handler can be answered again.
+REFUSALS = """
+import torch, os
+import fserver_lib as f
+import hetmesh
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+f.init()
+if os.environ['DMLC_ROLE'] == 'worker':
+    x, y = torch.full((4, 8), 2.0, device=dev), torch.zeros(4, 8, device=dev)
+    f.wait(f.push_pull([torch.tensor(3.0, device=dev), x], [7, 8], [y], [9]))
+    assert torch.equal(y, x * 3), y
+    big = torch.zeros(64 * 1024 + 1, dtype=torch.uint8, device=dev)
+    try:
+        f.push_pull([big], [1], [y], [9])
+        raise SystemExit("a push past the job's bytes was taken")
+    except hetmesh.InvalidArgumentError as error:
+        assert "HETMESH_STEPMESH_MAX_BYTES" in str(error), error
+    handlers = [f.push_pull([x * (i + 1)], [i], [y[i:i + 1]], [9]) for i in range(3)]
+    try:
+        f.push_pull([x], [3], [y], [9])
+        raise SystemExit("a fourth push_pull in flight was taken")
+    except hetmesh.InvalidArgumentError as error:
+        assert "in flight" in str(error), error
+    for h in handlers:
+        f.wait(h)
+    print("worker test done", flush=True)
+elif os.environ['DMLC_ROLE'] == 'server':
+    (handler, tensors, keys), = f.get_batch()
+    assert keys == [7, 8] and tensors[0].dim() == 0 and tensors[0].item() == 3.0, tensors
+    try:
+        f.respond([tensors[1][:2]], handler)
+        raise SystemExit("a respond of the wrong size was taken")
+    except hetmesh.InvalidArgumentError as error:
+        assert "pull tensor of 128 bytes" in str(error), error
+    f.respond([tensors[1] * tensors[0]], handler)
+    for i in range(3):  # the pushes after the refused one, paired from the first
+        (handler, tensors, keys), = f.get_batch()
+        assert keys == [i] and torch.equal(tensors[0].cpu(), torch.full((4, 8), 2.0 * (i + 1)))
+        f.respond([tensors[0][:1]], handler)
+    print("server test done", flush=True)
+f.stop()
+"""
+
+
+def test_what_stepmesh_aborted_on_is_refused_by_name_and_the_job_goes_on():
+    results = Job(REFUSALS).finish()
+    assert_all_passed(results)
+    assert "worker test done" in results["worker0.0"][1]
+    assert "server test done" in results["server0.0"][1]
