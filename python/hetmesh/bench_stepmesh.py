@@ -38,8 +38,9 @@ def bare_job(args) -> dict:
                 timeout_ms=30000)
 
 
-def device_of(args, torch) -> str:
-    return "cuda:0" if args.device == "cuda" else "cpu"
+def devices(args) -> tuple[str, str]:
+    """(the engines' device, torch's) for --device."""
+    return ("cuda:0", "cuda:0") if args.device == "cuda" else ("cpu:0", "cpu")
 
 
 def serve(args) -> None:
@@ -49,10 +50,10 @@ def serve(args) -> None:
     torch = hetmesh.import_torch()
     rank = int(os.environ["DMLC_NODE_RANK"])
     f.init()
-    bare = hetmesh.FfnEngine(rank=rank, store=args.store, device=hetmesh_device(args),
-                             job="bare", **bare_job(args))
-    out = torch.ones(args.tokens, args.hidden, dtype=torch.bfloat16,
-                     device=device_of(args, torch))
+    engine_device, on = devices(args)
+    bare = hetmesh.FfnEngine(rank=rank, store=args.store, device=engine_device, job="bare",
+                             **bare_job(args))
+    out = torch.ones(args.tokens, args.hidden, dtype=torch.bfloat16, device=on)
 
     def shim() -> None:
         while batches := f.get_batch():
@@ -72,10 +73,6 @@ def serve(args) -> None:
     f.stop()
 
 
-def hetmesh_device(args) -> str:
-    return "cuda:0" if args.device == "cuda" else "cpu:0"
-
-
 def work(args) -> None:
     """A worker: the two jobs' round trips in turns; worker 0 prints the results as JSON."""
     import fserver_lib as f
@@ -83,9 +80,9 @@ def work(args) -> None:
     torch = hetmesh.import_torch()
     rank = int(os.environ["DMLC_NODE_RANK"])
     f.init()
-    bare = hetmesh.AttentionEngine(rank=rank, store=args.store, device=hetmesh_device(args),
-                                   job="bare", **bare_job(args))
-    on = device_of(args, torch)
+    engine_device, on = devices(args)
+    bare = hetmesh.AttentionEngine(rank=rank, store=args.store, device=engine_device, job="bare",
+                                   **bare_job(args))
     x = torch.ones(args.tokens, args.hidden, dtype=torch.uint8, device=on)
     pulls = [torch.zeros(args.tokens, args.hidden, dtype=torch.bfloat16, device=on)
              for _ in range(SERVERS)]
@@ -93,33 +90,27 @@ def work(args) -> None:
 
     keys = [1000 + s for s in range(SERVERS)]
 
-    def shim_phase(n: int, ns: list[int], calls: list[int]) -> None:
+    def phase(push, wait, n: int, ns: list[int], calls: list[int]) -> None:
+        """n round trips: each push_pull + wait, and the push_pull's call alone."""
         for _ in range(n):
             start = clock()
-            handler = f.push_pull([x], [rank], pulls, keys)
+            handle = push()
             pushed = clock()
-            f.wait(handler)
+            wait(handle)
             ns.append(clock() - start)
             calls.append(pushed - start)
 
-    def own_phase(n: int, ns: list[int], calls: list[int]) -> None:
-        for _ in range(n):
-            start = clock()
-            handle = bare.push_pull(0, send=x, results_into=pulls)
-            pushed = clock()
-            bare.wait(handle)
-            ns.append(clock() - start)
-            calls.append(pushed - start)
-
-    shim_phase(args.warmup, [], [])
-    own_phase(args.warmup, [], [])
+    shim = (lambda: f.push_pull([x], [rank], pulls, keys), f.wait)
+    own = (lambda: bare.push_pull(0, send=x, results_into=pulls), bare.wait)
+    phase(*shim, args.warmup, [], [])
+    phase(*own, args.warmup, [], [])
     shim_ns: list[int] = []
     own_ns: list[int] = []
     shim_calls: list[int] = []
     own_calls: list[int] = []
     for _ in range(args.phases):
-        own_phase(args.iterations, own_ns, own_calls)
-        shim_phase(args.iterations, shim_ns, shim_calls)
+        phase(*own, args.iterations, own_ns, own_calls)
+        phase(*shim, args.iterations, shim_ns, shim_calls)
     counters = hetmesh.stepmesh._state["worker"].engine.counters()
     bare.finish()
     bare.close()

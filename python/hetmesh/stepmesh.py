@@ -259,14 +259,20 @@ class _Trip(NamedTuple):
     tensors: tuple  # the caller's, held until wait
 
 
+def _open(engine_class, env: _Environment, config: hetmesh.Config):
+    """This instance's engine of the job, taking tensors as their bytes."""
+    engine = engine_class(config, rank=env.rank, store=env.store, device=_device(env),
+                          job="stepmesh")
+    engine._take_tensors_as_bytes()
+    return engine
+
+
 class _Worker:
     """An attention instance: push_pull, wait and their traces."""
 
-    def __init__(self, env: _Environment):
+    def __init__(self, env: _Environment, config: hetmesh.Config):
         self.env = env
-        self.engine = hetmesh.AttentionEngine(env.config(), rank=env.rank, store=env.store,
-                                              device=_device(env), job="stepmesh")
-        self.engine._take_tensors_as_bytes()
+        self.engine = _open(hetmesh.AttentionEngine, env, config)
         g = env.group_size
         self.rail = [s * g + env.instance for s in range(env.servers)]  # F ranks, server order
         self.ffn_count = env.servers * g
@@ -420,11 +426,9 @@ class _Worker:
 class _Server:
     """An FFN instance: get_batch and respond, one entry per worker."""
 
-    def __init__(self, env: _Environment):
+    def __init__(self, env: _Environment, config: hetmesh.Config):
         self.env = env
-        self.engine = hetmesh.FfnEngine(env.config(), rank=env.rank, store=env.store,
-                                        device=_device(env), job="stepmesh")
-        self.engine._take_tensors_as_bytes()
+        self.engine = _open(hetmesh.FfnEngine, env, config)
         self.out_in_place = _InPlace("respond's tensors", env.settings[
             "HETMESH_STEPMESH_MAX_BUFFERS"])
         # A rank -> its layouts said: number -> [(key, dtype, trailing shape, dims)]
@@ -436,7 +440,7 @@ class _Server:
         # next answer (its A pushes again only once this one arrived), as StepMesh's responses
         # hold theirs, since the engine sends after respond() returns.
         self.answering: dict[tuple, Any] = {}
-        self.timeout_ms = env.config().timeout_ms
+        self.timeout_ms = config.timeout_ms
         self.lock = threading.Lock()
 
     def take_messages(self) -> None:
@@ -623,9 +627,9 @@ def init() -> None:
     _state["store_client"] = hetmesh._native.StoreClient(env.store, secret,
                                                          _state["join_timeout_ms"])
     if env.role == "worker":
-        _state["worker"] = _Worker(env)
+        _state["worker"] = _Worker(env, config)
     elif env.role == "server":
-        _state["server"] = _Server(env)
+        _state["server"] = _Server(env, config)
 
 
 def stop() -> None:
