@@ -21,6 +21,7 @@ needed (every push lands in memory registered at init).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -248,6 +249,42 @@ def _encode_layout(number: int, layout: tuple) -> bytes:
     return _LAYOUT + json.dumps([number, entries]).encode()
 
 
+def _decode_layout(rank: int, text: bytes, tensors: int) -> tuple[int, list]:
+    """A layout attention `rank` said (of at most `tensors` tensors), checked as hostile input:
+    ProtocolError naming the A and what is wrong, never a KeyError or a torch error later."""
+    torch = hetmesh.import_torch()
+
+    def refuse(why: str):
+        return _errors.make(hetmesh.ProtocolError,
+                            f"get_batch: attention {rank} said a layout that {why}")
+
+    def count(value, low=0):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    try:
+        number, entries = json.loads(text)
+    except (ValueError, TypeError) as error:
+        raise refuse(f"is not [number, entries] JSON ({error})") from None
+    if not count(number, 1) or not isinstance(entries, list) or len(entries) > tensors:
+        raise refuse(f"has no number >= 1 and list of at most {tensors} entries "
+                     f"(HETMESH_STEPMESH_TENSORS)")
+    layout = []
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 5):
+            raise refuse(f"has an entry {str(entry)[:80]} that is not [key, dtype, trailing, "
+                         f"dims, first]")
+        key, dtype, trailing, dims, first = entry
+        if not (count(key, -(1 << 63)) and isinstance(dtype, str) and isinstance(trailing, list)
+                and all(count(d) for d in trailing) and count(dims)
+                and dims == len(trailing) + 1 - (dims == 0) and count(first, -1)):
+            raise refuse(f"has a malformed entry {str(entry)[:80]}")
+        kind = getattr(torch, dtype, None)
+        if not isinstance(kind, torch.dtype):
+            raise refuse(f"pushes tensors of dtype {dtype[:40]}, which this server's torch "
+                         f"{torch.__version__} does not have")
+        layout.append((key, kind, tuple(trailing), dims, first))
+    return number, layout
+
+
 # ---- the module's state ----
 
 class _Trip(NamedTuple):
@@ -433,6 +470,7 @@ class _Server:
             "HETMESH_STEPMESH_MAX_BUFFERS"])
         # A rank -> its layouts said: number -> [(key, dtype, trailing shape, dims)]
         self.layouts: dict[int, dict[int, list]] = {}
+        self.refused: dict[int, str] = {}  # A rank -> why its last malformed layout was dropped
         self.rows: dict[tuple, Any] = {}  # (mb, tensor name) -> the row space as 1-D bytes
         self.next_handler = 1
         self.parts: dict[int, tuple] = {}  # handler -> (batch, part index)
@@ -446,27 +484,23 @@ class _Server:
     def take_messages(self) -> None:
         """The layouts said since the last call (only when a part names one not known yet: the
         side band holds them in order with the data, and reading it costs a lock)."""
-        torch = hetmesh.import_torch()
         while (message := self.engine.receive_message(0)) is not None:
             _, rank, data = message
             if not data.startswith(_LAYOUT):
                 _log.warning("fserver_lib: a side-band message from attention %d that is not a "
                              "layout: dropped", rank)
                 continue
-            number, entries = json.loads(data[len(_LAYOUT):])
+            try:
+                number, layout = _decode_layout(rank, data[len(_LAYOUT):],
+                                                self.env.settings["HETMESH_STEPMESH_TENSORS"])
+            except hetmesh.ProtocolError as error:  # dropped; a push naming it is refused
+                _log.warning("fserver_lib: %s: dropped", error)
+                self.refused[rank] = str(error)
+                continue
             said = self.layouts.setdefault(rank, {})
             if len(said) >= 2 * _MAX_LAYOUTS:  # an A uses only the last _MAX_LAYOUTS it said
                 for old in list(said)[:_MAX_LAYOUTS]:
                     del said[old]
-            layout = []
-            for key, dtype, trailing, dims, first in entries:
-                kind = getattr(torch, dtype, None)
-                if not isinstance(kind, torch.dtype):
-                    raise _errors.make(hetmesh.ProtocolError,
-                                       f"get_batch: attention {rank} pushes tensors of dtype "
-                                       f"{dtype}, which this server's torch {torch.__version__} "
-                                       f"does not have")
-                layout.append((key, kind, tuple(trailing), dims, first))
             said[number] = layout
 
     def row_space(self, mb: int, name: str):
@@ -497,16 +531,26 @@ class _Server:
                 self.take_messages()
                 layout = self.layouts.get(part.rank, {}).get(part.tag)
             if layout is None:
+                last = self.refused.get(part.rank)
                 raise _errors.make(hetmesh.ProtocolError,
                                    f"get_batch: attention {part.rank} pushed layout {part.tag}, "
-                                   f"which it never said")
+                                   f"which it never said"
+                                   + (f" (the last it said and was refused: {last})"
+                                      if last else ""))
             tensors = []
             for i, (key, dtype, trailing, dims, first) in enumerate(layout):
                 name = "tokens" if i == 0 else f"push{i}"
                 size = part.rows(name)
                 data = self.row_space(batch.micro_batch, name)[
-                    part.row_offset:part.row_offset + size].view(dtype)
-                tensors.append(data.view(()) if dims == 0 else data.view(first, *trailing))
+                    part.row_offset:part.row_offset + size]
+                try:
+                    data = data.view(dtype)
+                    tensors.append(data.view(()) if dims == 0 else data.view(first, *trailing))
+                except RuntimeError as error:  # its bytes do not make what its layout says
+                    raise _errors.make(hetmesh.ProtocolError,
+                                       f"get_batch: attention {part.rank} pushed {size} bytes "
+                                       f"as tensor {i} of layout {part.tag}, which they do not "
+                                       f"make ({error})") from None
             views.append((index, tensors, [entry[0] for entry in layout]))
         out = []
         with self.lock:
@@ -624,6 +668,7 @@ def init() -> None:
             else env.store, secret)
     config = env.config()
     _state["join_timeout_ms"] = float(config.join_timeout_ms)
+    _state["timeout_ms"] = float(config.timeout_ms)
     _state["store_client"] = hetmesh._native.StoreClient(env.store, secret,
                                                          _state["join_timeout_ms"])
     if env.role == "worker":
@@ -724,22 +769,177 @@ def register_recv_buffer(tensor, worker_ranks, push_keys) -> None:
                   "memory registered at init); get_batch's tensors are where the data is")
 
 
-def _device_call(name: str):
-    def call(*args, **kwargs):
-        raise _errors.make(
-            NotSupportedError,
-            f"fserver_lib.{name}: StepMesh's stream-side helpers are not answered yet; hetmesh's "
-            f"own are AttentionEngine.arm_device/enqueue_push_pull/enqueue_wait and "
-            f"FfnEngine.serve_device (docs/device-triggered.md)")
-    call.__name__ = name
-    return call
+# ---- StepMesh's stream helpers, on the engine's stream flags: no kernel, no SM ----
+
+def _engine():
+    """This process's engine, for the stream helpers."""
+    node = _state.get("worker") or _state.get("server")
+    if node is None:
+        raise _errors.make(InvalidArgumentError,
+                           "fserver_lib: the stream helpers need a worker or a server after "
+                           "init()")
+    return node.engine
 
 
-SimpleNotify = _device_call("SimpleNotify")
-map_pinned_tensor = _device_call("map_pinned_tensor")
-write_flag = _device_call("write_flag")
-wait_flag = _device_call("wait_flag")
-seq_add_one = _device_call("seq_add_one")
+def _on_gpu(tensor) -> bool:
+    return tensor.device.type == "cuda"
+
+
+class _PinnedView:
+    """Pinned host memory as a CUDA array (one address on host and device under unified
+    addressing); holds the host tensor."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.__cuda_array_interface__ = {
+            "shape": tuple(tensor.shape), "typestr": tensor.numpy().dtype.str,
+            "data": (tensor.data_ptr(), False), "version": 3}
+
+
+def map_pinned_tensor(tensor, device_index: int):
+    """The pinned host tensor as a tensor of GPU `device_index`, the same memory: what the device
+    writes there the host reads (write_flag), and what the host writes the device sees. On a
+    machine without CUDA, the tensor itself."""
+    torch = hetmesh.import_torch()
+    if not torch.cuda.is_available():
+        return tensor
+    if not tensor.is_pinned() or not tensor.is_contiguous():
+        raise _errors.make(InvalidArgumentError,
+                           "map_pinned_tensor: the tensor must be pinned and contiguous "
+                           "(torch.zeros(..., pin_memory=True))")
+    view = torch.as_tensor(_PinnedView(tensor), device=f"cuda:{device_index}")
+    _state.setdefault("pinned", {})[view.data_ptr()] = tensor  # wait_flag's host reads it
+    return view
+
+
+def _int64_scalar(tensor, name: str, call: str) -> None:
+    torch = hetmesh.import_torch()
+    if tensor.dtype != torch.int64 or tensor.numel() < 1:
+        raise _errors.make(InvalidArgumentError,
+                           f"{call}: {name} must be an int64 tensor (its first element is used)")
+
+
+def seq_add_one(seq) -> None:
+    """seq[0] += 1, on torch's current stream where seq is on a GPU (capturable)."""
+    _int64_scalar(seq, "seq", "seq_add_one")
+    seq.view(-1)[:1].add_(1)
+
+
+def write_flag(flag, seq) -> None:
+    """flag[0] = seq[0] once the current stream gets here (capturable): a copy on the engine's
+    device, ordered on torch's current stream."""
+    _int64_scalar(flag, "flag", "write_flag")
+    _int64_scalar(seq, "seq", "write_flag")
+    if not _on_gpu(seq):
+        flag.view(-1)[:1].copy_(seq.view(-1)[:1])
+        return
+    _engine()._enqueue_copy(flag.data_ptr(), seq.data_ptr(), 8, _current_stream(seq))
+
+
+def wait_flag(flag, seq) -> None:
+    """Later work on torch's current stream waits until flag[0] >= seq[0], seq read when the stream
+    gets there (capturable, replayable). The stream waits on a word the engine's thread raises
+    once the flag is high enough, where StepMesh spins a kernel: so `flag` must be memory the host
+    reads, map_pinned_tensor's view. On the host (seq not on a GPU), it waits here, at most the
+    job's timeout."""
+    _int64_scalar(flag, "flag", "wait_flag")
+    _int64_scalar(seq, "seq", "wait_flag")
+    torch = hetmesh.import_torch()
+    if not _on_gpu(seq):
+        timeout_ms = _state.get("timeout_ms", 600000.0)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while int(flag.view(-1)[0]) < int(seq.view(-1)[0]):
+            if time.monotonic() > deadline:
+                raise _errors.make(hetmesh.TimeoutError,
+                                   f"wait_flag: the flag stayed below {int(seq.view(-1)[0])} for "
+                                   f"{timeout_ms:.0f} ms")
+            time.sleep(20e-6)
+        return
+    if flag.data_ptr() not in _state.get("pinned", {}):
+        raise _errors.make(NotSupportedError,
+                           "wait_flag: the flag must be map_pinned_tensor's view of pinned host "
+                           "memory (hetmesh's host reads it; no kernel spins on the device)")
+    _engine()._enqueue_flag_wait(flag.data_ptr(), seq.data_ptr(), _current_stream(seq),
+                                 not torch.cuda.is_current_stream_capturing())
+
+
+class SimpleNotify:
+    """StepMesh's SimpleNotify: holds torch's current stream until a round trip has settled (a
+    worker's stream_wait_event) or a batch is in (a server's block_now_stream_and_get_batch), with
+    no kernel: the stream waits on a notice the engine raises from this object's thread once the
+    host-side call returned, or failed (then the call that collects it raises). Its values change
+    per call, so, as StepMesh's, it is not for graphs. On the host (an engine without a GPU) the
+    host is the stream: the calls wait where the stream would."""
+
+    def init(self) -> None:
+        engine = _engine()
+        self._gpu = engine.device.startswith("cuda")
+        self._notice = engine._notice() if self._gpu else None
+        self._count = 1  # the next notice value to wait for
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, "fserver_lib-notify") if self._gpu \
+            else None
+        self._pending: list = []
+        self._batch = None
+
+    def _hold(self) -> None:
+        """torch's current stream waits for the next notice."""
+        if self._gpu:
+            torch = hetmesh.import_torch()
+            _engine()._enqueue_notice_wait(self._notice, self._count & 0xFFFFFFFF,
+                                           torch.cuda.current_stream())
+
+    def _then_notify(self, work):
+        """Runs `work` on this object's thread, then raises the notice (also when it failed)."""
+        value, engine = self._count & 0xFFFFFFFF, _engine()
+        self._count += 1
+
+        def run():
+            try:
+                return work()
+            finally:
+                if self._gpu:
+                    try:
+                        engine._raise_notice(self._notice, value)
+                    except hetmesh.Error:
+                        pass  # the engine ended, which let every stream go
+        if self._gpu:
+            future = self._pool.submit(run)
+        else:  # the host is the stream: what comes after waits here
+            future = concurrent.futures.Future()
+            try:
+                future.set_result(run())
+            except Exception as error:  # raised where StepMesh's user collects it
+                future.set_exception(error)
+        self._pending.append(future)
+        return future
+
+    def stream_wait_event(self, handler: int) -> None:
+        self._hold()
+        self._then_notify(lambda: wait(handler))
+
+    def wait_event_done(self) -> None:
+        """Waits for every stream_wait_event's round trip; raises the first one's error."""
+        pending, self._pending = self._pending, []
+        errors = [f.exception() for f in pending]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def block_now_stream(self) -> None:
+        self._hold()
+
+    def block_now_stream_and_get_batch(self) -> None:
+        self._hold()
+        self._batch = self._then_notify(get_batch)
+
+    def get_future_batch_data(self) -> list:
+        if self._batch is None:
+            raise _errors.make(InvalidArgumentError,
+                               "get_future_batch_data: no block_now_stream_and_get_batch before")
+        batch, self._batch = self._batch, None
+        self._pending.remove(batch)
+        return batch.result()
+
 
 __all__ = ["init", "stop", "barrier", "get_nanosecond", "push_pull", "wait", "get_all_handlers",
            "fetch_trace", "get_batch", "respond", "respond_vec", "register_recv_buffer",

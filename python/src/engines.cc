@@ -12,6 +12,7 @@
 #include <hetmesh/plugins/cuda.h>
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/instance.hpp>
+#include <hetmesh/afd/stream_flags.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -41,6 +42,9 @@ struct Context {
   std::vector<std::shared_ptr<void>> held;
   std::map<uintptr_t, Stream> borrowed;
   std::unique_ptr<afd::Instance> instance;  // its engine ends first
+  // hetmesh.stepmesh's notices and flag waits, made at the first; they let their streams go
+  // before the engine ends.
+  std::unique_ptr<afd::StreamFlags> flags;
   // A job of bytes (take_tensors_as_bytes): every row of every tensor is one byte, and push_pull
   // and respond take any contiguous tensor as its bytes (hetmesh.stepmesh's tensors of any dtype).
   bool bytes = false;
@@ -133,6 +137,13 @@ milliseconds timeout_or(const std::optional<double>& timeout_ms, const Context& 
   if (!(*timeout_ms >= 0))
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("timeout_ms {} is not >= 0", *timeout_ms));
   return milliseconds(static_cast<int64_t>(std::min(*timeout_ms, kYearMs)));
+}
+
+// The stream flags of `c`'s engine (afd/stream_flags.hpp), made at the first call.
+afd::StreamFlags& flags_of(Context& c) {
+  constexpr int kFlagSites = 4096;  // notices and wait_flag sites a process holds at once
+  if (!c.flags) c.flags = std::make_unique<afd::StreamFlags>(c.device(), kFlagSites);
+  return *c.flags;
 }
 
 void check_micro_batch(int mb, const afd::EngineSpec& spec) {
@@ -303,6 +314,16 @@ const Stream* stream_of(const py::object& s, Context& c) {
                   py::str(py::type::handle_of(s).attr("__qualname__")).cast<std::string>()));
 }
 
+// stream_of for `call`, which must have a stream.
+const Stream& required_stream(const py::object& s, Context& c, const char* call) {
+  const Stream* stream = stream_of(s, c);
+  if (stream == nullptr)
+    throw Error(
+        HM_ERR_INVALID_ARGUMENT,
+        fmt::format("{}: name the stream (engine.create_stream() or a framework's stream)", call));
+  return *stream;
+}
+
 // The vendor's handle behind a stream (a cudaStream_t for the cuda plugin), so a framework can
 // run its kernels on it (torch.cuda.ExternalStream); None where the plugin offers none.
 py::object native_handle(const PyStream& s) {
@@ -347,7 +368,11 @@ class PyEngine : public SlotOwner {
     return context_;
   }
   std::shared_ptr<const void> memory() const override { return live(); }
-  static void finish_engine(Context& c) { engine_of<Engine>(c).finish(); }
+  // The engine's end lets every stream waiting on one of its stream flags go, then finishes.
+  static void finish_engine(Context& c) {
+    if (c.flags) c.flags->release();
+    engine_of<Engine>(c).finish();
+  }
   bool is_open() const { return context_ != nullptr; }
 
   // finish() once: the C++ engine's finish, idempotent here so close() after it adds nothing.
@@ -376,6 +401,7 @@ class PyEngine : public SlotOwner {
       } catch (const Error&) {  // it had failed: its peers heard so
       }
     }
+    if (c->flags) c->flags->release();  // no stream waits on a closed engine
     c.reset();
   }
 
@@ -387,6 +413,7 @@ class PyEngine : public SlotOwner {
     if (closed_why_.empty()) closed_why_ = "shut down (the interpreter is exiting)";
     if (!c || finished_) return;
     py::gil_scoped_release unlocked;
+    if (c->flags) c->flags->release();
     c->instance->close();
   }
 
@@ -568,6 +595,44 @@ void bind_common(Class& cls) {
           py::arg("peer"), py::arg("data"),
           "Sends the peer of that rank (an F from an A, an A from an F) a side-band message of at "
           "most 60 KiB, in order with this engine's data to it.")
+      .def(
+          "_notice", [](const Py& e) { return flags_of(*e.live()).notice(); },
+          "hetmesh.stepmesh's SimpleNotify: a new notice (a word streams wait on).")
+      .def(
+          "_enqueue_notice_wait",
+          [](const Py& e, int notice, uint32_t value, const py::object& stream) {
+            std::shared_ptr<Context> c = e.live();
+            flags_of(*c).enqueue_notice_wait(notice, value,
+                                             required_stream(stream, *c, "SimpleNotify"));
+          },
+          py::arg("notice"), py::arg("value"), py::arg("stream"),
+          "Later work on `stream` waits until the notice is raised to `value` or past it.")
+      .def(
+          "_raise_notice",
+          [](const Py& e, int notice, uint32_t value) {
+            flags_of(*e.live()).raise_notice(notice, value);
+          },
+          py::arg("notice"), py::arg("value"))
+      .def(
+          "_enqueue_flag_wait",
+          [](const Py& e, uintptr_t flag, uintptr_t seq, const py::object& stream, bool reusable) {
+            std::shared_ptr<Context> c = e.live();
+            flags_of(*c).enqueue_flag_wait(reinterpret_cast<const int64_t*>(flag),
+                                           reinterpret_cast<const void*>(seq),
+                                           required_stream(stream, *c, "wait_flag"), reusable);
+          },
+          py::arg("flag"), py::arg("seq"), py::arg("stream"), py::arg("reusable"),
+          "hetmesh.stepmesh's wait_flag: later work on `stream` waits until the int64 at host "
+          "address `flag` is >= the int64 at `seq` as the stream finds it.")
+      .def(
+          "_enqueue_copy",
+          [](const Py& e, uintptr_t dst, uintptr_t src, uint64_t bytes, const py::object& stream) {
+            std::shared_ptr<Context> c = e.live();
+            required_stream(stream, *c, "write_flag")
+                .copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+          },
+          py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("stream"),
+          "hetmesh.stepmesh's write_flag: a copy of `bytes` ordered on `stream`.")
       .def(
           "receive_message",
           [](const Py& e, std::optional<double> timeout_ms) -> py::object {
@@ -848,12 +913,7 @@ void bind_engines(py::module_& m) {
           "stream_wait",
           [](const PyAttention& a, afd::AttentionEngine::Handle handle, const py::object& stream) {
             std::shared_ptr<Context> c = a.live();
-            const Stream* on = stream_of(stream, *c);
-            if (on == nullptr)
-              throw Error(HM_ERR_INVALID_ARGUMENT,
-                          "stream_wait: name the stream that is to wait (engine.create_stream() "
-                          "or a framework's stream)");
-            attention_of(*c).stream_wait(handle, *on);
+            attention_of(*c).stream_wait(handle, required_stream(stream, *c, "stream_wait"));
           },
           py::arg("handle"), py::arg("stream"),
           "Later work on `stream` waits, without the host, until the round trip of `handle` has "
@@ -886,10 +946,8 @@ void bind_engines(py::module_& m) {
           "enqueue_push_pull",
           [](const PyAttention& a, int mb, uint32_t tokens, const py::object& stream) {
             std::shared_ptr<Context> c = a.live();
-            const Stream* on = stream_of(stream, *c);
-            if (on == nullptr)
-              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_push_pull: name the stream");
-            attention_of(*c).enqueue_push_pull(mb, tokens, *on);
+            attention_of(*c).enqueue_push_pull(mb, tokens,
+                                               required_stream(stream, *c, "enqueue_push_pull"));
           },
           py::arg("micro_batch"), py::arg("tokens"), py::arg("stream"),
           "Enqueues on `stream` the ring that sends micro-batch `micro_batch` with `tokens` rows "
@@ -898,10 +956,7 @@ void bind_engines(py::module_& m) {
           "enqueue_wait",
           [](const PyAttention& a, int mb, const py::object& stream) {
             std::shared_ptr<Context> c = a.live();
-            const Stream* on = stream_of(stream, *c);
-            if (on == nullptr)
-              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_wait: name the stream");
-            attention_of(*c).enqueue_wait(mb, *on);
+            attention_of(*c).enqueue_wait(mb, required_stream(stream, *c, "enqueue_wait"));
           },
           py::arg("micro_batch"), py::arg("stream"),
           "Enqueues on `stream` a hold until micro-batch `micro_batch`'s round trip has settled "
@@ -1205,10 +1260,7 @@ void bind_engines(py::module_& m) {
           "enqueue_wait_batch",
           [](const PyFfn& f, int mb, const py::object& stream) {
             std::shared_ptr<Context> c = f.live();
-            const Stream* on = stream_of(stream, *c);
-            if (on == nullptr)
-              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_wait_batch: name the stream");
-            ffn_of(*c).enqueue_wait_batch(mb, *on);
+            ffn_of(*c).enqueue_wait_batch(mb, required_stream(stream, *c, "enqueue_wait_batch"));
           },
           py::arg("micro_batch"), py::arg("stream"),
           "Enqueues a hold until micro-batch `micro_batch`'s batch is in inputs(mb). Capturable.")
@@ -1216,10 +1268,7 @@ void bind_engines(py::module_& m) {
           "enqueue_respond",
           [](const PyFfn& f, int mb, const py::object& stream) {
             std::shared_ptr<Context> c = f.live();
-            const Stream* on = stream_of(stream, *c);
-            if (on == nullptr)
-              throw Error(HM_ERR_INVALID_ARGUMENT, "enqueue_respond: name the stream");
-            ffn_of(*c).enqueue_respond(mb, *on);
+            ffn_of(*c).enqueue_respond(mb, required_stream(stream, *c, "enqueue_respond"));
           },
           py::arg("micro_batch"), py::arg("stream"),
           "Enqueues the ring that answers micro-batch `micro_batch` from outputs(mb). Capturable.")

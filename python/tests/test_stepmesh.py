@@ -313,3 +313,137 @@ def test_what_stepmesh_aborted_on_is_refused_by_name_and_the_job_goes_on():
     assert_all_passed(results)
     assert "worker test done" in results["worker0.0"][1]
     assert "server test done" in results["server0.0"][1]
+
+
+# StepMesh's stream helpers: SimpleNotify on both sides, and test_kernel_wait.py's pattern (the
+# stream rings the host with write_flag, a host thread does the push_pull and acks, the stream
+# waits with wait_flag). With CUDA, the rings are captured in a graph replayed twice (the second
+# replay counts on from the first, as StepMesh's wait kernel does); on the host, each call acts at
+# once. A handler that is no push_pull is raised by wait_event_done, and the stream goes on.
+HELPERS = """
+import threading, torch, os
+import fserver_lib as f
+import hetmesh
+cuda = os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda'
+dev = 'cuda:0' if cuda else 'cpu'
+ROUNDS, LAYERS = 5, 6
+f.init()
+if os.environ['DMLC_ROLE'] == 'worker':
+    n = f.SimpleNotify()
+    n.init()
+    x, y = torch.arange(8.0, device=dev).view(2, 4), torch.zeros(2, 4, device=dev)
+    for r in range(ROUNDS):
+        n.stream_wait_event(f.push_pull([x + r], [0], [y], [1]))
+        z = y * 2  # on the stream, after the results are in: no host wait before it
+        n.wait_event_done()
+        assert torch.equal(z, (x + r) * 2), (r, z)
+    n.stream_wait_event(12345)
+    try:
+        n.wait_event_done()
+        raise SystemExit("a handler that is no push_pull was not raised")
+    except hetmesh.InvalidArgumentError as error:
+        assert "12345" in str(error), error
+    assert torch.equal(y + 0, (x + ROUNDS - 1)), y  # the stream was let go
+
+    signal = torch.zeros(1, dtype=torch.int64, pin_memory=cuda)
+    ack = torch.zeros(1, dtype=torch.int64, pin_memory=cuda)
+    signal_dev, ack_dev = f.map_pinned_tensor(signal, 0), f.map_pinned_tensor(ack, 0)
+    seq = torch.zeros(1, dtype=torch.int64, device=dev)
+    answered, stop = [], threading.Event()
+
+    def handle():  # the host's side: each ring is a round trip
+        expected = 1
+        while not stop.is_set():
+            if int(signal[0]) < expected:
+                continue
+            f.wait(f.push_pull([x * expected], [0], [y], [1]))
+            answered.append(float(y[0, 1]))
+            ack.fill_(expected)
+            expected += 1
+
+    thread = threading.Thread(target=handle)
+    thread.start()
+
+    def step():
+        for _ in range(LAYERS):
+            f.seq_add_one(seq)
+            f.write_flag(signal_dev, seq)
+            f.wait_flag(ack_dev, seq)
+
+    if cuda:
+        try:
+            f.wait_flag(torch.zeros(1, dtype=torch.int64, device=dev), seq)
+            raise SystemExit("a flag the host cannot read was taken")
+        except hetmesh.NotSupportedError as error:
+            assert "map_pinned_tensor" in str(error), error
+        s = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            graph.capture_begin()
+            step()
+            graph.capture_end()
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+    else:
+        step()
+        step()
+    stop.set()
+    thread.join()
+    assert answered == [float(i) for i in range(1, 2 * LAYERS + 1)], answered
+    assert int(seq[0]) == 2 * LAYERS and int(signal[0]) == 2 * LAYERS, (seq, signal)
+    print("worker test done", flush=True)
+elif os.environ['DMLC_ROLE'] == 'server':
+    n = f.SimpleNotify()
+    n.init()
+    for r in range(ROUNDS + 2 * LAYERS):
+        n.block_now_stream_and_get_batch()
+        (handler, tensors, keys), = n.get_future_batch_data()
+        f.respond([tensors[0] + 0], handler)
+    print("server test done", flush=True)
+f.stop()
+"""
+
+
+def test_stream_helpers_hold_the_stream_until_the_host_says_so():
+    results = Job(HELPERS).finish()
+    assert_all_passed(results)
+    assert "worker test done" in results["worker0.0"][1]
+    assert "server test done" in results["server0.0"][1]
+
+
+# A worker's side band is input to the server like any other: layouts that are not JSON, not of
+# the shape, past the job's tensors or of a dtype torch lacks are dropped naming the worker, and
+# the pushes after them are served right.
+HOSTILE_LAYOUTS = """
+import torch, os
+import fserver_lib as f
+import hetmesh.stepmesh
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+f.init()
+if os.environ['DMLC_ROLE'] == 'worker':
+    engine = hetmesh.stepmesh._state['worker'].engine
+    for bad in [b'{not json', b'[0, []]', b'[2, [[1, "float32", [4], 2]]]',
+                b'[3, [[1, "float32", [4], 2, -1]] ' + b'* 9]', b'[4, [[1, "float128", [4], 2, -1]]]',
+                b'[5, [[1, "float32", [-4], 2, -1]]]', b'[6, [[true, "float32", [4], 2, -1]]]']:
+        engine.send_message(0, hetmesh.stepmesh._LAYOUT + bad)
+    x, y = torch.arange(8.0, device=dev).view(2, 4), torch.zeros(2, 4, device=dev)
+    f.wait(f.push_pull([x], [0], [y], [1]))
+    assert torch.equal(y, x + 1), y
+    print("worker test done", flush=True)
+elif os.environ['DMLC_ROLE'] == 'server':
+    (handler, tensors, keys), = f.get_batch()
+    f.respond([tensors[0] + 1], handler)
+    print("server test done", flush=True)
+f.stop()
+"""
+
+
+def test_malformed_layouts_from_a_worker_are_dropped_naming_it():
+    results = Job(HOSTILE_LAYOUTS).finish()
+    assert_all_passed(results)
+    err = results["server0.0"][2]
+    assert err.count("attention 0 said a layout that") == 7, err
+    for why in ["is not [number, entries] JSON", "has no number >= 1", "malformed entry",
+                "at most 4 entries", "float128"]:
+        assert why in err, (why, err)

@@ -1,0 +1,152 @@
+// Notices and flag waits a framework's stream holds on (stream_flags.hpp).
+#include <hetmesh/afd/stream_flags.hpp>
+
+#include "device_trigger.hpp"
+
+#include <atomic>
+
+namespace hetmesh::afd {
+
+struct StreamFlags::Site {
+  int64_t want;     // the stream's copy of seq
+  uint32_t posted;  // raised by the stream once `want` is there, lowered by the watcher
+  uint32_t go;      // a flag wait's: raised by the watcher, lowered by the stream; a notice's value
+};
+
+namespace {
+
+uint32_t load(const uint32_t& word) {
+  return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(word)).load(std::memory_order_acquire);
+}
+
+void store(uint32_t& word, uint32_t value) {
+  std::atomic_ref<uint32_t>(word).store(value, std::memory_order_release);
+}
+
+int64_t load64(const int64_t* word) {
+  return std::atomic_ref<int64_t>(*const_cast<int64_t*>(word)).load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+StreamFlags::StreamFlags(const Device& device, int sites)
+    : memory_(device, sizeof(Site) * static_cast<uint64_t>(sites)), books_(sites) {}
+
+StreamFlags::~StreamFlags() {
+  release();
+  if (watcher_) watcher_->stop();  // it answered every wait posted until now
+}
+
+StreamFlags::Site& StreamFlags::site(int i) const {
+  return reinterpret_cast<Site*>(memory_.data())[i];
+}
+
+int StreamFlags::take(Use use) {
+  if (released_)
+    throw Error(kStatusClosed, "stream flags: the engine has ended; no stream waits on it now");
+  for (size_t i = 0; i < books_.size(); ++i) {
+    if (books_[i].use != Use::free) continue;
+    books_[i] = Book{use};
+    Site& s = site(static_cast<int>(i));
+    store(s.posted, 0);
+    store(s.go, 0);
+    return static_cast<int>(i);
+  }
+  throw Error(HM_ERR_OUT_OF_MEMORY,
+              fmt::format("stream flags: all {} are taken (each notice, and each flag wait "
+                          "captured in a graph, keeps one for the engine's life)",
+                          books_.size()));
+}
+
+int StreamFlags::notice() {
+  std::lock_guard lock(mutex_);
+  return take(Use::notice);
+}
+
+void StreamFlags::check_notice(int notice) const {
+  if (notice < 0 || static_cast<size_t>(notice) >= books_.size() ||
+      books_[notice].use != Use::notice)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("stream flags: {} is no notice of this engine", notice));
+}
+
+void StreamFlags::enqueue_notice_wait(int notice, uint32_t value, const Stream& stream) {
+  {
+    std::lock_guard lock(mutex_);
+    check_notice(notice);
+    if (released_) take(Use::notice);  // refused, naming why
+    Book& book = books_[notice];
+    if (static_cast<int32_t>(value - book.highest) > 0) book.highest = value;
+  }
+  stream.wait_value32(&site(notice).go, value, HM_WAIT_GEQ);
+}
+
+void StreamFlags::raise_notice(int notice, uint32_t value) {
+  {
+    std::lock_guard lock(mutex_);
+    check_notice(notice);
+    if (released_) return;  // released for good
+  }
+  store(site(notice).go, value);
+}
+
+void StreamFlags::enqueue_flag_wait(const int64_t* flag, const void* seq, const Stream& stream,
+                                    bool reusable) {
+  if (reinterpret_cast<uintptr_t>(flag) % alignof(int64_t) != 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("wait_flag: the flag at {} is not 8-byte aligned",
+                            static_cast<const void*>(flag)));
+  int i;
+  {
+    std::lock_guard lock(mutex_);
+    i = take(Use::flag);
+    books_[i].flag = flag;
+    books_[i].reusable = reusable;
+    flag_waits_.push_back(i);
+    if (!watcher_)
+      watcher_ = std::make_unique<DoorbellThread>(
+          "hm-flags", -1, [this] { return watch() ? Turn::worked : Turn::idle; });
+  }
+  Site& s = site(i);
+  stream.copy(&s.want, seq, sizeof s.want);
+  stream.write_value32(&s.posted, 1);
+  stream.wait_value32(&s.go, 1, HM_WAIT_EQ);
+  stream.write_value32(&s.go, 0);  // armed again, for the graph's next replay
+}
+
+bool StreamFlags::watch() {
+  std::lock_guard lock(mutex_);
+  bool answered = false;
+  for (size_t k = 0; k < flag_waits_.size();) {
+    const int i = flag_waits_[k];
+    Site& s = site(i);
+    Book& book = books_[i];
+    if (load(s.posted) == 1 && load(s.go) == 0) {
+      // After release() the flag's memory may be gone: every wait is let go unread.
+      if (released_ ||
+          load64(book.flag) >= std::atomic_ref<int64_t>(s.want).load(std::memory_order_acquire)) {
+        store(s.posted, 0);
+        store(s.go, 1);
+        book.answered = answered = true;
+      }
+    } else if (book.reusable && book.answered && load(s.go) == 0) {
+      book = Book{};  // the stream passed it: the site is free again
+      flag_waits_[k] = flag_waits_.back();
+      flag_waits_.pop_back();
+      continue;
+    }
+    ++k;
+  }
+  return answered;
+}
+
+void StreamFlags::release() {
+  std::lock_guard lock(mutex_);
+  if (released_) return;
+  released_ = true;
+  for (size_t i = 0; i < books_.size(); ++i)
+    if (books_[i].use == Use::notice)
+      store(site(static_cast<int>(i)).go, books_[i].highest + (1u << 30));
+}
+
+}  // namespace hetmesh::afd
