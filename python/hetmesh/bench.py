@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,14 @@ def add_common_arguments(parser, job: dict, roles=("ffn",)) -> None:
     parser.add_argument("--role", choices=list(roles), help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
+
+
+def free_port() -> int:
+    """A TCP port of the loopback interface that nothing listens on now (for a launcher's root
+    address; another process may take it before its user binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import threading
 import time
 
 import hetmesh
-from hetmesh.bench import percentile, run_info, write_json
+from hetmesh.bench import free_port, percentile, run_info, write_json
 
 WORKERS = SERVERS = 2
 
@@ -118,12 +117,6 @@ def work(args) -> None:
     if rank == 0:
         print(json.dumps({"shim_ns": shim_ns, "own_ns": own_ns, "shim_calls": shim_calls,
                           "own_calls": own_calls, "shim_counters": counters}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(args) -> dict:

@@ -5,21 +5,16 @@ command; ci/gpu/stepmesh.sh runs them with CUDA tensors (HM_TEST_STEPMESH_DEVICE
 instance on cuda:0."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
+
+from hetmesh.bench import free_port
 
 
 CUDA = os.environ.get("HM_TEST_STEPMESH_DEVICE") == "cuda"
 # The package's folder, where fserver_lib.py lies beside hetmesh/ (what PYTHONPATH names).
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__import__("hetmesh").__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:

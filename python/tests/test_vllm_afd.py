@@ -11,6 +11,7 @@ import torch
 
 import hetmesh
 from hetmesh import vllm_afd
+from hetmesh.bench import free_port
 from vllm_runner import RoutingSpec
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -27,7 +28,7 @@ def start_job(spawn, attention, ffn, options=None, extra=None, devices=None):
     """Every instance of one job in a process of its own; F 0 hosts the store. Returns
     {(role, rank): Instance}."""
     options = {"job": "test", "timeout_ms": 60000, **(options or {})}
-    store = f"127.0.0.1:{_free_port()}"
+    store = f"127.0.0.1:{free_port()}"
     instances = {}
     for role, count in (("ffn", ffn), ("attention", attention)):
         for rank in range(count):
@@ -36,14 +37,6 @@ def start_job(spawn, attention, ffn, options=None, extra=None, devices=None):
                 options={**options, "device": (devices or {}).get(role, "cpu:0")},
                 extra=(extra or {}).get((role, rank), {})))
     return instances
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def finish(instances):
@@ -173,7 +166,7 @@ def test_stages_sent_in_reverse_are_served_in_the_runners_order(spawn):
 
 def test_a_control_message_that_is_not_one_is_a_protocol_error_naming_its_sender():
     # A peer that passed the job's secret and then sends nonsense on the side band.
-    store = f"127.0.0.1:{_free_port()}"
+    store = f"127.0.0.1:{free_port()}"
     shape = dict(attention=1, ffn=1, hidden=8, dtype=torch.bfloat16, max_tokens=4,
                  default_store=store, options={"device": "cpu:0", "job": "hostile"})
     f = vllm_afd.AfdConnector(role="ffn", role_rank=0, **shape)
