@@ -8,6 +8,7 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libcurl4-openssl-dev
   libhwloc-dev
   etcd-server etcd-client iproute2 openssl
+  openmpi-bin  # hetmesh run under mpirun (tests/tools/launchers_test.sh)
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev rdma-core ibverbs-providers

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "hetmesh " HETMESH_VERSION);
   app.require_subcommand(1);
   hetmesh::demo::add_demo_command(app);
+  hetmesh::demo::add_run_command(app);
   hetmesh::cli::add_info_command(app);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks with a same-run baseline");
   bench->require_subcommand(1);

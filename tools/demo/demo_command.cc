@@ -21,8 +21,10 @@
 #include <hetmesh/afd/instance.hpp>
 #include <hetmesh/afd/job.hpp>
 #include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/afd/launched.hpp>
 #include <hetmesh/afd/launcher.hpp>
 #include <hetmesh/afd/metrics.hpp>
+#include <hetmesh/core/job_secret.hpp>
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/membership.hpp>
 #include <hetmesh/core/rendezvous.hpp>
@@ -445,6 +447,97 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
   return launcher.exit_status(0);
 }
 
+// The demo's job from `file` ("": the default job): its experts are chosen by the routing, and
+// its tokens alone fill its pushes.
+JobConfig demo_job(const std::string& file) {
+  JobConfig config = file.empty() ? JobConfig{} : afd::load_config(file);
+  if (config.model.top_k == 0 || !config.model.a2f_tensors.empty())
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: the demo's MoE routes each token to top_k experts and sends "
+                            "nothing else: [model] top_k must be at least 1 and "
+                            "[model.a2f_tensors] empty (bench afd moves any shape)",
+                            file));
+  return config;
+}
+
+// ---- hetmesh run: one instance, placed by the launcher that started this process ----
+
+struct RunOptions {
+  std::string config;
+  std::string store;
+  bool device_per_local_rank = false;
+};
+
+// The store rank 0 hosts at `address` for the job's processes: with the job's secret (the
+// config's [rendezvous] secret_file or HETMESH_JOB_SECRET_FILE), which every process must read;
+// without one only on loopback (TcpStoreServer refuses beyond it, naming the address).
+std::unique_ptr<TcpStoreServer> host_store(const JobConfig& c, const std::string& address) {
+  std::optional<JobSecret> secret = c.rendezvous.secret_file.empty()
+                                        ? JobSecret::from_environment()
+                                        : JobSecret::read_file(c.rendezvous.secret_file);
+  return std::make_unique<TcpStoreServer>(address, secret);
+}
+
+int run_launched(const RunOptions& o) {
+  JobConfig config = demo_job(o.config);
+  std::optional<afd::LaunchedProcess> launched = afd::launched_process();
+  if (!launched)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "hetmesh run: no launcher's variables here (RANK, OMPI_COMM_WORLD_RANK, "
+                "SLURM_PROCID, LWS_WORKER_INDEX or JOB_COMPLETION_INDEX): start it with "
+                "torchrun, mpirun, srun or Kubernetes (docs/launching.md), or run the whole job "
+                "with hetmesh demo");
+  auto [role, rank] = afd::instance_of(*launched, config);
+  DemoOptions d;
+  d.role = afd::to_string(role);
+  d.rank = rank;
+  d.store = o.store.empty() ? launched->store : o.store;
+  if (d.store.empty())
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("hetmesh run: {} gives no store address: set MASTER_ADDR and "
+                            "MASTER_PORT (rank 0 hosts the store there), or name one with --store",
+                            launched->launcher));
+  if (o.device_per_local_rank) {
+    const auto& devices =
+        role == afd::Role::attention ? config.devices.attention : config.devices.ffn;
+    d.device = afd::device_at_local_rank(devices.at(static_cast<size_t>(rank)), *launched);
+  }
+  set_log_identity(fmt::format("{}:{}", d.role, rank));
+  const bool etcd = d.store.starts_with("http://") || d.store.starts_with("https://");
+  std::unique_ptr<TcpStoreServer> hosted;
+  if (launched->rank == 0 && !etcd) hosted = host_store(config, d.store);
+  const fs::path out = fs::temp_directory_path() / fmt::format("hetmesh-run-{}", ::getpid());
+  fs::create_directories(out);
+  d.out = out.string();
+  const afd::InstanceIdentity self{d.store, afd::EngineSpec{}.job, d.role, rank,
+                                   config.job.timeout};
+  int rc = afd::run_instance(self, [&] {
+    return role == afd::Role::attention ? run_attention(config, d) : run_ffn(config, d);
+  });
+  if (rc == 0 && role == afd::Role::attention &&
+      !verify(config, afd::LocalInstances{{rank}, {}}, out))
+    rc = 1;
+  fs::remove_all(out);
+  // Every process says it is done, so rank 0's store stays until the last has used it; a job whose
+  // failure was published ends the wait at once.
+  const int processes = config.job.attention + config.job.ffn;
+  try {
+    auto store = connect_store(d.store, config.job.join_timeout);
+    barrier(*store, "hetmesh-run-end", processes, config.job.join_timeout, afd::EngineSpec{}.job);
+    if (!hosted) {
+      store->add("hetmesh-run-left", 1);  // this process is done with the store
+    } else {
+      const auto until = std::chrono::steady_clock::now() + config.job.join_timeout;
+      while (store->add("hetmesh-run-left", 0) < processes - 1 &&
+             std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } catch (const Error& e) {
+    if (rc == 0) throw;  // else the instance's own error was said
+  }
+  return rc;
+}
+
 }  // namespace
 
 void add_demo_command(CLI::App& app) {
@@ -458,14 +551,7 @@ void add_demo_command(CLI::App& app) {
                    "which rejoins the running job; the result is still verified");
   cli::add_job_launch_options(*demo, *o);
   demo->callback([o] {
-    JobConfig config = o->config.empty() ? JobConfig{} : afd::load_config(o->config);
-    // The demo's experts are chosen by the routing, and its tokens alone fill its pushes.
-    if (config.model.top_k == 0 || !config.model.a2f_tensors.empty())
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("{}: the demo's MoE routes each token to top_k experts and sends "
-                              "nothing else: [model] top_k must be at least 1 and "
-                              "[model.a2f_tensors] empty (bench afd moves any shape)",
-                              o->config));
+    JobConfig config = demo_job(o->config);
     int rc;
     if (!o->role.empty()) set_log_identity(fmt::format("{}:{}", o->role, o->rank));  // a child
     if (o->role == "attention" || o->role == "ffn") {
@@ -478,6 +564,25 @@ void add_demo_command(CLI::App& app) {
     } else {
       rc = run_job(config, *o);
     }
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+void add_run_command(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Run one instance of the demo's job in this process, where the launcher that started it "
+      "(torchrun, mpirun, srun, Kubernetes) places it: ranks 0..A-1 attention, then ffn");
+  run->add_option("--config", o->config, "job config (TOML); default: 1A1F on cpu:0 over ipc");
+  run->add_option("--store", o->store,
+                  "where the job's store is, HOST:PORT, hosted there by rank 0 (or etcd's URL); "
+                  "default: MASTER_ADDR:MASTER_PORT (under torchrun, the port after it)");
+  run->add_flag("--device-per-local-rank", o->device_per_local_rank,
+                "each process takes the device of its config's plugin at its local rank "
+                "(cuda:LOCAL_RANK)");
+  run->callback([o] {
+    int rc = run_launched(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

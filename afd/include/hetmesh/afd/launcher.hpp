@@ -34,10 +34,11 @@ struct LaunchOptions {
   int rank = 0;
   std::string out;      // in an instance: the job's folder, for its results
   InstancePlace place;  // in an instance: its CPUs and NIC
+  std::string device;   // in an instance: its device instead of the config's ("": the config's)
 
   bool in_instance() const { return !role.empty(); }
   // What an instance is handed to find its job (instance.hpp).
-  InstanceOptions instance_options() const { return {store, place, {}, {}}; }
+  InstanceOptions instance_options() const { return {store, place, device, {}}; }
 };
 
 // What a launching command says of its job.
