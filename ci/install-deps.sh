@@ -10,6 +10,7 @@ packages=(
   etcd-server etcd-client iproute2 openssl
   openmpi-bin  # hetmesh run under mpirun (tests/tools/launchers_test.sh)
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
+  python3-matplotlib  # python3 -m hetmesh.plot
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev rdma-core ibverbs-providers
   libamdhip64-dev libhsa-runtime-dev

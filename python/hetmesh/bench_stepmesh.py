@@ -169,6 +169,8 @@ def measure(args) -> dict:
         "push_pull_call_us_p50": {"hetmesh": call_p50["own_calls"],
                                   "fserver_lib": call_p50["shim_calls"]},
         "fserver_lib_counters": worker0["shim_counters"],
+        # every round trip (us), for CDFs (python3 -m hetmesh.plot)
+        "samples_us": {"hetmesh_python": own_us, "fserver_lib": shim_us},
     }
 
 

@@ -110,6 +110,8 @@ struct Row {
   double tool_gbps = 0;
   double tool_lat_us = 0;
   int count = 0;  // writes in the bandwidth stream
+  // The samples behind the latencies (us), for the JSON's CDFs (python3 -m hetmesh.plot).
+  std::vector<double> latency_us, memcpy_us, dma_us;
 };
 
 // The transport's (bench_transport_measure.cc).

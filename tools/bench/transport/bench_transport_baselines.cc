@@ -5,6 +5,7 @@
 #include <hetmesh/core/percentile.hpp>
 
 #include <cstring>
+#include <utility>
 
 namespace hetmesh::cli::transport_bench {
 
@@ -21,6 +22,7 @@ void measure_memcpy(Row& row, int iterations) {
   }
   row.memcpy_p50_us = percentile(us, 0.5);
   row.memcpy_gbps = static_cast<double>(row.size) / (row.memcpy_p50_us * 1e3);
+  row.memcpy_us = std::move(us);
 }
 
 // One DMA: a single memcpy_async of the same bytes by the source's plugin, from its memory into
@@ -39,6 +41,7 @@ void measure_one_dma(Row& row, const Device& device, const Buffer& source, int i
   }
   row.dma_p50_us = percentile(us, 0.5);
   row.dma_gbps = static_cast<double>(row.size) / (row.dma_p50_us * 1e3);
+  row.dma_us = std::move(us);
 }
 
 }  // namespace hetmesh::cli::transport_bench

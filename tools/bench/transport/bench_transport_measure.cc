@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 namespace hetmesh::cli::transport_bench {
 namespace {
@@ -54,6 +55,7 @@ void measure_latency(Row& row, End& end, Connection& connection, const RemoteReg
   }
   row.latency_p50_us = percentile(one_way_us, 0.5);
   row.latency_p99_us = percentile(one_way_us, 0.99);
+  row.latency_us = std::move(one_way_us);
 }
 
 // Bandwidth: a stream of writes, at most `window` unfinished, every `notify_every`-th (and the

@@ -65,7 +65,10 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
                            {"one_dma_p50_us", r.dma_p50_us},
                            {"one_dma_GBps", r.dma_gbps},
                            {"latency_ratio_to_one_dma", r.latency_p50_us / r.dma_p50_us},
-                           {"bandwidth_ratio_to_one_dma", r.bandwidth_gbps / r.dma_gbps}});
+                           {"bandwidth_ratio_to_one_dma", r.bandwidth_gbps / r.dma_gbps},
+                           {"latency_samples_us", r.latency_us},
+                           {"memcpy_samples_us", r.memcpy_us},
+                           {"one_dma_samples_us", r.dma_us}});
     if (r.tool_gbps > 0) {
       out["rows"].back()[fmt::format("{}_bw_GBps", tool)] = r.tool_gbps;
       out["rows"].back()[fmt::format("bandwidth_ratio_to_{}", tool)] =
