@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import hetmesh  # before torch: an interpreter without torch hears which one hetmesh is for
 
@@ -223,6 +224,53 @@ def run_ffn(rank: int, store: str, device: str) -> None:
         f.respond(batch)
 
 
+def compare(rank: int, path: str) -> float | None:
+    """The largest difference of attention `rank`'s final hidden states (saved at `path`) from the
+    single-process reference; None, said, where one is beyond the tolerance."""
+    worst = 0.0
+    for mb, (got, want) in enumerate(zip(torch.load(path), reference(rank))):
+        worst = max(worst, (got - want).abs().max().item())
+        if not torch.allclose(got, want, rtol=1e-2, atol=1e-2):
+            print(f"moe_layer: attention {rank} micro-batch {mb} differs from the "
+                  f"single-process reference by {(got - want).abs().max().item():.3g}",
+                  file=sys.stderr)
+            return None
+    return worst
+
+
+def run_launched(place: hetmesh.Launched, args) -> int:
+    """This process as the instance its launcher (torchrun, mpirun, srun) makes it: process 0
+    hosts the store at the launcher's master address; each A checks its own result."""
+    if not place.store:
+        print(f"moe_layer: {place.launcher} gives no store address: set MASTER_ADDR and "
+              f"MASTER_PORT", file=sys.stderr)
+        return 1
+    secret = os.environ.get("HETMESH_JOB_SECRET_FILE") or None
+    server = hetmesh.StoreServer(place.store, secret) if place.hosts_store else None
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="hetmesh-moe-") as folder:
+        if place.role == "attention":
+            run_attention(place.rank, place.store, args.attention_device, folder)
+            difference = compare(place.rank, os.path.join(folder, f"attention{place.rank}.pt"))
+            if difference is None:
+                return 1
+            print(f"verified: attention {place.rank} of {JOB['attention']} x {JOB['ffn']} ffn "
+                  f"({place.launcher} process {place.process}): its final hidden states match "
+                  f"the single-process reference (max difference {difference:.3g})", flush=True)
+        else:
+            run_ffn(place.rank, place.store, args.ffn_device)
+    # Process 0's store stays until every other process is done with it.
+    store = hetmesh._native.StoreClient(place.store, secret, JOB["timeout_ms"])
+    if server is None:
+        store.add("moe_layer/done", 1)
+        return 0
+    others = JOB["attention"] + JOB["ffn"] - 1
+    while store.add("moe_layer/done", 0) < others:
+        time.sleep(0.001)
+    server.close()
+    return 0
+
+
 def launch(args) -> int:
     with tempfile.TemporaryDirectory(prefix="hetmesh-moe-") as folder:
         secret = os.path.join(folder, "job.secret")
@@ -242,14 +290,10 @@ def launch(args) -> int:
             return 1
         worst = 0.0
         for rank in range(JOB["attention"]):
-            got = torch.load(os.path.join(folder, f"attention{rank}.pt"))
-            for mb, (g, want) in enumerate(zip(got, reference(rank))):
-                worst = max(worst, (g - want).abs().max().item())
-                if not torch.allclose(g, want, rtol=1e-2, atol=1e-2):
-                    print(f"moe_layer: attention {rank} micro-batch {mb} differs from the "
-                          f"single-process reference by {(g - want).abs().max().item():.3g}",
-                          file=sys.stderr)
-                    return 1
+            difference = compare(rank, os.path.join(folder, f"attention{rank}.pt"))
+            if difference is None:
+                return 1
+            worst = max(worst, difference)
         print(f"verified: {JOB['attention']} attention x {JOB['ffn']} ffn, "
               f"{JOB['micro_batches']} micro-batches, {JOB['layers']} layers, A on "
               f"{args.attention_device}{' (the step captured in a CUDA graph)' if args.graph else ''}"
@@ -271,6 +315,9 @@ def main() -> int:
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    place = hetmesh.launched(**JOB) if args.role is None else None
+    if place is not None:  # started by torchrun, mpirun or srun: one instance a process
+        return run_launched(place, args)
     if args.role is None:
         if args.graph and not args.attention_device.startswith("cuda"):
             parser.error("--graph captures a CUDA graph: it needs --attention-device cuda:N")

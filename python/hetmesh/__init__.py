@@ -21,6 +21,7 @@ import atexit
 import difflib
 import os
 import weakref
+from typing import NamedTuple
 
 from ._interpreter import BUILT_FOR, import_torch, native_module
 from . import _errors
@@ -58,7 +59,7 @@ __all__ = [
     "InvalidArgumentError", "JobFailedError", "NotAuthorizedError", "NotSupportedError",
     "OutOfMemoryError", "Part", "PeerLostError", "ProtocolError", "RoundTrip", "Slot",
     "StoreServer", "Stream", "TimeoutError", "as_tensor", "config", "devices", "import_torch",
-    "now_ns", "refused_plugins", "write_secret", "BUILT_FOR",
+    "Launched", "launched", "now_ns", "refused_plugins", "write_secret", "BUILT_FOR",
 ]
 
 # Keyword arguments of the engines and config(), and the [section] key each one sets.
@@ -162,6 +163,32 @@ def config(path: str | os.PathLike | None = None, **job) -> Config:
         sections.setdefault(section, []).append(f"{key} = {_toml_value(name, value)}")
     text = "".join(f"[{s}]\n" + "\n".join(lines) + "\n\n" for s, lines in sections.items())
     return Config.parse(text, "<keyword arguments>")
+
+
+class Launched(NamedTuple):
+    """This process's place in a job, from the launcher that started it (hetmesh.launched)."""
+    launcher: str  # "torchrun", "openmpi", "slurm", "leaderworkerset", "kubernetes"
+    process: int  # its rank among the job's processes
+    role: str  # "attention" or "ffn"
+    rank: int  # its rank in that role
+    local_rank: int  # its rank on this host
+    store: str  # where rank 0 hosts the job's store ("" where the launcher says nothing)
+
+    @property
+    def hosts_store(self) -> bool:
+        """Whether this process hosts the job's store (process 0)."""
+        return self.process == 0
+
+
+def launched(config_or_path=None, **job) -> "Launched | None":
+    """Where the launcher that started this process (torchrun, mpirun, srun, a Kubernetes indexed
+    Job or LeaderWorkerSet) puts it in the job (the config, a file or keywords, as the engines
+    take it): ranks 0..A-1 the attention instances, then the FFN instances; the store at
+    MASTER_ADDR:MASTER_PORT (under torchrun, the port after it), which process 0 hosts
+    (hetmesh.StoreServer(launched.store, ...)). None where no launcher's variables are set; a
+    count other than the job's is an InvalidArgumentError naming both (docs/launching.md)."""
+    place = _native.launched(_engine_config(config_or_path, job))
+    return None if place is None else Launched(**place)
 
 
 def _engine_config(config_or_path, job) -> Config:

@@ -3,6 +3,7 @@
 #include "engines.hpp"
 
 #include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/afd/launched.hpp>
 
 #include <pybind11/stl.h>
 
@@ -50,6 +51,24 @@ void bind_config(py::module_& m) {
       .def_property_readonly("store", [](const JobConfig& c) { return c.rendezvous.address; })
       .def_property_readonly("secret_file",
                              [](const JobConfig& c) { return c.rendezvous.secret_file; });
+  m.def(
+      "launched",
+      [](const JobConfig& c) -> py::object {
+        std::optional<afd::LaunchedProcess> p = afd::launched_process();
+        if (!p) return py::none();
+        auto [role, rank] = afd::instance_of(*p, c);
+        py::dict d;
+        d["launcher"] = p->launcher;
+        d["process"] = p->rank;
+        d["role"] = afd::to_string(role);
+        d["rank"] = rank;
+        d["local_rank"] = p->local_rank;
+        d["store"] = p->store;
+        return d;
+      },
+      py::arg("config"),
+      "This process's place in `config`'s job from the launcher that started it "
+      "(afd/launched.hpp), or None where no launcher's variables are set.");
 }
 
 }  // namespace hetmesh::python
