@@ -8,7 +8,7 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libcurl4-openssl-dev
   libhwloc-dev
   etcd-server etcd-client iproute2 openssl
-  openmpi-bin  # hetmesh run under mpirun (tests/tools/launchers_test.sh)
+  openmpi-bin slurm-wlm munge  # hetmesh run under mpirun and srun (tests/tools/launchers_test.sh)
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
   python3-matplotlib  # python3 -m hetmesh.plot
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# `hetmesh run` started by real launchers (docs/launching.md): Open MPI's mpirun and torchrun (from
-# Debian's python3-torch) each start the four processes of a 2A2F demo job on this host, each
+# `hetmesh run` started by real launchers (docs/launching.md): Open MPI's mpirun, torchrun (from
+# Debian's python3-torch) and Slurm's srun (a slurmctld, a slurmd and munged of this test's own,
+# on loopback, as root) each start the four processes of a 2A2F demo job on this host, each
 # process takes its instance from the launcher's variables, rank 0 hosts the store, and each A
 # verifies its final hidden states against the single-process reference. A launcher that starts
-# a number of processes other than the job's is refused at once, naming the counts. Slurm's srun is not run here yet (docs/launching.md says so).
+# a number of processes other than the job's is refused at once, naming the counts.
 #
 #   launchers_test.sh HETMESH CONFIG
 set -uo pipefail
 hetmesh=$1 config=$2
 scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
+daemons=()
+stop_daemons() {
+  for pid_file in "${daemons[@]}"; do
+    [[ -f $pid_file ]] && kill "$(cat "$pid_file")" 2>/dev/null
+  done
+  sleep 0.2
+  rm -rf "$scratch"
+}
+trap stop_daemons EXIT
 cd "$scratch" || exit 1
 failures=0
 fail() {
@@ -50,8 +59,77 @@ else
   fail "no torchrun (Debian's python3-torch)"
 fi
 
+# A Slurm cluster of this machine alone: munged with a key of its own, slurmctld and slurmd with
+# a config of their own (SLURM_CONF), no cgroups; as root, which slurmd needs.
+start_slurm() {
+  local dir=$scratch/slurm host
+  host=$(hostname -s)
+  mkdir -p "$dir"/{munge,state,spool,log}
+  mungekey --create --keyfile="$dir/munge/munge.key" --force >/dev/null 2>&1 &&
+    chmod 400 "$dir/munge/munge.key" || return 1
+  munged --force --socket="$dir/munge/socket" --key-file="$dir/munge/munge.key" \
+    --log-file="$dir/munge/log" --pid-file="$dir/munge/pid" --seed-file="$dir/munge/seed" || return 1
+  daemons+=("$dir/munge/pid")
+  local control=$(port)
+  cat >"$dir/slurm.conf" <<CONF
+ClusterName=hetmesh-test
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$control
+SlurmdPort=$((control + 1))
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/socket
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+CONF
+  export SLURM_CONF=$dir/slurm.conf
+  slurmctld -f "$SLURM_CONF" && daemons+=("$dir/slurmctld.pid") || return 1
+  slurmd -f "$SLURM_CONF" && daemons+=("$dir/slurmd.pid") || return 1
+  for _ in $(seq 1 100); do  # until the node is idle (at most 10 s)
+    [[ $(sinfo -h -o %t 2>/dev/null) == idle ]] && return 0
+    sleep 0.1
+  done
+  echo "slurm: the node did not come up: $(sinfo 2>&1; tail -5 "$dir"/log/*.log)"
+  return 1
+}
+
+if [[ $(id -u) != 0 ]]; then
+  fail "srun: slurmd needs root to start tasks here (CI runs as root)"
+elif ! command -v slurmctld >/dev/null; then
+  fail "no slurmctld (Debian's slurm-wlm; ci/install-deps.sh installs it)"
+elif start_slurm; then
+  echo "== srun --ntasks 4"
+  out=$(MASTER_ADDR=127.0.0.1 MASTER_PORT=$(port) timeout -k 5 120 srun --ntasks 4 --overcommit \
+    "$hetmesh" run --config "$config" 2>&1) || fail "srun --ntasks 4 failed: $out"
+  verified "srun --ntasks 4" "$out"
+  echo "== srun --ntasks 3: refused, naming the counts"
+  out=$(MASTER_ADDR=127.0.0.1 MASTER_PORT=$(port) timeout -k 5 60 srun --ntasks 3 --overcommit \
+    "$hetmesh" run --config "$config" 2>&1) && fail "srun --ntasks 3 of a 4-instance job succeeded"
+  grep -q "slurm started 3 processes (SLURM_NTASKS=3)" <<<"$out" ||
+    fail "srun --ntasks 3: no process said why: $out"
+else
+  fail "the test's Slurm cluster did not start"
+fi
+
 echo "== no launcher: refused"
-out=$(env -u RANK -u OMPI_COMM_WORLD_RANK -u SLURM_PROCID "$hetmesh" run --config "$config" 2>&1) &&
+out=$(env -u RANK -u OMPI_COMM_WORLD_RANK -u SLURM_PROCID -u SLURM_CONF "$hetmesh" run --config "$config" 2>&1) &&
   fail "hetmesh run without a launcher succeeded"
 grep -q "no launcher's variables here" <<<"$out" || fail "no launcher: not said: $out"
 
