@@ -10,7 +10,7 @@ packages=(
   etcd-server etcd-client iproute2 openssl
   openmpi-bin slurm-wlm munge  # hetmesh run under mpirun and srun (tests/tools/launchers_test.sh)
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
-  python3-matplotlib  # python3 -m hetmesh.plot
+  python3-matplotlib python3-yaml  # python3 -m hetmesh.plot; examples/kubernetes checked
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev rdma-core ibverbs-providers
   libamdhip64-dev libhsa-runtime-dev
