@@ -380,6 +380,12 @@ TEST(InfoTest, SaysWhereThingsSitInTheMachine) {
       ASSERT_TRUE(device.contains("place")) << device.dump();
       EXPECT_EQ(device["place"].is_null(), device["pci_bus_id"].get<std::string>().empty())
           << device.dump();
+      // One NUMA answer a device, and who gave it; none inside its place.
+      const std::string from = device["numa_node_from"].get<std::string>();
+      EXPECT_TRUE(from == "plugin" || from == "hwloc" || from == "unknown") << device.dump();
+      EXPECT_EQ(from == "unknown", device["numa_node"].get<int>() < 0) << device.dump();
+      EXPECT_TRUE(device["place"].is_null() || !device["place"].contains("numa_node"))
+          << device.dump();
     }
   r = run_process({HETMESH_CLI, "info"}, std::chrono::seconds(60));
   EXPECT_NE(r.out.find("NUMA node(s) (hwloc)"), std::string::npos) << r.out;

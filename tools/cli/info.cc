@@ -39,15 +39,24 @@ std::string cpu_ranges(const std::vector<int>& cpus) {
   return out;
 }
 
-// Where a PCI device sits (hwloc): its NUMA node, PCI path, local CPUs and nearest RDMA NIC.
+// Where a PCI device sits (hwloc): its PCI path, local CPUs and nearest RDMA NIC.
 nlohmann::json place_json(const Topology& topology, const std::string& pci) {
   auto place = pci.empty() ? std::nullopt : topology.place(pci);
   if (!place) return nullptr;
   auto nic = topology.nearest_nic(pci);
-  return {{"numa_node", place->numa_node},
-          {"pci_path", place->path},
+  return {{"pci_path", place->path},
           {"cpus", cpu_ranges(place->cpus)},
           {"nearest_nic", nic ? nlohmann::json(*nic) : nlohmann::json()}};
+}
+
+// A device's one NUMA node, and who said it: the plugin where it knows (>= 0), else hwloc by its
+// PCI address, else unknown (-1). The H200 machine's cuda plugin says -1 where hwloc says 0.
+std::pair<int, const char*> numa_of(const Topology& topology, int plugin_says,
+                                    const std::string& pci) {
+  if (plugin_says >= 0) return {plugin_says, "plugin"};
+  if (auto place = pci.empty() ? std::nullopt : topology.place(pci); place && place->numa_node >= 0)
+    return {place->numa_node, "hwloc"};
+  return {-1, "unknown"};
 }
 
 nlohmann::json to_json(const PluginRegistry& registry) {
@@ -64,12 +73,14 @@ nlohmann::json to_json(const PluginRegistry& registry) {
     for (int32_t i = 0; i < p->device_count(); ++i) {
       Device d(p, i);
       const auto& props = d.properties();
+      auto [numa, numa_source] = numa_of(topology, props.numa_node, props.pci_bus_id);
       devices.push_back({{"selector", d.selector()},
                          {"name", props.name},
                          {"vendor", props.vendor},
                          {"dlpack_device_type", props.dlpack_device_type},
                          {"pci_bus_id", props.pci_bus_id},
-                         {"numa_node", props.numa_node},
+                         {"numa_node", numa},
+                         {"numa_node_from", numa_source},
                          {"place", place_json(topology, props.pci_bus_id)},
                          {"total_memory", props.total_memory},
                          {"capabilities", capability_names(props.capabilities)}});
@@ -138,16 +149,15 @@ void print_text(const nlohmann::json& info) {
     }
     for (const auto& d : p["devices"]) {
       std::string pci = d["pci_bus_id"].get<std::string>();
-      fmt::print("    {:<12} {} [{}]  memory {} MiB  pci {}  numa {}  dlpack {}\n",
+      fmt::print("    {:<12} {} [{}]  memory {} MiB  pci {}  numa {} ({})  dlpack {}\n",
                  d["selector"].get<std::string>(), d["name"].get<std::string>(),
                  d["vendor"].get<std::string>(), d["total_memory"].get<uint64_t>() >> 20,
                  pci.empty() ? "-" : pci, d["numa_node"].get<int>(),
-                 d["dlpack_device_type"].get<int>());
+                 d["numa_node_from"].get<std::string>(), d["dlpack_device_type"].get<int>());
       if (const auto& where = d["place"]; !where.is_null())
         fmt::print(
-            "      place: numa {}, pci path {}, cpus {}, nearest RDMA NIC {}\n",
-            where["numa_node"].get<int>(), where["pci_path"].get<std::string>(),
-            where["cpus"].get<std::string>(),
+            "      place: pci path {}, cpus {}, nearest RDMA NIC {}\n",
+            where["pci_path"].get<std::string>(), where["cpus"].get<std::string>(),
             where["nearest_nic"].is_null() ? "none" : where["nearest_nic"].get<std::string>());
       fmt::print("      capabilities: {}\n", d["capabilities"].get<std::string>());
     }
