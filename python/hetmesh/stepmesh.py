@@ -262,8 +262,8 @@ def _decode_layout(rank: int, text: bytes, tensors: int) -> tuple[int, list]:
         return isinstance(value, int) and not isinstance(value, bool) and value >= low
     try:
         number, entries = json.loads(text)
-    except (ValueError, TypeError) as error:
-        raise refuse(f"is not [number, entries] JSON ({error})") from None
+    except (ValueError, TypeError, RecursionError) as error:  # nesting past the parser's depth
+        raise refuse(f"is not [number, entries] JSON ({type(error).__name__})") from None
     if not count(number, 1) or not isinstance(entries, list) or len(entries) > tensors:
         raise refuse(f"has no number >= 1 and list of at most {tensors} entries "
                      f"(HETMESH_STEPMESH_TENSORS)")
