@@ -447,6 +447,15 @@ int run_job(const JobConfig& c, const DemoOptions& o) {
   return launcher.exit_status(0);
 }
 
+// The instance `o` names (o.role "attention" or "ffn", o.rank) of the demo's job, in this
+// process: run_instance's exit status.
+int run_demo_instance(const JobConfig& config, const DemoOptions& o) {
+  const afd::InstanceIdentity self{o.store, afd::EngineSpec{}.job, o.role, o.rank,
+                                   config.job.timeout};
+  return afd::run_instance(
+      self, [&] { return o.role == "attention" ? run_attention(config, o) : run_ffn(config, o); });
+}
+
 // The demo's job from `file` ("": the default job): its experts are chosen by the routing, and
 // its tokens alone fill its pushes.
 JobConfig demo_job(const std::string& file) {
@@ -509,11 +518,7 @@ int run_launched(const RunOptions& o) {
   const fs::path out = fs::temp_directory_path() / fmt::format("hetmesh-run-{}", ::getpid());
   fs::create_directories(out);
   d.out = out.string();
-  const afd::InstanceIdentity self{d.store, afd::EngineSpec{}.job, d.role, rank,
-                                   config.job.timeout};
-  int rc = afd::run_instance(self, [&] {
-    return role == afd::Role::attention ? run_attention(config, d) : run_ffn(config, d);
-  });
+  int rc = run_demo_instance(config, d);
   if (rc == 0 && role == afd::Role::attention &&
       !verify(config, afd::LocalInstances{{rank}, {}}, out))
     rc = 1;
@@ -555,12 +560,7 @@ void add_demo_command(CLI::App& app) {
     int rc;
     if (!o->role.empty()) set_log_identity(fmt::format("{}:{}", o->role, o->rank));  // a child
     if (o->role == "attention" || o->role == "ffn") {
-      const afd::Role role = o->role == "attention" ? afd::Role::attention : afd::Role::ffn;
-      const afd::InstanceIdentity self{o->store, afd::EngineSpec{}.job, o->role, o->rank,
-                                       config.job.timeout};
-      rc = afd::run_instance(self, [&] {
-        return role == afd::Role::attention ? run_attention(config, *o) : run_ffn(config, *o);
-      });
+      rc = run_demo_instance(config, *o);
     } else {
       rc = run_job(config, *o);
     }
