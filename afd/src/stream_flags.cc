@@ -34,7 +34,10 @@ StreamFlags::StreamFlags(const Device& device, int sites)
 
 StreamFlags::~StreamFlags() {
   release();
-  if (watcher_) watcher_->stop();  // it answered every wait posted until now
+  if (watcher_) {
+    watcher_->stop();
+    watch();  // the waits posted since its last turn, let go too
+  }
 }
 
 StreamFlags::Site& StreamFlags::site(int i) const {
@@ -82,12 +85,11 @@ void StreamFlags::enqueue_notice_wait(int notice, uint32_t value, const Stream& 
 }
 
 void StreamFlags::raise_notice(int notice, uint32_t value) {
-  {
-    std::lock_guard lock(mutex_);
-    check_notice(notice);
-    if (released_) return;  // released for good
-  }
-  store(site(notice).go, value);
+  std::lock_guard lock(mutex_);  // so no raise lands after release() and undoes it
+  check_notice(notice);
+  if (released_) return;  // released for good
+  uint32_t& go = site(notice).go;
+  if (static_cast<int32_t>(value - load(go)) > 0) store(go, value);  // never back (cyclic)
 }
 
 void StreamFlags::enqueue_flag_wait(const int64_t* flag, const void* seq, const Stream& stream,

@@ -248,27 +248,35 @@ def run_launched(place: hetmesh.Launched, args) -> int:
     secret = os.environ.get("HETMESH_JOB_SECRET_FILE") or None
     server = hetmesh.StoreServer(place.store, secret) if place.hosts_store else None
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="hetmesh-moe-") as folder:
-        if place.role == "attention":
-            run_attention(place.rank, place.store, args.attention_device, folder)
-            difference = compare(place.rank, os.path.join(folder, f"attention{place.rank}.pt"))
-            if difference is None:
-                return 1
-            print(f"verified: attention {place.rank} of {JOB['attention']} x {JOB['ffn']} ffn "
-                  f"({place.launcher} process {place.process}): its final hidden states match "
-                  f"the single-process reference (max difference {difference:.3g})", flush=True)
+    code = 1
+    try:
+        with tempfile.TemporaryDirectory(prefix="hetmesh-moe-") as folder:
+            if place.role == "attention":
+                run_attention(place.rank, place.store, args.attention_device, folder)
+                result = os.path.join(folder, f"attention{place.rank}.pt")
+                difference = compare(place.rank, result)
+                if difference is not None:
+                    code = 0
+                    print(f"verified: attention {place.rank} of {JOB['attention']} x "
+                          f"{JOB['ffn']} ffn ({place.launcher} process {place.process}): its "
+                          f"final hidden states match the single-process reference (max "
+                          f"difference {difference:.3g})", flush=True)
+            else:
+                run_ffn(place.rank, place.store, args.ffn_device)
+                code = 0
+    finally:
+        # Process 0's store stays until every other process is done with it (or failed), at
+        # most the job's timeout.
+        store = hetmesh._native.StoreClient(place.store, secret, JOB["timeout_ms"])
+        if server is None:
+            store.add("moe_layer/done", 1)
         else:
-            run_ffn(place.rank, place.store, args.ffn_device)
-    # Process 0's store stays until every other process is done with it.
-    store = hetmesh._native.StoreClient(place.store, secret, JOB["timeout_ms"])
-    if server is None:
-        store.add("moe_layer/done", 1)
-        return 0
-    others = JOB["attention"] + JOB["ffn"] - 1
-    while store.add("moe_layer/done", 0) < others:
-        time.sleep(0.001)
-    server.close()
-    return 0
+            others = JOB["attention"] + JOB["ffn"] - 1
+            deadline = time.monotonic() + JOB["timeout_ms"] / 1000
+            while store.add("moe_layer/done", 0) < others and time.monotonic() < deadline:
+                time.sleep(0.001)
+            server.close()
+    return code
 
 
 def launch(args) -> int:

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -45,6 +46,8 @@ struct Context {
   // hetmesh.stepmesh's notices and flag waits, made at the first; they let their streams go
   // before the engine ends.
   std::unique_ptr<afd::StreamFlags> flags;
+  std::mutex flags_mutex;  // flags is made under the GIL and released without it
+  bool ended = false;      // finished or closed: no new flags (none would be let go)
   // A job of bytes (take_tensors_as_bytes): every row of every tensor is one byte, and push_pull
   // and respond take any contiguous tensor as its bytes (hetmesh.stepmesh's tensors of any dtype).
   bool bytes = false;
@@ -142,8 +145,19 @@ milliseconds timeout_or(const std::optional<double>& timeout_ms, const Context& 
 // The stream flags of `c`'s engine (afd/stream_flags.hpp), made at the first call.
 afd::StreamFlags& flags_of(Context& c) {
   constexpr int kFlagSites = 4096;  // notices and wait_flag sites a process holds at once
+  std::lock_guard lock(c.flags_mutex);
+  if (c.ended)
+    throw Error(kStatusClosed,
+                "stream flags: the engine has finished; no stream waits on it from now on");
   if (!c.flags) c.flags = std::make_unique<afd::StreamFlags>(c.device(), kFlagSites);
   return *c.flags;
+}
+
+// The engine's end: every stream waiting on one of its flags goes, and none is made later.
+void release_flags(Context& c) {
+  std::lock_guard lock(c.flags_mutex);
+  c.ended = true;
+  if (c.flags) c.flags->release();
 }
 
 void check_micro_batch(int mb, const afd::EngineSpec& spec) {
@@ -370,7 +384,7 @@ class PyEngine : public SlotOwner {
   std::shared_ptr<const void> memory() const override { return live(); }
   // The engine's end lets every stream waiting on one of its stream flags go, then finishes.
   static void finish_engine(Context& c) {
-    if (c.flags) c.flags->release();
+    release_flags(c);
     engine_of<Engine>(c).finish();
   }
   bool is_open() const { return context_ != nullptr; }
@@ -401,7 +415,7 @@ class PyEngine : public SlotOwner {
       } catch (const Error&) {  // it had failed: its peers heard so
       }
     }
-    if (c->flags) c->flags->release();  // no stream waits on a closed engine
+    release_flags(*c);  // no stream waits on a closed engine
     c.reset();
   }
 
@@ -413,7 +427,7 @@ class PyEngine : public SlotOwner {
     if (closed_why_.empty()) closed_why_ = "shut down (the interpreter is exiting)";
     if (!c || finished_) return;
     py::gil_scoped_release unlocked;
-    if (c->flags) c->flags->release();
+    release_flags(*c);
     c->instance->close();
   }
 

@@ -90,6 +90,12 @@ TEST_F(StreamFlagsTest, FlagWaitsHoldTheStreamUntilTheHostWordReachesTheDeviceVa
       }
     }
   });
+  struct Joined {  // the host thread is joined however the test ends (a failed ASSERT too)
+    std::thread& thread;
+    ~Joined() {
+      if (thread.joinable()) thread.join();
+    }
+  } joined{host};
   for (int i = 1; i <= kWaits; ++i) {
     int64s(values)[i - 1] = i;
     stream.copy(seq.data(), int64s(values) + i - 1, 8);

@@ -12,6 +12,7 @@ hetmesh=$1 config=$2
 scratch=$(mktemp -d)
 daemons=()
 stop_daemons() {
+  [[ -n ${SLURM_CONF:-} ]] && scancel --user root >/dev/null 2>&1  # tasks of a timed-out srun
   for pid_file in "${daemons[@]}"; do
     [[ -f $pid_file ]] && kill "$(cat "$pid_file")" 2>/dev/null
   done
@@ -19,6 +20,7 @@ stop_daemons() {
   rm -rf "$scratch"
 }
 trap stop_daemons EXIT
+trap 'exit 1' INT TERM  # ctest's timeout: the daemons go too (the EXIT trap)
 cd "$scratch" || exit 1
 failures=0
 fail() {
