@@ -7,4 +7,4 @@
 namespace hetmesh::demo {
 void add_demo_command(CLI::App& app);
 void add_run_command(CLI::App& app);
-}
+}  // namespace hetmesh::demo
