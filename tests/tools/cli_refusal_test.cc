@@ -248,8 +248,9 @@ TEST(CliConventions, VersionIsPrintedAndExitsZero) {
 TEST(CliConventions, UsageErrorsExitTwoAndNameWhatWasWrong) {
   CliRun unknown = run_cli({"frobnicate"});
   EXPECT_EQ(unknown.result.exit_code, 2);
-  EXPECT_NE(unknown.result.err.find("unknown command 'frobnicate' (commands: demo, info, bench"),
-            std::string::npos)
+  EXPECT_NE(
+      unknown.result.err.find("unknown command 'frobnicate' (commands: demo, run, info, bench"),
+      std::string::npos)
       << unknown.result.err;
   CliRun nested = run_cli({"bench", "latency"});
   EXPECT_EQ(nested.result.exit_code, 2);
