@@ -6,8 +6,9 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config clang-format
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libssl-dev libcurl4-openssl-dev
-  libhwloc-dev
+  libhwloc-dev libmicrohttpd-dev  # hwloc: topology; libmicrohttpd: the metrics endpoint
   etcd-server etcd-client iproute2 openssl
+  prometheus  # scrapes a running job in the test command (tests/tools/prometheus_test.sh)
   openmpi-bin slurm-wlm munge  # hetmesh run under mpirun and srun (tests/tools/launchers_test.sh)
   python3-dev pybind11-dev libdlpack-dev python3-pytest python3-numpy python3-torch
   python3-matplotlib python3-yaml  # python3 -m hetmesh.plot; examples/kubernetes checked

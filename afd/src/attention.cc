@@ -2,6 +2,7 @@
 #include "caller_buffers.hpp"
 #include "comm_thread.hpp"
 #include "device_trigger.hpp"
+#include "engine_metrics.hpp"
 #include "join.hpp"
 #include "peer.hpp"
 #include "peer_group.hpp"
@@ -73,6 +74,7 @@ struct AttentionEngine::State final : PeerHandler {
   EngineSpec spec;
   uint32_t wire_layout;  // job_layout(spec), once
   Device device;
+  EngineMetrics metrics;  // stopped serving first, by ~AttentionEngine
   std::unique_ptr<Transport> transport;
   Buffer a2f_send;                          // [mb][tensor][tokens rows]
   HostBuffer a2f_headers;                   // [mb][f]: each F's sender stamps its own copy
@@ -149,6 +151,7 @@ struct AttentionEngine::State final : PeerHandler {
       : spec(checked(s)),
         wire_layout(job_layout(spec)),
         device(d),
+        metrics(spec, d),
         a2f_send(allocation("A2F send slots",
                             [&] { return d.allocate(s.a2f_slot_bytes() * s.micro_batches); })),
         a2f_headers(allocation(
@@ -200,6 +203,7 @@ struct AttentionEngine::State final : PeerHandler {
     {
       std::lock_guard lock(mutex);
       if (!failure.set(status, reason)) return;
+      metrics.error(status);
       failed.store(true, std::memory_order_release);
       release_arrival_flags_locked();
     }
@@ -250,6 +254,10 @@ struct AttentionEngine::State final : PeerHandler {
   void complete(int mb, Pending& p, int64_t now) {
     p.trip.completed = now;
     p.completed.store(p.sequence, std::memory_order_release);
+    if (p.failure.empty())
+      metrics.round_trip(p.trip);
+    else
+      metrics.error(kStatusPeerLost);
     // Set even for a failed round trip: a device stream waiting on the flag must not hang; the
     // host's wait() reports the failure.
     raise_arrival_flag_locked(mb, p.sequence);
@@ -444,6 +452,7 @@ struct AttentionEngine::State final : PeerHandler {
         c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),
                 link->region("a2f_headers"), remote_slot * sizeof(WireHeader), sizeof(WireHeader),
                 static_cast<uint32_t>(remote_slot), 0);
+        metrics.sent(f, payload + sizeof(WireHeader));
       } catch (const Error& e) {
         // The connection broke under the write: its peer_lost event, on the comm thread, settles
         // what this F owed.
@@ -491,6 +500,7 @@ struct AttentionEngine::State final : PeerHandler {
       const CallerBuffers::Found& into = p.results_into[static_cast<size_t>(f)];
       moved.add(into.region ? *into.region : *f2a_receive_region, into.region != nullptr,
                 h.payload_bytes);
+      metrics.received(f, h.payload_bytes + sizeof(WireHeader));
       if (++p.settled == spec.ffn) complete(mb, p, now);
     }
     // Also for a sender waiting for this F's answer before it posts the next round trip.
@@ -512,6 +522,8 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   for (size_t i = 0; i < s.pending.size(); ++i)
     s.ready_events.push_back(device.create_event(HM_EVENT_DISABLE_TIMING));
   s.transport = Transport::create(transport_options(spec, device));
+  s.metrics.connect(s.transport->kind());
+  s.metrics.serve(s.spec.transport.secret ? &*s.spec.transport.secret : nullptr);
   s.caller.emplace(*s.transport, device, peer_name(Role::attention, spec.rank));
   s.a2f_send_region = s.transport->register_memory(device, s.a2f_send.data(), s.a2f_send.size());
   s.a2f_header_region =
@@ -523,7 +535,7 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
   auto own_store = store.clone();  // the rejoin thread's: the caller's need not outlive the call
   s.peers = std::make_unique<PeerGroup>(
       s.spec, Role::ffn, *s.transport,
-      join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn), s.mutex, s);
+      join(s.spec, *s.transport, s.mine, store, Role::ffn, spec.ffn), s.mutex, s, s.metrics);
   for (size_t i = 0; i < s.pending.size(); ++i) {
     Pending& p = s.pending[i];
     p.from.assign(static_cast<size_t>(spec.ffn), false);
@@ -538,6 +550,7 @@ AttentionEngine::AttentionEngine(const EngineSpec& spec, const Device& device, K
                              [&s](int f, const PostJob& job, const std::atomic<bool>& stopping) {
                                s.post(f, job, stopping);
                              });
+  s.metrics.read_with([this] { return metrics_reading(*this); });
   log(LogLevel::info, "attention {} (epoch {}): connected to {} ffn instance(s) over {}", spec.rank,
       s.peers->own_epoch(), spec.ffn, to_string(s.transport->kind()));
 }
@@ -567,6 +580,7 @@ void AttentionEngine::State::close(ControlWord word) {
 }
 
 AttentionEngine::~AttentionEngine() {
+  state_->metrics.stop();  // no scrape reads the engine from here on
   // Without finish() this A did not say it was done: it ends as one that failed.
   state_->close(ControlWord::quit);
   // close() let every waiting stream go; each must pass its wait before the flags' memory goes. A
@@ -1021,6 +1035,7 @@ RoundTrip AttentionEngine::wait(Handle handle, std::chrono::milliseconds timeout
     for (int f = 0; f < s.spec.ffn; ++f)
       if (!p.from[static_cast<size_t>(f)])
         missing += (missing.empty() ? "" : ", ") + peer_name(Role::ffn, f);
+    s.metrics.error(HM_ERR_TIMEOUT);
     throw Error(
         HM_ERR_TIMEOUT,
         fmt::format("attention {}: micro-batch {} (sequence {}): no answer from {} within "
@@ -1093,6 +1108,14 @@ std::vector<std::pair<std::string, uint64_t>> AttentionEngine::registered() cons
           {"a2f_headers", s.a2f_headers.size()},
           {"f2a_receive", s.f2a_receive.size()},
           {"f2a_headers", s.f2a_headers.size()}};
+}
+
+std::string AttentionEngine::metrics_text() const {
+  return state_->metrics.render();
+}
+
+std::string AttentionEngine::metrics_address() const {
+  return state_->metrics.address();
 }
 
 }  // namespace hetmesh::afd

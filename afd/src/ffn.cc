@@ -2,6 +2,7 @@
 #include "caller_buffers.hpp"
 #include "comm_thread.hpp"
 #include "device_trigger.hpp"
+#include "engine_metrics.hpp"
 #include "join.hpp"
 #include "peer.hpp"
 #include "peer_group.hpp"
@@ -63,6 +64,7 @@ struct FfnEngine::State final : PeerHandler {
   EngineSpec spec;
   uint32_t wire_layout;  // job_layout(spec), once
   Device device;
+  EngineMetrics metrics;  // stopped serving first, by ~FfnEngine
   std::unique_ptr<Transport> transport;
   Buffer a2f_receive;               // [mb][tensor][ffn_rows rows]: the input row spaces
   HostBuffer a2f_headers;           // [a][mb]
@@ -129,6 +131,7 @@ struct FfnEngine::State final : PeerHandler {
       : spec((check_shape(s), s)),
         wire_layout(job_layout(spec)),
         device(d),
+        metrics(spec, d),
         a2f_receive(allocation(
             "A2F row spaces",
             [&] { return d.allocate(s.a2f_block_bytes(s.ffn_rows(s.rank)) * s.micro_batches); })),
@@ -235,6 +238,7 @@ struct FfnEngine::State final : PeerHandler {
     {
       std::lock_guard lock(mutex);
       if (!failure.set(status, reason)) return;
+      metrics.error(status);
       news.store(true, std::memory_order_release);
     }
     log(LogLevel::error, "ffn {}: {}", spec.rank, reason);
@@ -283,6 +287,7 @@ struct FfnEngine::State final : PeerHandler {
     if (spec.gather == Gather::eager) {
       for (int a = 0; a < spec.attention; ++a) {
         if (!arrivals[slot(a, mb)].waiting) continue;
+        metrics.batch(arrivals[slot(a, mb)].received, now, false);
         ready_batches.push_back(Batch{mb, {hand_out(a, mb, now)}, now});
         mark_packed(ready_batches.back());
         news.store(true, std::memory_order_release);
@@ -301,9 +306,16 @@ struct FfnEngine::State final : PeerHandler {
         return;
     }
     if (!any) return;
-    Batch batch{mb, {}, now};
+    int64_t first = now;
     for (int a = 0; a < spec.attention; ++a)
-      if (arrivals[slot(a, mb)].waiting) batch.parts.push_back(hand_out(a, mb, now));
+      if (arrivals[slot(a, mb)].waiting) first = std::min(first, arrivals[slot(a, mb)].received);
+    metrics.batch(first, now, overdue);
+    Batch batch{mb, {}, now};
+    for (int a = 0; a < spec.attention; ++a) {
+      if (!arrivals[slot(a, mb)].waiting) continue;
+      metrics.part_lag(a, arrivals[slot(a, mb)].received - first);
+      batch.parts.push_back(hand_out(a, mb, now));
+    }
     mark_packed(batch);
     ready_batches.push_back(std::move(batch));
     news.store(true, std::memory_order_release);
@@ -384,6 +396,7 @@ struct FfnEngine::State final : PeerHandler {
     arrival.row_offset = h.row_offset;
     arrival.landing = h.landing;
     std::copy(std::begin(h.rows), std::end(h.rows), arrival.rows.begin());
+    uint64_t payload = 0;
     for (int t = 0; t < spec.a2f_tensors(); ++t) {
       const CallerBuffers::Found* into =
           h.landing == 0
@@ -392,7 +405,9 @@ struct FfnEngine::State final : PeerHandler {
       const bool application = into != nullptr && into->region != nullptr;
       moved.add(application ? *into->region : *a2f_receive_region, application,
                 uint64_t{h.rows[t]} * spec.a2f_row_bytes(t));
+      payload += uint64_t{h.rows[t]} * spec.a2f_row_bytes(t);
     }
+    metrics.received(a, payload + sizeof(WireHeader));
     arrival.reply_region = h.reply_region;
     arrival.reply_offset = h.reply_offset;
     arrival.received = now_ns();
@@ -469,6 +484,8 @@ struct FfnEngine::State final : PeerHandler {
         link->connection->write(*f2a_header_region, s * sizeof(WireHeader),
                                 link->region("f2a_headers"), remote_slot * sizeof(WireHeader),
                                 sizeof(WireHeader), static_cast<uint32_t>(remote_slot), 0);
+        metrics.sent(a, h->payload_bytes + sizeof(WireHeader));
+        metrics.answered(static_cast<int64_t>(h->stamps[kPosted]) - batch_ready);
       } catch (const Error& e) {
         // The connection broke under the write: its peer_lost event, on the comm thread, decides
         // (an attention instance that is gone is contained, not fatal).
@@ -676,6 +693,8 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
     s.respond_doorbells.emplace(device, spec.micro_batches);
   }
   s.transport = Transport::create(transport_options(spec, device));
+  s.metrics.connect(s.transport->kind());
+  s.metrics.serve(s.spec.transport.secret ? &*s.spec.transport.secret : nullptr);
   s.caller.emplace(*s.transport, device, peer_name(Role::ffn, spec.rank));
   s.a2f_receive_region = s.mine.regions["a2f_payload"] =
       s.transport->register_memory(device, s.a2f_receive.data(), s.a2f_receive.size());
@@ -687,7 +706,8 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
   auto own_store = store.clone();  // the rejoin thread's: the caller's need not outlive the call
   s.peers = std::make_unique<PeerGroup>(
       s.spec, Role::attention, *s.transport,
-      join(s.spec, *s.transport, s.mine, store, Role::attention, spec.attention), s.mutex, s);
+      join(s.spec, *s.transport, s.mine, store, Role::attention, spec.attention), s.mutex, s,
+      s.metrics);
   s.comm = std::make_unique<CommThread>(spec.comm_cpus, [&s] { s.peers->turn(); });
   s.peers->start_rejoin(std::move(own_store));
   s.senders = start_senders<RespondJob>(
@@ -696,11 +716,13 @@ FfnEngine::FfnEngine(const EngineSpec& spec, const Device& device, KeyValueStore
       [&s](int a, const RespondJob& job, const std::atomic<bool>& stopping) {
         s.respond_to(a, job, stopping);
       });
+  s.metrics.read_with([this] { return metrics_reading(*this); });
   log(LogLevel::info, "ffn {} (epoch {}): connected to {} attention instance(s) over {}", spec.rank,
       s.peers->own_epoch(), spec.attention, to_string(s.transport->kind()));
 }
 
 FfnEngine::~FfnEngine() {
+  state_->metrics.stop();  // no scrape reads the engine from here on
   state_->close();
 }
 
@@ -1173,6 +1195,14 @@ std::vector<std::pair<std::string, uint64_t>> FfnEngine::registered() const {
           {"a2f_headers", s.a2f_headers.size()},
           {"f2a_send", s.f2a_send.size()},
           {"f2a_headers", s.f2a_headers.size()}};
+}
+
+std::string FfnEngine::metrics_text() const {
+  return state_->metrics.render();
+}
+
+std::string FfnEngine::metrics_address() const {
+  return state_->metrics.address();
 }
 
 }  // namespace hetmesh::afd

@@ -59,6 +59,7 @@ Instance::Instance(const JobConfig& config, Role role, int rank, const InstanceO
   const std::string store = store_address(config_, options.store);
   if (secret_) spec_.transport.secret = *secret_;
   if (!options.job.empty()) spec_.job = options.job;
+  if (options.metrics_index >= 0) spec_.metrics_index = options.metrics_index;
   plugins_ = load_plugins(config_);
   device_ = plugins_.device(role == Role::attention
                                 ? config_.devices.attention.at(static_cast<size_t>(rank))

@@ -69,6 +69,7 @@ EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
   spec.transport.staging_slot_bytes = static_cast<uint64_t>(c.transport.staging_slot_kib) << 10;
   spec.transport.poller_cpu = c.affinity.poller_cpu;
   spec.comm_cpus = c.affinity.comm_cpus;
+  spec.metrics_listen = c.metrics.listen;
   return spec;
 }
 

@@ -387,9 +387,9 @@ void check_model_fits(const TomlSection& job, const TomlSection& model, const Jo
 }
 
 JobConfig read_config(const TomlReporter& reporter, const toml::table& document) {
-  static constexpr std::array<std::string_view, 9> kTables = {"job",        "model",   "devices",
-                                                              "hosts",      "plugins", "transport",
-                                                              "rendezvous", "tracing", "affinity"};
+  static constexpr std::array<std::string_view, 10> kTables = {
+      "job",       "model",      "devices", "hosts",   "plugins",
+      "transport", "rendezvous", "tracing", "metrics", "affinity"};
   TomlSection root(reporter, document, kTables);
   JobConfig c;
 
@@ -490,6 +490,20 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   c.tracing.chrome_trace = tracing.string("chrome_trace", c.tracing.chrome_trace);
   c.tracing.straggler_factor =
       tracing.number_above("straggler_factor", c.tracing.straggler_factor, 1.0);
+
+  static constexpr std::array<std::string_view, 1> kMetrics = {"listen"};
+  TomlSection metrics = root.table("metrics", kMetrics);
+  c.metrics.listen = metrics.string("listen", c.metrics.listen);
+  if (!c.metrics.listen.empty()) {
+    if (!valid_host_port(c.metrics.listen))
+      metrics.fail("listen", fmt::format("expected host:port (IPv6 as [addr]:port), got {}",
+                                         toml_quote(c.metrics.listen)));
+    const auto port = std::stoul(c.metrics.listen.substr(c.metrics.listen.rfind(':') + 1));
+    const int instances = c.job.attention + c.job.ffn;
+    if (port != 0 && port + static_cast<unsigned long>(instances) - 1 > 65535)
+      metrics.fail("listen",
+                   fmt::format("port {} + one per instance ({}) passes 65535", port, instances));
+  }
 
   static constexpr std::array<std::string_view, 2> kAffinity = {"comm_cpus", "poller_cpu"};
   TomlSection affinity = root.table("affinity", kAffinity);

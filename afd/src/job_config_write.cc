@@ -85,6 +85,7 @@ std::string to_toml(const JobConfig& c) {
   out += fmt::format("\n[tracing]\nenabled = {}\nchrome_trace = {}\nstraggler_factor = {}\n",
                      c.tracing.enabled, toml_quote(c.tracing.chrome_trace),
                      toml_float(c.tracing.straggler_factor));
+  out += fmt::format("\n[metrics]\nlisten = {}\n", toml_quote(c.metrics.listen));
   out += fmt::format("\n[affinity]\ncomm_cpus = [{}]\npoller_cpu = {}\n",
                      fmt::join(c.affinity.comm_cpus, ", "), c.affinity.poller_cpu);
   return out;

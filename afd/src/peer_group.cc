@@ -23,7 +23,7 @@ constexpr size_t kMaxHistory = 1024;
 }  // namespace
 
 PeerGroup::PeerGroup(const EngineSpec& spec, Role peer_role, Transport& transport, Joined joined,
-                     std::mutex& mutex, PeerHandler& handler)
+                     std::mutex& mutex, PeerHandler& handler, EngineMetrics& metrics)
     : spec_(spec),
       peer_role_(peer_role),
       transport_(transport),
@@ -31,6 +31,7 @@ PeerGroup::PeerGroup(const EngineSpec& spec, Role peer_role, Transport& transpor
       peers_(std::move(joined.peers)),
       mutex_(mutex),
       handler_(handler),
+      metrics_(metrics),
       heartbeat_(spec, peer_role, peers_.size()),
       superseded_(peers_.size(), 0),
       known_(peers_.size(), 0) {
@@ -56,6 +57,10 @@ void PeerGroup::stop_rejoin() {
 }
 
 void PeerGroup::record_locked(PeerChange change) {
+  if (change.state == PeerStatus::State::lost)
+    metrics_.peer_lost(change.rank);
+  else
+    metrics_.peer_joined(change.rank);
   if (history_.size() == kMaxHistory) history_.pop_front();
   history_.push_back(std::move(change));
 }

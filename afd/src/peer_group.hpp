@@ -2,6 +2,7 @@
 // silent peers (Heartbeat), and the rejoin thread that connects to a replacement.
 #pragma once
 
+#include "engine_metrics.hpp"
 #include "join.hpp"
 #include "peer.hpp"
 
@@ -80,8 +81,9 @@ class PeerHandler {
 // engine can let it go, connects to the new one and hands its link to the comm thread.
 class PeerGroup {
  public:
+  // Counts the peers' losses and rejoins into `metrics`.
   PeerGroup(const EngineSpec& spec, Role peer_role, Transport& transport, Joined joined,
-            std::mutex& mutex, PeerHandler& handler);
+            std::mutex& mutex, PeerHandler& handler, EngineMetrics& metrics);
   ~PeerGroup();
   PeerGroup(const PeerGroup&) = delete;
   PeerGroup& operator=(const PeerGroup&) = delete;
@@ -136,6 +138,7 @@ class PeerGroup {
   std::vector<Peer> peers_;
   std::mutex& mutex_;
   PeerHandler& handler_;
+  EngineMetrics& metrics_;
   // The comm thread's:
   std::map<ConnectionId, Member> members_;
   std::vector<TransportEvent> events_, early_;  // early_: of links not installed yet

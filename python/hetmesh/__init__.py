@@ -88,6 +88,7 @@ _KEYS = {
     "ffn_devices": ("devices", "ffn"),
     "transport": ("transport", "kind"),
     "listen_host": ("transport", "listen_host"),
+    "metrics_listen": ("metrics", "listen"),
 }
 
 
@@ -137,7 +138,7 @@ _ENGINE_ARGUMENTS = ("rank", "store", "secret_file", "device", "job")
 def config(path: str | os.PathLike | None = None, **job) -> Config:
     """A job config: the TOML file at `path`, or one made of keyword arguments (attention, ffn,
     micro_batches, tokens, hidden, top_k, a2f_dtype, f2a_dtype, attention_devices, ffn_devices,
-    transport, timeout_ms, ...), validated as a whole by the same reader as `hetmesh demo`'s.
+    transport, timeout_ms, metrics_listen, ...), validated as a whole by the same reader as `hetmesh demo`'s.
     Not both: a file is what every process of a job shares. From keywords, a2f_dtype defaults to
     "bf16" (a file's default is "fp8")."""
     if path is not None:

@@ -599,6 +599,18 @@ void bind_common(Class& cls) {
           "Bytes moved from or into the application's buffers and the engine's slots, those "
           "copied through host staging buffers, and the buffers registered.")
       .def(
+          "metrics",
+          [](const Py& e) { return engine_of<typename Py::EngineType>(*e.live()).metrics_text(); },
+          "This instance's metrics in Prometheus' text format, as a scrape gets them "
+          "(docs/metrics.md).")
+      .def_property_readonly(
+          "metrics_address",
+          [](const Py& e) {
+            return engine_of<typename Py::EngineType>(*e.live()).metrics_address();
+          },
+          "Where this instance serves its metrics (\"127.0.0.1:9400\"; [metrics] listen), or "
+          "\"\" when it does not.")
+      .def(
           "send_message",
           [](const Py& e, int peer, const py::bytes& data) {
             std::shared_ptr<Context> c = e.live();

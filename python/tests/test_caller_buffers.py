@@ -59,6 +59,15 @@ def test_an_a_and_an_f_use_their_own_tensors_in_place(store, job, spawn):
         rows = 8 + 3 + 5 + 1 + 8
         assert counters["caller_bytes"] == rows * (hidden * 2 + top_k * 8) + rows * hidden * 2
         assert counters["staged_bytes"] == 0, counters
+        # The same counts as Prometheus reads them (docs/metrics.md); not served: no address.
+        samples = dict(line.rsplit(" ", 1) for line in a.metrics().splitlines()
+                       if not line.startswith("#"))
+        moved = [v for k, v in samples.items()
+                 if k.startswith("hetmesh_moved_bytes_total{") and 'memory="application"' in k]
+        assert moved == [str(counters["caller_bytes"])], samples
+        trips = [v for k, v in samples.items() if k.startswith("hetmesh_round_trip_seconds_count")]
+        assert trips == ["5"], samples
+        assert a.metrics_address == ""
     code, out, err = ffn.finish()
     assert code == 0, err
     assert "'caller_buffers': 1" in out, out

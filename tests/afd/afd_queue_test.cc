@@ -10,6 +10,7 @@
 #include <hetmesh/afd/engine.hpp>
 #include <hetmesh/afd/local_job.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/metrics_server.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/subprocess.hpp>
 
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <future>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 namespace hetmesh::afd {
@@ -30,6 +32,21 @@ constexpr int kLayers = 8;  // the engine's default queue depth: every layer que
 
 uint64_t token_bytes(const EngineSpec& spec) {
   return uint64_t{spec.tokens} * spec.hidden * spec.a2f_bytes;
+}
+
+// The value of the first sample of `name` the attention child printed ("metric NAME{...} V") whose
+// labels contain each of `labels`; -1 if none.
+int64_t metric(const std::vector<std::string>& lines, const std::string& name,
+               const std::vector<std::string>& labels = {}) {
+  for (const std::string& line : lines) {
+    if (!line.starts_with("metric " + name + "{") ||
+        !std::all_of(labels.begin(), labels.end(),
+                     [&](const std::string& l) { return line.find(l) != std::string::npos; }))
+      continue;
+    const size_t space = line.rfind(' ');
+    return std::stoll(line.substr(space + 1));
+  }
+  return -1;
 }
 
 // ---- child roles ----
@@ -108,8 +125,10 @@ void next_layer(void* data) {
 // on a stream after the stream waited for the previous answers (stream_wait). Then it waits for
 // every handle in order, printing "wait <layer> <mb> ok" or "... lost: <why>", and checks the
 // last answers against the same layers computed here.
-int run_queued(const EngineSpec& spec, KeyValueStore& store) {
+int run_queued(const EngineSpec& job_spec, KeyValueStore& store) {
   Device device = PluginRegistry::load().device("cpu:0");
+  EngineSpec spec = job_spec;
+  spec.metrics_listen = "127.0.0.1:0";  // scraped below, over HTTP
   AttentionEngine engine(spec, device, store);
   Stream stream = device.create_stream();
   const uint64_t bytes = token_bytes(spec);
@@ -167,6 +186,12 @@ int run_queued(const EngineSpec& spec, KeyValueStore& store) {
     }
   }
   stream.synchronize(kTimeout);
+  // What Prometheus would read: "metric <sample>" for each sample but the histograms' buckets.
+  std::istringstream scraped(
+      metrics::scrape(engine.metrics_address(), "", std::chrono::milliseconds(5000)));
+  for (std::string line; std::getline(scraped, line);)
+    if (!line.starts_with("#") && line.find("_bucket{") == std::string::npos)
+      std::cout << "metric " << line << std::endl;
   for (int mb = 0; mb < spec.micro_batches; ++mb) {
     const auto* result = static_cast<const uint8_t*>(engine.result(mb, 0));
     if (!std::equal(result, result + bytes, expected[static_cast<size_t>(mb)].begin())) {
@@ -340,6 +365,24 @@ TEST_P(AfdQueueTest, AHostQueuesEveryLayerAheadAndGetsTheResultsInOrder) {
   EXPECT_TRUE(has_line(lines, "results match")) << joined(lines);
   EXPECT_EQ(f0.wait(kTimeout).exit_code, 0);
   EXPECT_EQ(f1.wait(kTimeout).exit_code, 0);
+  // Its metrics, scraped over HTTP: every round trip, and each F's parts and answers.
+  const std::string transport = to_string(GetParam());
+  EXPECT_EQ(metric(lines, "hetmesh_round_trip_seconds_count"), kLayers * 2) << joined(lines);
+  for (const char* status : {"peer_lost", "timeout", "protocol_error"})  // counted from 0
+    EXPECT_EQ(metric(lines, "hetmesh_errors_total", {fmt::format("status=\"{}\"", status)}), 0)
+        << joined(lines);
+  for (const char* peer : {"ffn 0", "ffn 1"}) {
+    const std::string of = fmt::format("peer=\"{}\"", peer);
+    for (const char* direction : {"sent", "received"})
+      EXPECT_EQ(
+          metric(lines, "hetmesh_messages_total",
+                 {of, fmt::format("direction=\"{}\",transport=\"{}\"", direction, transport)}),
+          kLayers * 2)
+          << joined(lines);
+    EXPECT_EQ(metric(lines, "hetmesh_network_seconds_count", {of}), kLayers * 2) << joined(lines);
+    EXPECT_EQ(metric(lines, "hetmesh_peer_up", {of}), 1) << joined(lines);
+    EXPECT_EQ(metric(lines, "hetmesh_peer_losses_total", {of}), 0) << joined(lines);
+  }
 }
 
 // The F dies on receiving layer 3 with every layer queued: the layers before 2 came back, every
@@ -361,6 +404,13 @@ TEST_P(AfdQueueTest, AnFfnKilledUnderAFullQueueIsNamedByEveryWaitItOwed) {
           << joined(lines);
   EXPECT_TRUE(has_line(lines, "ffn 0")) << joined(lines);
   EXPECT_EQ(f.wait(kTimeout).signal, SIGKILL);
+  // Its metrics: the F lost once and down, and every round trip either answered or failed.
+  EXPECT_EQ(metric(lines, "hetmesh_peer_losses_total", {"\"ffn 0\""}), 1) << joined(lines);
+  EXPECT_EQ(metric(lines, "hetmesh_peer_up", {"\"ffn 0\""}), 0) << joined(lines);
+  const int64_t answered = metric(lines, "hetmesh_round_trip_seconds_count");
+  EXPECT_GE(answered, 4) << joined(lines);
+  EXPECT_EQ(metric(lines, "hetmesh_errors_total", {"status=\"peer_lost\""}), kLayers * 2 - answered)
+      << joined(lines);
 }
 
 // The transports order control messages only among themselves (verbs: a socket beside the QP),

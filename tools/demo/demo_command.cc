@@ -501,6 +501,7 @@ int run_launched(const RunOptions& o) {
   d.role = afd::to_string(role);
   d.rank = rank;
   d.store = o.store.empty() ? launched->store : o.store;
+  d.metrics_index = launched->local_rank;  // [metrics] listen: a port per process of its host
   if (d.store.empty())
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("hetmesh run: {} gives no store address: set MASTER_ADDR and "

@@ -19,6 +19,8 @@
 #include <hetmesh/afd/launcher.hpp>
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/metrics_server.hpp>
+#include <hetmesh/core/socket.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -26,8 +28,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <thread>
 
 namespace hetmesh::cli {
 namespace {
@@ -74,11 +79,12 @@ void add(afd::DataCounters& sum, const afd::DataCounters& more) {
 // transport's) to completion; throws saying why the job failed. Returns false when it was
 // interrupted (SIGINT, SIGTERM).
 bool run_instances(afd::Launcher& launcher, const JobConfig& c, const AfdBenchOptions& o,
-                   const std::string& prefix) {
+                   const std::string& prefix, const std::vector<std::string>& more_args = {}) {
   afd::Launcher::Run run;
   run.job = job_id(prefix + "attention");
   run.role_prefix = prefix;
   run.args = {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup)};
+  run.args.insert(run.args.end(), more_args.begin(), more_args.end());
   run.limit = c.job.join_timeout +
               std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * 10);
   run.stopped_limit = c.job.timeout + std::chrono::milliseconds(500);
@@ -88,6 +94,61 @@ bool run_instances(afd::Launcher& launcher, const JobConfig& c, const AfdBenchOp
     throw Error(HM_ERR_INTERNAL,
                 fmt::format("bench afd: {}", fmt::join(outcome.explanation, "; ")));
   return true;
+}
+
+// A base port from which `count` ports are free on loopback now.
+int free_ports(int count) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int base = 20000 + static_cast<int>(std::random_device{}() % 20000);
+    try {
+      for (int port = base; port < base + count; ++port)
+        net::listen_on(net::resolve(fmt::format("127.0.0.1:{}", port), true, "a port")[0],
+                       "a port");
+      return base;
+    } catch (const Error&) {
+    }
+  }
+  throw Error(HM_ERR_BACKEND, "bench afd --scrape: no free ports for the metrics");
+}
+
+// The job run once more with its metrics served on loopback, scraped here 10 times a second
+// (Prometheus' default is once in 15 s) until it ends. Returns the scrapes answered, or nullopt
+// when the run was interrupted.
+std::optional<uint64_t> run_scraped(afd::Launcher& launcher, const JobConfig& c,
+                                    const AfdBenchOptions& o) {
+  const int instances = c.job.attention + c.job.ffn;
+  const int base = free_ports(instances);
+  std::vector<std::string> addresses;
+  for (int a : launcher.local().attention)
+    addresses.push_back(fmt::format("127.0.0.1:{}", base + a));
+  for (int f : launcher.local().ffn)
+    addresses.push_back(fmt::format("127.0.0.1:{}", base + c.job.attention + f));
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> answered{0};
+  std::thread scraper([&] {
+    while (!done.load()) {
+      for (const std::string& address : addresses) {
+        try {
+          metrics::scrape(address, "", std::chrono::milliseconds(1000));
+          answered.fetch_add(1);
+        } catch (const Error&) {  // not serving yet, or done
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  bool finished = false;
+  try {
+    finished = run_instances(launcher, c, o, "scraped-",
+                             {"--metrics-listen", fmt::format("127.0.0.1:{}", base)});
+  } catch (...) {
+    done = true;
+    scraper.join();
+    throw;
+  }
+  done = true;
+  scraper.join();
+  return finished ? std::optional<uint64_t>(answered.load()) : std::nullopt;
 }
 
 nlohmann::json read_json(const fs::path& path) {
@@ -150,6 +211,17 @@ AfdBenchResults collect(const afd::Launcher& launcher, const JobConfig& c,
                               .values["round trip"];
   }
 
+  if (o.scrape) {
+    std::vector<afd::AttentionTrace> scraped;
+    for (int a : launcher.local().attention) {
+      std::ifstream in(launcher.folder() / fmt::format("scraped-attention{}.trace.json", a));
+      scraped.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
+    }
+    r.scraped_round_trip =
+        afd::compute_metrics(scraped, r.all_instances, c.tracing.straggler_factor)
+            .values["round trip"];
+  }
+
   // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
   r.metrics = afd::compute_metrics(traces, r.all_instances, c.tracing.straggler_factor);
   if (!o.trace.empty()) afd::write_chrome_trace(o.trace, traces);
@@ -178,12 +250,15 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
   if (!run_instances(launcher, c, o, "") || (o.bare && !run_instances(launcher, c, o, "bare-")) ||
       (o.caller_buffers && !run_instances(launcher, c, o, "caller-")))
     return launcher.exit_status(0);
+  std::optional<uint64_t> scrapes;
+  if (o.scrape && !(scrapes = run_scraped(launcher, c, o))) return launcher.exit_status(0);
   if (launcher.local().attention.empty()) {
     fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",
                fmt::join(launcher.local().ffn, ","));
     return 0;
   }
   AfdBenchResults results = collect(launcher, c, o);
+  results.scrapes = scrapes.value_or(0);
   report(c, o, results);
   return launcher.exit_status(0);
 }
@@ -197,8 +272,10 @@ int run_role(const JobConfig& c, const AfdBenchOptions& o) {
     if (o.role == "bare-attention") return run_bare_attention(c, o);
     if (o.role == "bare-ffn") return run_bare_ffn(c, o);
     const bool caller = o.role.rfind("caller-", 0) == 0;
-    if (self.role == "attention") return run_attention(c, o, caller);
-    if (self.role == "ffn") return run_ffn(c, o, caller);
+    JobConfig scraped = c;
+    if (!o.metrics_listen.empty()) scraped.metrics.listen = o.metrics_listen;
+    if (self.role == "attention") return run_attention(scraped, o, caller);
+    if (self.role == "ffn") return run_ffn(scraped, o, caller);
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("--role {}: unknown", o.role));
   });
 }
@@ -208,6 +285,7 @@ int run_role(const JobConfig& c, const AfdBenchOptions& o) {
 std::string job_id(const std::string& role) {
   if (role.rfind("bare-", 0) == 0) return "bare";
   if (role.rfind("caller-", 0) == 0) return "caller";
+  if (role.rfind("scraped-", 0) == 0) return "scraped";
   return afd::EngineSpec{}.job;
 }
 
@@ -227,6 +305,10 @@ void add_bench_afd_command(CLI::App& bench) {
   cmd->add_flag("--caller-buffers", o->caller_buffers,
                 "also run the engine from and into buffers of the instances' own (the "
                 "application's) instead of its slots, and compare (the job runs once more)");
+  cmd->add_flag("--scrape", o->scrape,
+                "also run the job serving its metrics on loopback while this process scrapes "
+                "every instance 10 times a second, and compare (the job runs once more)");
+  cmd->add_option("--metrics-listen", o->metrics_listen, "internal")->group("");
   add_job_launch_options(*cmd, *o);
   cmd->callback([o] {
     JobConfig c = o->config.empty() ? stepmesh_shape() : afd::load_config(o->config);

@@ -35,6 +35,11 @@ struct AfdBenchOptions : afd::LaunchOptions {  // role: attention, ffn, bare-att
   // Also run the engine with the application's own buffers (PushOptions, an F's part outputs)
   // in place of its slots: its instances' roles are "caller-attention" and "caller-ffn".
   bool caller_buffers = false;
+  // Also run the job serving its metrics on loopback ([metrics] listen) while this process
+  // scrapes every instance 10 times a second: its instances' roles are "scraped-attention" and
+  // "scraped-ffn", each told the address by --metrics-listen.
+  bool scrape = false;
+  std::string metrics_listen;
 };
 
 // ---- the instances (child processes), each writing its results under o.out ----
@@ -76,6 +81,9 @@ struct AfdBenchResults {
   // and what every instance of each run moved (DataCounters summed).
   std::optional<afd::Percentiles> caller_round_trip;
   afd::DataCounters slots_moved, caller_moved;
+  // With --scrape: the engine's round trips while scraped, and the scrapes that answered.
+  std::optional<afd::Percentiles> scraped_round_trip;
+  uint64_t scrapes = 0;
   double throughput_gbps = 0;  // all A, both directions
   uint64_t registered = 0;     // bytes, the instances on this host
   bool all_instances = true;   // every instance of the job ran on this host

@@ -80,6 +80,14 @@ void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
                r.caller_round_trip->p50 / rt.p50);
     fmt::print("{:<30} {}\n", "moved (caller buffers)", moved(r.caller_moved));
   }
+  if (r.scraped_round_trip) {
+    fmt::print("{:<30} {:>10.1f} {:>10.1f}   ({} scrapes, 10 a second per instance)\n",
+               "round trip (scraped)", r.scraped_round_trip->p50, r.scraped_round_trip->p99,
+               r.scrapes);
+    fmt::print("{:<30} {:>10.3f}x  (target: within 2%)\n", "scraped / not served",
+               r.scraped_round_trip->p50 / rt.p50);
+  }
+
   if (cpus > 0 && cpus < static_cast<unsigned>(2 * instances))
     fmt::print(
         "note: {} CPUs for {} instances (each with a comm thread and a sender per peer): the "
@@ -132,6 +140,12 @@ nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
                                               {"slot_bytes", r.caller_moved.slot_bytes},
                                               {"staged_bytes", r.caller_moved.staged_bytes}}
                              : nlohmann::json()},
+      {"scraped", r.scraped_round_trip
+                      ? nlohmann::json{{"round_trip_p50_us", r.scraped_round_trip->p50},
+                                       {"round_trip_p99_us", r.scraped_round_trip->p99},
+                                       {"over_not_served", r.scraped_round_trip->p50 / rt.p50},
+                                       {"scrapes", r.scrapes}}
+                      : nlohmann::json()},
       {"metrics", nlohmann::json::object()}};
   for (const auto& [name, p] : r.metrics.values)
     out["metrics"][name] = {{"p50_us", p.p50},

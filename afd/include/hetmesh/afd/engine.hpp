@@ -158,6 +158,13 @@ struct EngineSpec {
   std::chrono::milliseconds gather_window{50};
   std::string job = "hetmesh";  // rendezvous namespace
   TransportOptions transport;
+  // Where this instance serves its Prometheus metrics ([metrics] listen, docs/metrics.md):
+  // "host:port", the port plus metrics_index (port 0: any free one); beyond loopback only with the
+  // job's secret (transport.secret). Empty: nowhere. metrics_index: the instance's place among
+  // those of its host (a launcher's local rank: one port for every pod of a Kubernetes job); -1:
+  // its index in the job, As then Fs, unique on any host.
+  std::string metrics_listen;
+  int metrics_index = -1;
   // Pin the comm thread to the first of these and the per-peer sender threads to the next ones
   // (wrapping around), if any.
   std::vector<int> comm_cpus;
@@ -492,6 +499,10 @@ class AttentionEngine {
   uint64_t epoch() const;
   // Bytes of memory this engine registered, by region name.
   std::vector<std::pair<std::string, uint64_t>> registered() const;
+  // This instance's metrics in Prometheus' text format, as a scrape gets them (docs/metrics.md),
+  // and where it serves them ("127.0.0.1:9400"; empty unless spec.metrics_listen is set).
+  std::string metrics_text() const;
+  std::string metrics_address() const;
 
  private:
   struct State;
@@ -612,6 +623,8 @@ class FfnEngine {
   const EngineSpec& spec() const;
   uint64_t epoch() const;  // as AttentionEngine::epoch
   std::vector<std::pair<std::string, uint64_t>> registered() const;
+  std::string metrics_text() const;  // as AttentionEngine's
+  std::string metrics_address() const;
 
  private:
   struct State;

@@ -30,6 +30,7 @@ struct InstanceOptions {
                             // the file the launcher handed it (HETMESH_JOB_SECRET_FILE), else none
   std::string job;  // the job's rendezvous namespace (EngineSpec::job); "": "hetmesh". Two jobs
                     // that share one store need one each
+  int metrics_index = -1;  // EngineSpec::metrics_index: its place among its host's instances
 };
 
 // What instance (role, rank) of a job runs on, set up in order: the config's plugins loaded, its

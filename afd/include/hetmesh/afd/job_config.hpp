@@ -162,6 +162,16 @@ struct TracingSection {
   bool operator==(const TracingSection&) const = default;
 };
 
+// [metrics]: the Prometheus endpoint of each instance (docs/metrics.md).
+struct MetricsSection {
+  // "host:port": instance i of the job (As, then Fs) serves http://host:(port + i)/metrics, or,
+  // started by a launcher (hetmesh run), port + its local rank; port 0: each a free port of its
+  // own (logged). Beyond loopback only with the job's secret, which
+  // every scrape proves with a bearer token (hetmesh config --metrics-token). Empty: not served.
+  std::string listen;
+  bool operator==(const MetricsSection&) const = default;
+};
+
 struct AffinitySection {
   std::vector<int> comm_cpus;  // CPUs for the comm threads, in order of creation; empty = unpinned
   int poller_cpu = -1;         // CPU of the transport's completion poller; -1 = unpinned
@@ -177,6 +187,7 @@ struct JobConfig {
   TransportSection transport;
   RendezvousSection rendezvous;
   TracingSection tracing;
+  MetricsSection metrics;
   AffinitySection affinity;
   bool operator==(const JobConfig&) const = default;
 };

@@ -32,13 +32,14 @@ struct LaunchOptions {
   std::string pin = "auto";            // auto, on, off (place_instances)
   std::string role;                    // in an instance: its role; "" in the launcher
   int rank = 0;
-  std::string out;      // in an instance: the job's folder, for its results
-  InstancePlace place;  // in an instance: its CPUs and NIC
-  std::string device;   // in an instance: its device instead of the config's ("": the config's)
+  std::string out;         // in an instance: the job's folder, for its results
+  InstancePlace place;     // in an instance: its CPUs and NIC
+  std::string device;      // in an instance: its device instead of the config's ("": the config's)
+  int metrics_index = -1;  // in an instance: InstanceOptions::metrics_index
 
   bool in_instance() const { return !role.empty(); }
   // What an instance is handed to find its job (instance.hpp).
-  InstanceOptions instance_options() const { return {store, place, device, {}}; }
+  InstanceOptions instance_options() const { return {store, place, device, {}, {}, metrics_index}; }
 };
 
 // What a launching command says of its job.
