@@ -5,11 +5,11 @@
 
 #include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
+#include <hetmesh/core/socket.hpp>
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <climits>
 
 namespace hetmesh::afd {
@@ -247,26 +247,23 @@ void EngineMetrics::read_with(std::function<Reading()> read) {
 void EngineMetrics::serve(const JobSecret* secret) {
   if (spec_.metrics_listen.empty()) return;
   // One port per instance: its index in the job (As, then Fs) past the configured one.
-  std::string listen = spec_.metrics_listen;
-  const size_t colon = listen.rfind(':');
-  const std::string port = listen.substr(colon + 1);
-  if (colon == std::string::npos || port.empty() || port.size() > 5 ||
-      !std::all_of(port.begin(), port.end(), ::isdigit) || std::stoi(port) > 65535)
+  std::optional<net::HostPort> listen = net::parse_host_port(spec_.metrics_listen);
+  if (!listen)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("[metrics] listen '{}' is not host:port", spec_.metrics_listen));
-  const int base = std::stoi(port);
   const int index = spec_.metrics_index >= 0        ? spec_.metrics_index
                     : spec_.role == Role::attention ? spec_.rank
                                                     : spec_.attention + spec_.rank;
-  if (base != 0) {
-    if (base + index > 65535)
+  if (listen->port != 0) {
+    if (listen->port + index > 65535)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("[metrics] listen '{}': instance {} would serve on port {}",
-                              spec_.metrics_listen, index, base + index));
-    listen = listen.substr(0, colon + 1) + std::to_string(base + index);
+                              spec_.metrics_listen, index, listen->port + index));
+    listen->port = static_cast<uint16_t>(listen->port + index);
   }
   server_ = std::make_unique<metrics::Server>(
-      registry_, listen, secret, fmt::format("{}'s metrics", peer_name(spec_.role, spec_.rank)));
+      registry_, net::join_host_port(listen->host, listen->port), secret,
+      fmt::format("{}'s metrics", peer_name(spec_.role, spec_.rank)));
 }
 
 void EngineMetrics::stop() {

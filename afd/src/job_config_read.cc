@@ -5,6 +5,7 @@
 #include <hetmesh/afd/job_config.hpp>
 #include <hetmesh/core/bounded_file.hpp>
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/socket.hpp>
 #include <hetmesh/core/toml_reader.hpp>
 
 #include <fmt/format.h>
@@ -65,19 +66,6 @@ std::optional<std::string> normalize_selector(std::string_view text) {
     std::from_chars(digits.data(), digits.data() + digits.size(), index);
   }
   return fmt::format("{}:{}", name, index);
-}
-
-// "host:port" with a numeric port; IPv6 hosts in brackets.
-bool valid_host_port(std::string_view text) {
-  size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return false;
-  std::string_view host = text.substr(0, colon), port = text.substr(colon + 1);
-  bool bracketed = host.front() == '[';
-  if (bracketed != (host.back() == ']') || (bracketed && host.size() < 3)) return false;
-  if (!bracketed && host.find(':') != std::string_view::npos) return false;
-  unsigned value = 0;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  return !port.empty() && ec == std::errc() && end == port.data() + port.size() && value <= 65535;
 }
 
 // [devices] attention / ffn: one selector for every instance, or one per instance.
@@ -477,7 +465,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
                                              toml_quote(c.rendezvous.address)));
   } else {
     c.rendezvous.address = rendezvous.string("address", c.rendezvous.address);
-    if (!valid_host_port(c.rendezvous.address))
+    if (!net::parse_host_port(c.rendezvous.address))
       rendezvous.fail("address", fmt::format("expected host:port (IPv6 as [addr]:port), got {}",
                                              toml_quote(c.rendezvous.address)));
   }
@@ -495,7 +483,7 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
   TomlSection metrics = root.table("metrics", kMetrics);
   c.metrics.listen = metrics.string("listen", c.metrics.listen);
   if (!c.metrics.listen.empty()) {
-    if (!valid_host_port(c.metrics.listen))
+    if (!net::parse_host_port(c.metrics.listen))
       metrics.fail("listen", fmt::format("expected host:port (IPv6 as [addr]:port), got {}",
                                          toml_quote(c.metrics.listen)));
     const auto port = std::stoul(c.metrics.listen.substr(c.metrics.listen.rfind(':') + 1));

@@ -2,6 +2,7 @@
 #include <hetmesh/afd/launched.hpp>
 
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/socket.hpp>
 
 #include <fmt/format.h>
 
@@ -67,7 +68,7 @@ std::optional<LaunchedProcess> launched_process(const EnvironmentLookup& lookup)
       if (port > 65535)
         throw Error(HM_ERR_INVALID_ARGUMENT,
                     fmt::format("MASTER_PORT={}: no port after it for hetmesh's store", port - 1));
-      p.store = fmt::format("{}:{}", host, port);
+      p.store = net::join_host_port(host, static_cast<uint16_t>(port));
     }
     return p;
   }

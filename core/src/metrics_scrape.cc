@@ -5,8 +5,6 @@
 
 #include <fmt/format.h>
 
-#include <sys/socket.h>
-
 namespace hetmesh::metrics {
 
 std::string scrape(std::string_view address, std::string_view token,
@@ -21,13 +19,11 @@ std::string scrape(std::string_view address, std::string_view token,
   net::send_all(fd.get(), request.data(), request.size(), what.c_str(), deadline);
   std::string response;
   char chunk[16384];
-  for (;;) {  // HTTP/1.0: the server closes after the body
+  // HTTP/1.0: the server closes after the body.
+  while (size_t n = net::recv_some(fd.get(), chunk, sizeof chunk, what.c_str(), deadline)) {
+    response.append(chunk, n);
     if (response.size() > (64 << 20))
       throw Error(kStatusProtocolError, fmt::format("{}: more than 64 MiB", what));
-    if (!net::recv_exact(fd.get(), chunk, 1, what.c_str(), deadline)) break;
-    response += chunk[0];
-    const ssize_t n = ::recv(fd.get(), chunk, sizeof chunk, MSG_DONTWAIT);
-    if (n > 0) response.append(chunk, static_cast<size_t>(n));
   }
   const size_t body = response.find("\r\n\r\n");
   if (!response.starts_with("HTTP/1.") || response.size() < 12 || body == std::string::npos)

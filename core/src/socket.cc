@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -77,20 +78,6 @@ bool set_blocking(int fd) {
   return flags >= 0 && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0;
 }
 
-struct HostPort {
-  std::string host, port;
-};
-
-HostPort split_host_port(std::string_view text, std::string_view what) {
-  size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size())
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} '{}' is not host:port", what, text));
-  std::string_view host = text.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return {std::string(host), std::string(text.substr(colon + 1))};
-}
-
 struct AddrInfoDeleter {
   void operator()(addrinfo* a) const { freeaddrinfo(a); }
 };
@@ -121,14 +108,40 @@ void Fd::shutdown() const {
 
 // ---- addresses -----------------------------------------------------------------------------
 
+std::optional<HostPort> parse_host_port(std::string_view text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  std::string_view host = text.substr(0, colon), digits = text.substr(colon + 1);
+  const bool bracketed = host.front() == '[';
+  if (bracketed != (host.back() == ']') || (bracketed && host.size() < 3)) return std::nullopt;
+  if (bracketed)
+    host = host.substr(1, host.size() - 2);
+  else if (host.find(':') != std::string_view::npos)
+    return std::nullopt;
+  unsigned port = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || port > 65535)
+    return std::nullopt;
+  return HostPort{std::string(host), static_cast<uint16_t>(port)};
+}
+
+std::string join_host_port(std::string_view host, uint16_t port) {
+  if (host.find(':') != std::string_view::npos && host.front() != '[')
+    return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
 std::vector<Address> resolve(std::string_view host_port, bool passive, std::string_view what) {
-  HostPort hp = split_host_port(host_port, what);
+  const std::optional<HostPort> hp = parse_host_port(host_port);
+  if (!hp)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{} '{}' is not host:port", what, host_port));
+  const std::string port = std::to_string(hp->port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
   addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(hp.host.c_str(), hp.port.c_str(), &hints, &found); rc != 0)
+  if (int rc = getaddrinfo(hp->host.c_str(), port.c_str(), &hints, &found); rc != 0)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("cannot resolve {} '{}': {}", what, host_port, gai_strerror(rc)));
   std::unique_ptr<addrinfo, AddrInfoDeleter> owned(found);
@@ -283,25 +296,24 @@ Fd accept_connection(const Fd& listener, Address* peer) {
 
 // ---- I/O -----------------------------------------------------------------------------------
 
+size_t recv_some(int fd, void* data, size_t size, const char* what, const Deadline& deadline) {
+  for (;;) {
+    const ssize_t n = ::recv(fd, data, size, wait_flags(deadline));
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno == EINTR) continue;
+    if (!would_block()) fail_errno(kStatusPeerLost, "receiving", what);
+    await(fd, POLLIN, deadline, "receiving", what);
+  }
+}
+
 bool recv_exact(int fd, void* data, size_t size, const char* what, const Deadline& deadline) {
   auto* p = static_cast<uint8_t*>(data);
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = ::recv(fd, p + done, size - done, wait_flags(deadline));
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
-      if (done == 0) return false;
+  for (size_t done = 0; done < size;) {
+    const size_t n = recv_some(fd, p + done, size - done, what, deadline);
+    if (n == 0 && done == 0) return false;
+    if (n == 0)
       throw Error(kStatusPeerLost, fmt::format("receiving {}: connection closed mid-frame", what));
-    }
-    if (errno == EINTR) continue;
-    if (would_block()) {
-      await(fd, POLLIN, deadline, "receiving", what);
-      continue;
-    }
-    fail_errno(kStatusPeerLost, "receiving", what);
+    done += n;
   }
   return true;
 }

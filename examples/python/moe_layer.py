@@ -4,6 +4,7 @@ in some processes, FFN instances (F) holding the experts in others, three micro-
     <build>/python/hetmesh-python examples/python/moe_layer.py              # 2A2F on cpu:0
     <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda:0
     <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda:0 --graph
+    torchrun --nproc_per_node 4 examples/python/moe_layer.py --launched  # one instance a process
 
 (hetmesh-python is the interpreter the package was built for, with the package on its path.)
 
@@ -317,14 +318,20 @@ def main() -> int:
     parser.add_argument("--graph", action="store_true",
                         help="capture each A's decode step in a CUDA graph and replay it")
     parser.add_argument("--steps", type=int, default=20, help="replays of the graph")
+    parser.add_argument("--launched", action="store_true",
+                        help="be one instance of a job a launcher (torchrun, mpirun, srun) started, "
+                             "the place taken from its variables")
     parser.add_argument("--role", choices=["attention", "ffn"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu:0", help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    place = hetmesh.launched(**JOB) if args.role is None else None
-    if place is not None:  # started by torchrun, mpirun or srun: one instance a process
+    if args.launched:  # started by torchrun, mpirun or srun: one instance a process
+        place = hetmesh.launched(**JOB)
+        if place is None:
+            parser.error("--launched: no launcher's variables (RANK, OMPI_COMM_WORLD_RANK, "
+                         "SLURM_PROCID, ...) are set")
         return run_launched(place, args)
     if args.role is None:
         if args.graph and not args.attention_device.startswith("cuda"):

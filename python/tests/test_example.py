@@ -48,7 +48,7 @@ def test_torchrun_starts_the_example_as_four_instances(tmp_path):
     out = launched(["torchrun", "--nproc_per_node", "4", "--master_port", port(),
                     # Debian's torchrun (torch 1.13) fails with its defaults on Python 3.11
                     "--redirects", "2", "--tee", "1", "--log_dir", str(tmp_path),
-                    "examples/python/moe_layer.py"])
+                    "examples/python/moe_layer.py", "--launched"])
     for rank in range(2):
         assert f"verified: attention {rank} of 2 x 2 ffn (torchrun process {rank})" in out, out
 
@@ -56,6 +56,6 @@ def test_torchrun_starts_the_example_as_four_instances(tmp_path):
 def test_mpirun_starts_the_example_as_four_instances():
     out = launched(["mpirun", "-n", "4", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1", "-x",
                     f"MASTER_PORT={port()}", "-x", "PYTHONPATH", sys.executable,
-                    "examples/python/moe_layer.py"])
+                    "examples/python/moe_layer.py", "--launched"])
     for rank in range(2):
         assert f"verified: attention {rank} of 2 x 2 ffn (openmpi process {rank})" in out, out

@@ -4,6 +4,8 @@
 
 #include <hetmesh/core/error.hpp>
 
+#include "test_support.hpp"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -24,15 +26,9 @@ EnvironmentLookup env(std::map<std::string, std::string> variables) {
   };
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
+// What refuses a launcher's environment: always an invalid argument.
+std::string refusal_of(const std::function<void()>& f) {
+  return test::error_of(f, HM_ERR_INVALID_ARGUMENT);
 }
 
 JobConfig job(int attention, int ffn) {
@@ -108,28 +104,35 @@ TEST(Launched, TheStoreIsAtTheMasterAddressAndUnderTorchrunThePortAfterIt) {
                             {"MASTER_PORT", "7000"}}));
   ASSERT_TRUE(p);
   EXPECT_EQ(p->store, "leader.svc:7000");
+  // An IPv6 master address is bracketed, or the store's address would be ambiguous.
+  p = launched_process(env({{"OMPI_COMM_WORLD_RANK", "0"},
+                            {"OMPI_COMM_WORLD_SIZE", "2"},
+                            {"MASTER_ADDR", "fd00::7"},
+                            {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->store, "[fd00::7]:29500");
 }
 
 TEST(Launched, MalformedValuesAreRefusedNamingTheVariable) {
-  EXPECT_THAT(error_of([] {
+  EXPECT_THAT(refusal_of([] {
                 launched_process(env({{"RANK", "one"}, {"WORLD_SIZE", "2"}}));
               }),
               HasSubstr("RANK=\"one\""));
-  EXPECT_THAT(error_of([] {
+  EXPECT_THAT(refusal_of([] {
                 launched_process(env({{"RANK", "1"}}));
               }),
               HasSubstr("WORLD_SIZE=\"\""));
-  EXPECT_THAT(error_of([] {
+  EXPECT_THAT(refusal_of([] {
                 launched_process(env({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}));
               }),
               HasSubstr("SLURM_PROCID=4 is not below SLURM_NTASKS=4"));
   EXPECT_THAT(
-      error_of([] {
+      refusal_of([] {
         launched_process(env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}));
       }),
       HasSubstr("OMPI_COMM_WORLD_SIZE=\"0\""));
   EXPECT_THAT(
-      error_of([] {
+      refusal_of([] {
         launched_process(env(
             {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "65535"}}));
       }),
@@ -149,11 +152,11 @@ TEST(Launched, RanksAreTheAttentionInstancesThenTheFfnInstances) {
 
 TEST(Launched, ASizeOtherThanTheJobsOrARankPastItIsRefused) {
   LaunchedProcess p{"slurm", "SLURM_PROCID", "SLURM_NTASKS", 0, 3, 0, ""};
-  EXPECT_THAT(error_of([&] { instance_of(p, job(2, 2)); }),
+  EXPECT_THAT(refusal_of([&] { instance_of(p, job(2, 2)); }),
               HasSubstr("slurm started 3 processes (SLURM_NTASKS=3); the job has 2 attention + "
                         "2 ffn = 4 instances"));
   LaunchedProcess indexed{"kubernetes", "JOB_COMPLETION_INDEX", "", 4, -1, 0, ""};
-  EXPECT_THAT(error_of([&] { instance_of(indexed, job(2, 2)); }),
+  EXPECT_THAT(refusal_of([&] { instance_of(indexed, job(2, 2)); }),
               HasSubstr("JOB_COMPLETION_INDEX=4 is past the job's 2 attention + 2 ffn = 4 "
                         "instances (ranks 0..3)"));
   indexed.rank = 3;

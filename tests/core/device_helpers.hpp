@@ -18,6 +18,7 @@
 
 namespace hetmesh::device_test {
 
+using test::error_of;
 using test::plugin_path;
 using test::ScopedEnv;
 
@@ -31,19 +32,6 @@ inline std::shared_ptr<Plugin> load(const std::string& name) {
   auto plugin = load_plugin_file(plugin_path(name), "", &refusal);
   EXPECT_NE(plugin, nullptr) << name << ": " << refusal;
   return plugin;
-}
-
-// Runs `fn` and returns the message of the hetmesh::Error it throws, checking its status.
-template <typename Fn>
-std::string error_of(Fn fn, hm_status expected) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), expected) << status_name(e.status()) << ": " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no hetmesh::Error was thrown";
-  return {};
 }
 
 inline uint8_t* bytes(const Buffer& buffer) {

@@ -2,24 +2,16 @@
 // message naming the field. Uppercase digits decode too; the encoder writes lowercase.
 #include <hetmesh/core/hex.hpp>
 
+#include "test_support.hpp"
+
 #include <gtest/gtest.h>
 
 #include <array>
-#include <functional>
 
 namespace hetmesh {
 namespace {
 
-std::string message_of(const std::function<void()>& call, hm_status expected) {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), expected) << status_name(e.status());
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
+using test::error_of;
 
 TEST(HexTest, EncodesLowercaseTwoDigitsAByte) {
   EXPECT_EQ(to_hex(std::vector<uint8_t>{0x00, 0x0f, 0xa5, 0xff}), "000fa5ff");
@@ -40,26 +32,26 @@ TEST(HexTest, AcceptsUppercase) {
 
 TEST(HexTest, RefusesOddLength) {
   std::string what =
-      message_of([] { from_hex("abc", "the 'handle' field"); }, HM_ERR_INVALID_ARGUMENT);
+      error_of([] { from_hex("abc", "the 'handle' field"); }, HM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(what, "the 'handle' field: odd-length hex (3 digits)");
 }
 
 TEST(HexTest, RefusesANonHexCharacterWithTheCallersStatus) {
-  std::string what = message_of([] { from_hex("0g", "rank 3 region x", kStatusProtocolError); },
-                                kStatusProtocolError);
+  std::string what = error_of([] { from_hex("0g", "rank 3 region x", kStatusProtocolError); },
+                              kStatusProtocolError);
   EXPECT_EQ(what, "rank 3 region x: not hex (character 'g' at 1)");
-  what = message_of([] { from_hex(std::string("0\n", 2), "line"); }, HM_ERR_INVALID_ARGUMENT);
+  what = error_of([] { from_hex(std::string("0\n", 2), "line"); }, HM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(what, "line: not hex (character 0x0a at 1)");
   // Whatever strtoul would take around a number is refused too.
-  message_of([] { from_hex(" 1", "space"); }, HM_ERR_INVALID_ARGUMENT);
-  message_of([] { from_hex("+1", "sign"); }, HM_ERR_INVALID_ARGUMENT);
+  error_of([] { from_hex(" 1", "space"); }, HM_ERR_INVALID_ARGUMENT);
+  error_of([] { from_hex("+1", "sign"); }, HM_ERR_INVALID_ARGUMENT);
 }
 
 TEST(HexTest, DecodesIntoAFixedSizeBuffer) {
   std::array<uint8_t, 3> out{};
   from_hex("010203", out, "handle");
   EXPECT_EQ(out, (std::array<uint8_t, 3>{1, 2, 3}));
-  std::string what = message_of([&] { from_hex("0102", out, "handle"); }, HM_ERR_INVALID_ARGUMENT);
+  std::string what = error_of([&] { from_hex("0102", out, "handle"); }, HM_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(what, "handle: 4 hex digits, not 6");
 }
 

@@ -21,6 +21,7 @@ namespace hetmesh {
 namespace {
 
 using test::cts_plugin_path;
+using test::error_of;
 using test::plugin_path;
 using test::ScopedEnv;
 using test::TempDir;
@@ -48,19 +49,6 @@ std::vector<std::string> names(const PluginRegistry& registry) {
   for (const auto& p : registry.plugins())
     all.push_back(p->name());
   return all;
-}
-
-// Runs `fn` and returns the message of the hetmesh::Error it throws, checking its status.
-template <typename Fn>
-std::string error_of(Fn fn, hm_status expected) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), expected) << status_name(e.status()) << ": " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no hetmesh::Error was thrown";
-  return {};
 }
 
 TEST_F(LoaderTest, LoadsTheCpuPlugin) {

@@ -4,11 +4,13 @@
 #include <hetmesh/core/metrics_server.hpp>
 #include <hetmesh/core/socket.hpp>
 
+#include "test_support.hpp"
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <sys/socket.h>
 
-#include <functional>
 #include <string>
 #include <thread>
 
@@ -17,19 +19,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-Error error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no error";
-  return Error(HM_OK, "");
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::error_of;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(Metrics, RendersEachKindInTheTextFormat) {
   Registry r(Labels{{"role", "ffn"}, {"rank", "1"}});
@@ -67,39 +59,32 @@ TEST(Metrics, EscapesLabelValuesAndHelp) {
 
 TEST(Metrics, RefusesWhatPrometheusWouldNot) {
   Registry r;
-  EXPECT_EQ(error_of([&] { r.counter("hm_bytes", "no _total"); }).status(),
-            HM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_of([&] { r.gauge("hm_up_total", "a gauge named as a counter"); }).status(),
-            HM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_of([&] { r.gauge("9lives", "starts with a digit"); }).status(),
-            HM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_of([&] {
-              r.gauge("hm_x", "bad label", {{"peer-name", "x"}});
-            }).status(),
-            HM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_of([&] {
-              r.histogram("hm_h_seconds", "le is the buckets'", {{"le", "1"}});
-            }).status(),
-            HM_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(error_of([&] {
-              r.histogram("hm_h_seconds", "unsorted", {}, std::vector<double>{1, 0.5});
-            }).status(),
-            HM_ERR_INVALID_ARGUMENT);
+  error_of([&] { r.counter("hm_bytes", "no _total"); }, HM_ERR_INVALID_ARGUMENT);
+  error_of([&] { r.gauge("hm_up_total", "a gauge named as a counter"); }, HM_ERR_INVALID_ARGUMENT);
+  error_of([&] { r.gauge("9lives", "starts with a digit"); }, HM_ERR_INVALID_ARGUMENT);
+  error_of([&] { r.gauge("hm_x", "bad label", {{"peer-name", "x"}}); }, HM_ERR_INVALID_ARGUMENT);
+  error_of(
+      [&] {
+        r.histogram("hm_h_seconds", "le is the buckets'", {{"le", "1"}});
+      },
+      HM_ERR_INVALID_ARGUMENT);
+  error_of(
+      [&] {
+        r.histogram("hm_h_seconds", "unsorted", {}, std::vector<double>{1, 0.5});
+      },
+      HM_ERR_INVALID_ARGUMENT);
   r.gauge("hm_kind", "a gauge");
-  const Error clash = error_of([&] { r.histogram("hm_kind", "now a histogram"); });
-  EXPECT_TRUE(contains(clash.what(), "'hm_kind' is a gauge, not a histogram")) << clash.what();
-  EXPECT_EQ(error_of([] {
-              Registry bad(Labels{{"__name__", "x"}});
-            }).status(),
-            HM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(error_of([&] { r.histogram("hm_kind", "now a histogram"); }, HM_ERR_INVALID_ARGUMENT),
+              HasSubstr("'hm_kind' is a gauge, not a histogram"));
+  error_of([] { Registry bad(Labels{{"__name__", "x"}}); }, HM_ERR_INVALID_ARGUMENT);
 }
 
 TEST(Metrics, RefreshersRunAtEachScrape) {
   Registry r;
   int scrapes = 0;
   r.on_scrape([&] { r.gauge("hm_scrapes", "Scrapes so far.").set(++scrapes); });
-  EXPECT_TRUE(contains(r.render(), "hm_scrapes 1\n"));
-  EXPECT_TRUE(contains(r.render(), "hm_scrapes 2\n"));
+  EXPECT_THAT(r.render(), HasSubstr("hm_scrapes 1\n"));
+  EXPECT_THAT(r.render(), HasSubstr("hm_scrapes 2\n"));
 }
 
 TEST(Metrics, CountersAddUpAcrossThreads) {
@@ -120,19 +105,26 @@ TEST(Metrics, CountersAddUpAcrossThreads) {
   EXPECT_EQ(h.snapshot().cumulative.back(), 40000u);
 }
 
+// All the endpoint sends until it closes the connection (or resets it), within 5 s.
+std::string read_to_close(const net::Fd& fd) {
+  const net::Deadline deadline = net::Clock::now() + milliseconds(5000);
+  std::string response;
+  char chunk[4096];
+  try {
+    while (size_t n = net::recv_some(fd.get(), chunk, sizeof chunk, "the response", deadline))
+      response.append(chunk, n);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), kStatusPeerLost) << e.what();  // a reset: the server closed unread data
+  }
+  return response;
+}
+
 // One HTTP exchange with the endpoint at `address`: `request` as given, the whole response back.
 std::string http_exchange(const std::string& address, const std::string& request) {
   net::Fd fd = net::connect_with_retry(net::resolve(address, false, "metrics"), milliseconds(2000),
                                        milliseconds(10), "metrics");
   net::send_all(fd.get(), request.data(), request.size(), "request");
-  std::string response;
-  char chunk[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd.get(), chunk, sizeof chunk, 0);
-    if (n <= 0) break;
-    response.append(chunk, static_cast<size_t>(n));
-  }
-  return response;
+  return read_to_close(fd);
 }
 
 std::string http_get(const std::string& address, const std::string& path,
@@ -148,8 +140,8 @@ TEST(MetricsServer, ServesTheRegistryOnLoopback) {
   ASSERT_TRUE(server.address().starts_with("127.0.0.1:")) << server.address();
   const std::string ok = http_get(server.address(), "/metrics");
   EXPECT_TRUE(ok.starts_with("HTTP/1.1 200")) << ok;
-  EXPECT_TRUE(contains(ok, "text/plain; version=0.0.4")) << ok;
-  EXPECT_TRUE(contains(ok, "hm_round_trips_total{role=\"attention\"} 3\n")) << ok;
+  EXPECT_THAT(ok, HasSubstr("text/plain; version=0.0.4"));
+  EXPECT_THAT(ok, HasSubstr("hm_round_trips_total{role=\"attention\"} 3\n"));
   EXPECT_TRUE(http_get(server.address(), "/").starts_with("HTTP/1.1 404"));
   EXPECT_TRUE(http_exchange(server.address(),
                             "POST /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -158,15 +150,11 @@ TEST(MetricsServer, ServesTheRegistryOnLoopback) {
 
 TEST(MetricsServer, BeyondLoopbackNeedsTheJobSecret) {
   Registry r;
-  const Error e = error_of([&] { Server s(r, "0.0.0.0:0", nullptr, "ffn 1's metrics"); });
-  EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(e.what(),
-                       "ffn 1's metrics ([metrics] listen): 0.0.0.0:0 is beyond "
-                       "loopback"))
-      << e.what();
+  EXPECT_THAT(error_of([&] { Server s(r, "0.0.0.0:0", nullptr, "ffn 1's metrics"); },
+                       HM_ERR_INVALID_ARGUMENT),
+              HasSubstr("ffn 1's metrics ([metrics] listen): 0.0.0.0:0 is beyond loopback"));
   const JobSecret none = JobSecret::none();
-  EXPECT_EQ(error_of([&] { Server s(r, "0.0.0.0:0", &none, "x"); }).status(),
-            HM_ERR_INVALID_ARGUMENT);
+  error_of([&] { Server s(r, "0.0.0.0:0", &none, "x"); }, HM_ERR_INVALID_ARGUMENT);
 }
 
 TEST(MetricsServer, BeyondLoopbackAScrapeWithoutTheTokenIsRefused) {
@@ -182,8 +170,8 @@ TEST(MetricsServer, BeyondLoopbackAScrapeWithoutTheTokenIsRefused) {
 
   const std::string none = http_get(at, "/metrics");
   EXPECT_TRUE(none.starts_with("HTTP/1.1 401")) << none;
-  EXPECT_TRUE(contains(none, "WWW-Authenticate: Bearer")) << none;
-  EXPECT_FALSE(contains(none, "hm_up"));
+  EXPECT_THAT(none, HasSubstr("WWW-Authenticate: Bearer"));
+  EXPECT_THAT(none, Not(HasSubstr("hm_up")));
   const std::string wrong = token.substr(0, 63) + (token[63] == '0' ? "1" : "0");
   EXPECT_TRUE(http_get(at, "/metrics", "Authorization: Bearer " + wrong + "\r\n")
                   .starts_with("HTTP/1.1 401"));
@@ -193,7 +181,7 @@ TEST(MetricsServer, BeyondLoopbackAScrapeWithoutTheTokenIsRefused) {
   EXPECT_TRUE(http_get(at, "/elsewhere").starts_with("HTTP/1.1 401"));
   const std::string ok = http_get(at, "/metrics", "Authorization: Bearer " + token + "\r\n");
   EXPECT_TRUE(ok.starts_with("HTTP/1.1 200")) << ok;
-  EXPECT_TRUE(contains(ok, "hm_up 1\n")) << ok;
+  EXPECT_THAT(ok, HasSubstr("hm_up 1\n"));
 }
 
 TEST(MetricsServer, SilentClientsDelayNoScrape) {
@@ -206,15 +194,38 @@ TEST(MetricsServer, SilentClientsDelayNoScrape) {
                                              milliseconds(2000), milliseconds(10), "m"));
     net::send_all(silent.back().get(), "GET /met", 8, "half a request");
   }
-  EXPECT_TRUE(contains(http_get(server.address(), "/metrics"), "hm_up 1\n"));
+  EXPECT_THAT(http_get(server.address(), "/metrics"), HasSubstr("hm_up 1\n"));
+}
+
+TEST(MetricsServer, AnOversizedRequestIsRefusedAndTheNextScrapeServed) {
+  Registry r;
+  r.gauge("hm_up", "Up.").set(1);
+  Server server(r, "127.0.0.1:0", nullptr, "metrics");
+  net::Fd fd = net::connect_with_retry(net::resolve(server.address(), false, "metrics"),
+                                       milliseconds(2000), milliseconds(10), "metrics");
+  const std::string huge =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Filler: " + std::string(size_t{1} << 20, 'a') +
+      "\r\n\r\n";
+  try {  // the server may stop reading and close before all of it is sent
+    net::send_all(fd.get(), huge.data(), huge.size(), "an oversized request",
+                  net::Clock::now() + milliseconds(5000));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), kStatusPeerLost) << e.what();
+  }
+  const std::string refusal = read_to_close(fd);
+  EXPECT_FALSE(refusal.starts_with("HTTP/1.1 200")) << refusal.substr(0, 200);
+  EXPECT_THAT(refusal, Not(HasSubstr("hm_up")));
+  EXPECT_THAT(http_get(server.address(), "/metrics"), HasSubstr("hm_up 1\n"));
 }
 
 TEST(MetricsServer, AnAddressInUseIsNamed) {
   Registry r;
   Server first(r, "127.0.0.1:0", nullptr, "attention 0's metrics");
-  const Error e = error_of([&] { Server second(r, first.address(), nullptr, "ffn 0's metrics"); });
-  EXPECT_TRUE(contains(e.what(), "ffn 0's metrics ([metrics] listen)")) << e.what();
-  EXPECT_TRUE(contains(e.what(), "in use")) << e.what();
+  const std::string e =
+      error_of([&] { Server second(r, first.address(), nullptr, "ffn 0's metrics"); },
+               HM_ERR_INVALID_ARGUMENT);
+  EXPECT_THAT(e, HasSubstr("ffn 0's metrics ([metrics] listen)"));
+  EXPECT_THAT(e, HasSubstr("in use"));
 }
 
 }  // namespace

@@ -2,13 +2,15 @@
 // deadlines hold on blocking sockets, with the statuses the store and the transports report.
 #include <hetmesh/core/socket.hpp>
 
+#include "test_support.hpp"
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
-#include <functional>
 #include <thread>
 
 namespace hetmesh::net {
@@ -16,19 +18,8 @@ namespace {
 
 using std::chrono::milliseconds;
 
-Error error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "no error";
-  return Error(HM_OK, "");
-}
-
-bool contains(const Error& e, const std::string& text) {
-  return std::string(e.what()).find(text) != std::string::npos;
-}
+using test::error_of;
+using ::testing::HasSubstr;
 
 // A listener on the loopback and one connection to it, from both ends.
 struct Pair {
@@ -59,12 +50,24 @@ TEST(SocketAddressTest, ResolvesAndFormatsHostPort) {
 
 TEST(SocketAddressTest, RefusesWhatIsNotHostPort) {
   for (const char* text : {"no-port-here", ":5", "host:"}) {
-    Error e = error_of([&] { resolve(text, false, "store address"); });
-    EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
-    EXPECT_EQ(std::string(e.what()), "store address '" + std::string(text) + "' is not host:port");
+    EXPECT_EQ(error_of([&] { resolve(text, false, "store address"); }, HM_ERR_INVALID_ARGUMENT),
+              "store address '" + std::string(text) + "' is not host:port");
   }
-  EXPECT_EQ(error_of([] { unix_abstract("", "socket address 'unix:@'"); }).status(),
-            HM_ERR_INVALID_ARGUMENT);
+  error_of([] { unix_abstract("", "socket address 'unix:@'"); }, HM_ERR_INVALID_ARGUMENT);
+}
+
+TEST(SocketAddressTest, TakesHostPortApartAndPutsItBackTogether) {
+  auto v6 = parse_host_port("[fd00::1]:9400");
+  ASSERT_TRUE(v6);
+  EXPECT_EQ(v6->host, "fd00::1");
+  EXPECT_EQ(v6->port, 9400);
+  EXPECT_EQ(join_host_port(v6->host, v6->port), "[fd00::1]:9400");
+  EXPECT_EQ(join_host_port("[fd00::1]", 1), "[fd00::1]:1");
+  EXPECT_EQ(join_host_port("node7", 65535), "node7:65535");
+  EXPECT_EQ(parse_host_port("node7:0")->port, 0);
+  for (const char* text : {"::1:29500", "[::1:29500", "::1]:29500", "[]:5", "h:65536", "h:-1",
+                           "h:5x", "h: 5", "h:", ":5", "h"})
+    EXPECT_FALSE(parse_host_port(text)) << text;
 }
 
 TEST(SocketTest, ConnectedSocketsAreBlockingWithNoDelay) {
@@ -97,31 +100,34 @@ TEST(SocketTest, ACloseIsCleanBeforeAFrameAndPeerLostWithinOne) {
   send_all(pair.client.get(), &byte, 1, "one byte");
   pair.client.reset();
   char buffer[4];
-  Error e = error_of([&] { recv_exact(pair.server.get(), buffer, 4, "request header"); });
-  EXPECT_EQ(e.status(), kStatusPeerLost);
-  EXPECT_TRUE(contains(e, "receiving request header: connection closed mid-frame")) << e.what();
+  EXPECT_THAT(error_of([&] { recv_exact(pair.server.get(), buffer, 4, "request header"); },
+                       kStatusPeerLost),
+              HasSubstr("receiving request header: connection closed mid-frame"));
   EXPECT_FALSE(recv_exact(pair.server.get(), buffer, 4, "request"));
-  e = error_of([&] { recv_all(pair.server.get(), buffer, 4, "frame header"); });
-  EXPECT_EQ(e.status(), kStatusPeerLost);
-  EXPECT_TRUE(contains(e, "receiving frame header: the peer closed the connection")) << e.what();
+  EXPECT_THAT(
+      error_of([&] { recv_all(pair.server.get(), buffer, 4, "frame header"); }, kStatusPeerLost),
+      HasSubstr("receiving frame header: the peer closed the connection"));
 }
 
 TEST(SocketTest, DeadlinesHoldOnBlockingSockets) {
   Pair pair;
   char buffer[4];
-  Error e = error_of([&] {
-    recv_all(pair.server.get(), buffer, 4, "the reply", Clock::now() + milliseconds(100));
-  });
-  EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
-  EXPECT_EQ(std::string(e.what()), "receiving the reply: timed out");
+  EXPECT_EQ(error_of(
+                [&] {
+                  recv_all(pair.server.get(), buffer, 4, "the reply",
+                           Clock::now() + milliseconds(100));
+                },
+                HM_ERR_TIMEOUT),
+            "receiving the reply: timed out");
   // A peer that reads nothing: the send fills the buffers, then times out.
   std::string big(64 << 20, 'z');
-  e = error_of([&] {
-    send_all(pair.client.get(), big.data(), big.size(), "a flood",
-             Clock::now() + milliseconds(200));
-  });
-  EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
-  EXPECT_EQ(std::string(e.what()), "sending a flood: timed out");
+  EXPECT_EQ(error_of(
+                [&] {
+                  send_all(pair.client.get(), big.data(), big.size(), "a flood",
+                           Clock::now() + milliseconds(200));
+                },
+                HM_ERR_TIMEOUT),
+            "sending a flood: timed out");
 }
 
 TEST(SocketTest, ConnectingToNobodyTimesOut) {
@@ -131,21 +137,23 @@ TEST(SocketTest, ConnectingToNobodyTimesOut) {
     address = to_string(local_address(gone.get()));
   }
   auto start = Clock::now();
-  Error e = error_of([&] {
-    connect_with_retry(resolve(address, false, "test address"), milliseconds(200), milliseconds(5),
-                       "nobody");
-  });
-  EXPECT_EQ(e.status(), HM_ERR_TIMEOUT);
-  EXPECT_TRUE(contains(e, "cannot connect to nobody within 200 ms")) << e.what();
+  EXPECT_THAT(error_of(
+                  [&] {
+                    connect_with_retry(resolve(address, false, "test address"), milliseconds(200),
+                                       milliseconds(5), "nobody");
+                  },
+                  HM_ERR_TIMEOUT),
+              HasSubstr("cannot connect to nobody within 200 ms"));
   EXPECT_GE(Clock::now() - start, milliseconds(200));
 }
 
 TEST(SocketTest, ListeningOnAnAddressInUseIsAnInvalidArgument) {
   Pair pair;
-  Error e = error_of(
-      [&] { listen_on(resolve(pair.address, true, "test address").front(), pair.address); });
-  EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
-  EXPECT_TRUE(contains(e, "cannot listen on " + pair.address)) << e.what();
+  EXPECT_THAT(
+      error_of(
+          [&] { listen_on(resolve(pair.address, true, "test address").front(), pair.address); },
+          HM_ERR_INVALID_ARGUMENT),
+      HasSubstr("cannot listen on " + pair.address));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// Helpers shared by the unit tests: build-tree paths, scoped environment variables, temp folders,
-// captured log lines.
+// Helpers shared by the unit tests: errors thrown, build-tree paths, scoped environment variables,
+// temp folders, captured log lines.
 #pragma once
 
+#include <hetmesh/core/error.hpp>
 #include <hetmesh/core/log.hpp>
 
 #include <gtest/gtest.h>
@@ -20,6 +21,20 @@
 #include <vector>
 
 namespace hetmesh::test {
+
+// Runs `fn` and returns the message of the hetmesh::Error it throws, checking its status; a test
+// failure if it throws none.
+template <typename Fn>
+std::string error_of(Fn fn, hm_status expected) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), expected) << status_name(e.status()) << ": " << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no hetmesh::Error was thrown";
+  return {};
+}
 
 // Plugins of the build tree (absolute paths passed by tests/CMakeLists.txt to hetmesh_unit_test).
 #ifdef HETMESH_TEST_PLUGIN_DIR

@@ -155,6 +155,18 @@ nlohmann::json read_json(const fs::path& path) {
   return nlohmann::json::parse(std::ifstream(path));
 }
 
+// The round trips of this host's attention instances in the run whose roles carry `prefix`.
+afd::Percentiles round_trip_of(const afd::Launcher& launcher, const JobConfig& c,
+                               const std::string& prefix, bool all_instances) {
+  std::vector<afd::AttentionTrace> traces;
+  for (int a : launcher.local().attention) {
+    std::ifstream in(launcher.folder() / fmt::format("{}attention{}.trace.json", prefix, a));
+    traces.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
+  }
+  return afd::compute_metrics(traces, all_instances, c.tracing.straggler_factor)
+      .values["round trip"];
+}
+
 // What the instances left in the job's folder: the engine's round trips (also written as a Chrome
 // trace with --trace), throughput, registered memory and the bare transport's round trips; then the
 // memcpy baselines, measured here.
@@ -195,31 +207,19 @@ AfdBenchResults collect(const afd::Launcher& launcher, const JobConfig& c,
     add(r.slots_moved, counters_from(read_json(launcher.folder() /
                                                fmt::format("attention{}.info.json", a))["moved"]));
   if (o.caller_buffers) {
-    std::vector<afd::AttentionTrace> caller;
-    for (int a : launcher.local().attention) {
-      std::ifstream in(launcher.folder() / fmt::format("caller-attention{}.trace.json", a));
-      caller.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
+    for (int a : launcher.local().attention)
       add(r.caller_moved,
           counters_from(read_json(launcher.folder() /
                                   fmt::format("caller-attention{}.info.json", a))["moved"]));
-    }
     for (int f : launcher.local().ffn)
       add(r.caller_moved,
           counters_from(
               read_json(launcher.folder() / fmt::format("caller-ffn{}.info.json", f))["moved"]));
-    r.caller_round_trip = afd::compute_metrics(caller, r.all_instances, c.tracing.straggler_factor)
-                              .values["round trip"];
+    r.caller_round_trip = round_trip_of(launcher, c, "caller-", r.all_instances);
   }
-
   if (o.scrape) {
-    std::vector<afd::AttentionTrace> scraped;
-    for (int a : launcher.local().attention) {
-      std::ifstream in(launcher.folder() / fmt::format("scraped-attention{}.trace.json", a));
-      scraped.push_back(afd::trace_from_json({std::istreambuf_iterator<char>(in), {}}));
-    }
-    r.scraped_round_trip =
-        afd::compute_metrics(scraped, r.all_instances, c.tracing.straggler_factor)
-            .values["round trip"];
+    r.scraped_round_trip = round_trip_of(launcher, c, "scraped-", r.all_instances);
+    r.again_round_trip = round_trip_of(launcher, c, "again-", r.all_instances);
   }
 
   // One-way times subtract an A's clock from an F's: meaningful only when they share a host.
@@ -251,7 +251,9 @@ int run_bench(const JobConfig& c, const AfdBenchOptions& o) {
       (o.caller_buffers && !run_instances(launcher, c, o, "caller-")))
     return launcher.exit_status(0);
   std::optional<uint64_t> scrapes;
-  if (o.scrape && !(scrapes = run_scraped(launcher, c, o))) return launcher.exit_status(0);
+  if (o.scrape &&
+      (!(scrapes = run_scraped(launcher, c, o)) || !run_instances(launcher, c, o, "again-")))
+    return launcher.exit_status(0);
   if (launcher.local().attention.empty()) {
     fmt::print("ffn instance(s) {} done; the host of the attention instances reports\n",
                fmt::join(launcher.local().ffn, ","));
@@ -286,6 +288,7 @@ std::string job_id(const std::string& role) {
   if (role.rfind("bare-", 0) == 0) return "bare";
   if (role.rfind("caller-", 0) == 0) return "caller";
   if (role.rfind("scraped-", 0) == 0) return "scraped";
+  if (role.rfind("again-", 0) == 0) return "again";
   return afd::EngineSpec{}.job;
 }
 

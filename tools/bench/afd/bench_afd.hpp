@@ -37,7 +37,8 @@ struct AfdBenchOptions : afd::LaunchOptions {  // role: attention, ffn, bare-att
   bool caller_buffers = false;
   // Also run the job serving its metrics on loopback ([metrics] listen) while this process
   // scrapes every instance 10 times a second: its instances' roles are "scraped-attention" and
-  // "scraped-ffn", each told the address by --metrics-listen.
+  // "scraped-ffn", each told the address by --metrics-listen. Then the job once more, not served
+  // ("again-"): the two unserved runs around the scraped one bound the drift between runs.
   bool scrape = false;
   std::string metrics_listen;
 };
@@ -81,8 +82,9 @@ struct AfdBenchResults {
   // and what every instance of each run moved (DataCounters summed).
   std::optional<afd::Percentiles> caller_round_trip;
   afd::DataCounters slots_moved, caller_moved;
-  // With --scrape: the engine's round trips while scraped, and the scrapes that answered.
-  std::optional<afd::Percentiles> scraped_round_trip;
+  // With --scrape: the engine's round trips while scraped, the scrapes that answered, and the
+  // round trips of the unserved run after it.
+  std::optional<afd::Percentiles> scraped_round_trip, again_round_trip;
   uint64_t scrapes = 0;
   double throughput_gbps = 0;  // all A, both directions
   uint64_t registered = 0;     // bytes, the instances on this host

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -57,6 +58,17 @@ struct Address {
   const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
 };
 
+// "host:port" taken apart: the host without an IPv6 address's brackets, and the port.
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+// nullopt unless `text` is host:port with a decimal port up to 65535 and an IPv6 host in
+// brackets ("[::1]:29500"): "::1:29500" is ambiguous and refused.
+std::optional<HostPort> parse_host_port(std::string_view text);
+// "host:port", with an IPv6 host (one holding ':') in brackets.
+std::string join_host_port(std::string_view host, uint16_t port);
+
 // Every address "host:port" names (numeric port; an IPv6 host in brackets: "[::1]:29500"), in
 // getaddrinfo's order. passive: for listening, where "0.0.0.0" means every interface. Throws
 // Error(HM_ERR_INVALID_ARGUMENT) naming `what` ("store address") when the text is not host:port
@@ -93,6 +105,9 @@ Fd accept_connection(const Fd& listener, Address* peer = nullptr);
 // Sockets from try_connect and accept_connection have TCP_NODELAY set (TCP only): every user
 // sends small frames whose latency matters.
 
+// Reads what has arrived, up to `size` bytes, waiting for the first: returns how many, 0 once the
+// peer has closed. Errors as recv_exact's.
+size_t recv_some(int fd, void* data, size_t size, const char* what, const Deadline& deadline = {});
 // Reads exactly `size` bytes. Returns false if the peer closed cleanly before the first byte;
 // throws Error(kStatusPeerLost) if it closed later ("connection closed mid-frame") or the
 // connection broke, and Error(HM_ERR_TIMEOUT) at the deadline. Messages say "receiving <what>".
