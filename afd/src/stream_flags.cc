@@ -3,6 +3,7 @@
 
 #include "device_trigger.hpp"
 
+#include <algorithm>
 #include <atomic>
 
 namespace hetmesh::afd {
@@ -110,10 +111,23 @@ void StreamFlags::enqueue_flag_wait(const int64_t* flag, const void* seq, const 
           "hm-flags", -1, [this] { return watch() ? Turn::worked : Turn::idle; });
   }
   Site& s = site(i);
-  stream.copy(&s.want, seq, sizeof s.want);
+  try {
+    stream.copy(&s.want, seq, sizeof s.want);
+  } catch (...) {
+    forget(i);  // nothing of this wait reached the stream: its site is free again
+    throw;
+  }
+  // Past here a failure leaves part of the wait on the stream, which may still write the site:
+  // it stays taken.
   stream.write_value32(&s.posted, 1);
   stream.wait_value32(&s.go, 1, HM_WAIT_EQ);
   stream.write_value32(&s.go, 0);  // armed again, for the graph's next replay
+}
+
+void StreamFlags::forget(int i) {
+  std::lock_guard lock(mutex_);
+  books_[i] = Book{};
+  std::erase(flag_waits_, i);
 }
 
 bool StreamFlags::watch() {

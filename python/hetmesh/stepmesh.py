@@ -510,6 +510,33 @@ class _Server:
             self.rows[(mb, name)] = view
         return view
 
+    def part_tensors(self, batch, part) -> tuple[list, list]:
+        """The tensors one worker pushed, as its layout says, and their keys."""
+        layout = self.layouts.get(part.rank, {}).get(part.tag)
+        if layout is None:
+            self.take_messages()
+            layout = self.layouts.get(part.rank, {}).get(part.tag)
+        if layout is None:
+            last = self.refused.get(part.rank)
+            raise _errors.make(hetmesh.ProtocolError,
+                               f"get_batch: attention {part.rank} pushed layout {part.tag}, "
+                               f"which it never said"
+                               + (f" (the last it said and was refused: {last})" if last else ""))
+        tensors = []
+        for i, (key, dtype, trailing, dims, first) in enumerate(layout):
+            name = "tokens" if i == 0 else f"push{i}"
+            size = part.rows(name)
+            data = self.row_space(batch.micro_batch, name)[part.row_offset:part.row_offset + size]
+            try:
+                data = data.view(dtype)
+                tensors.append(data.view(()) if dims == 0 else data.view(first, *trailing))
+            except RuntimeError as error:  # its bytes do not make what its layout says
+                raise _errors.make(hetmesh.ProtocolError,
+                                   f"get_batch: attention {part.rank} pushed {size} bytes as "
+                                   f"tensor {i} of layout {part.tag}, which they do not make "
+                                   f"({error})") from None
+        return tensors, [entry[0] for entry in layout]
+
     def get_batch(self) -> list:
         while True:
             try:
@@ -522,36 +549,15 @@ class _Server:
                     raise
         if batch is None:
             return []
-        # Every part's tensors first, then the handlers: an error hands out none of them.
+        # Every part's tensors first, then the handlers. A part whose push is not what its worker
+        # said costs the others nothing: it is not handed out, so that worker's wait times out
+        # naming this server, and the log here says why.
         views = []
-        parts = sorted(enumerate(batch.parts), key=lambda item: item[1].rank)
-        for index, part in parts:
-            layout = self.layouts.get(part.rank, {}).get(part.tag)
-            if layout is None:
-                self.take_messages()
-                layout = self.layouts.get(part.rank, {}).get(part.tag)
-            if layout is None:
-                last = self.refused.get(part.rank)
-                raise _errors.make(hetmesh.ProtocolError,
-                                   f"get_batch: attention {part.rank} pushed layout {part.tag}, "
-                                   f"which it never said"
-                                   + (f" (the last it said and was refused: {last})"
-                                      if last else ""))
-            tensors = []
-            for i, (key, dtype, trailing, dims, first) in enumerate(layout):
-                name = "tokens" if i == 0 else f"push{i}"
-                size = part.rows(name)
-                data = self.row_space(batch.micro_batch, name)[
-                    part.row_offset:part.row_offset + size]
-                try:
-                    data = data.view(dtype)
-                    tensors.append(data.view(()) if dims == 0 else data.view(first, *trailing))
-                except RuntimeError as error:  # its bytes do not make what its layout says
-                    raise _errors.make(hetmesh.ProtocolError,
-                                       f"get_batch: attention {part.rank} pushed {size} bytes "
-                                       f"as tensor {i} of layout {part.tag}, which they do not "
-                                       f"make ({error})") from None
-            views.append((index, tensors, [entry[0] for entry in layout]))
+        for index, part in sorted(enumerate(batch.parts), key=lambda item: item[1].rank):
+            try:
+                views.append((index, *self.part_tensors(batch, part)))
+            except hetmesh.ProtocolError as error:
+                _log.error("fserver_lib: %s: its part is not handed out", error)
         out = []
         with self.lock:
             for index, tensors, keys in views:
@@ -694,6 +700,8 @@ def stop() -> None:
         if node is not None:
             node.close()
             store.add("stepmesh/closed", 1)
+    for pool in _state.pop("notify_pools", []):  # their waits ended with the engine
+        pool.shutdown(wait=False, cancel_futures=True)
     if "store_server" in _state:
         instances = (env.workers + env.servers) * env.group_size
         deadline = time.monotonic() + _state["join_timeout_ms"] / 1000
@@ -833,6 +841,12 @@ def write_flag(flag, seq) -> None:
     if not _on_gpu(seq):
         flag.view(-1)[:1].copy_(seq.view(-1)[:1])
         return
+    if not _on_gpu(flag) or flag.device != seq.device:
+        # A copy from the GPU into pageable host memory is neither ordered nor capturable.
+        raise _errors.make(InvalidArgumentError,
+                           f"write_flag: seq is on {seq.device}, so the flag must be too: memory "
+                           f"of that GPU, or map_pinned_tensor's view of pinned host memory (it "
+                           f"is on {flag.device})")
     _engine()._enqueue_copy(flag.data_ptr(), seq.data_ptr(), 8, _current_stream(seq))
 
 
@@ -878,6 +892,8 @@ class SimpleNotify:
         self._count = 1  # the next notice value to wait for
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "fserver_lib-notify") if self._gpu \
             else None
+        if self._pool is not None:  # stop() lets its thread go, so the interpreter's exit never waits
+            _state.setdefault("notify_pools", []).append(self._pool)
         self._pending: list = []
         self._batch = None
 

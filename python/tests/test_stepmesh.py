@@ -371,6 +371,11 @@ if os.environ['DMLC_ROLE'] == 'worker':
             raise SystemExit("a flag the host cannot read was taken")
         except hetmesh.NotSupportedError as error:
             assert "map_pinned_tensor" in str(error), error
+        try:
+            f.write_flag(torch.zeros(1, dtype=torch.int64), seq)
+            raise SystemExit("a flag in pageable host memory was taken")
+        except hetmesh.InvalidArgumentError as error:
+            assert "map_pinned_tensor" in str(error), error
         s = torch.cuda.Stream()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(s):
@@ -443,3 +448,46 @@ def test_malformed_layouts_from_a_worker_are_dropped_naming_it():
     for why in ["is not [number, entries] JSON", "has no number >= 1", "malformed entry",
                 "at most 4 entries", "float128"]:
         assert why in err, (why, err)
+
+
+# A worker that pushes under a layout it never said costs the other worker nothing: the server
+# hands out the good part only, naming the bad worker in its log, and that worker's wait times out.
+BAD_PUSH = """
+import torch, os
+import fserver_lib as f
+import hetmesh, hetmesh.stepmesh
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+f.init()
+if os.environ['DMLC_ROLE'] == 'worker':
+    x, y = torch.arange(8.0, device=dev).view(2, 4), torch.zeros(2, 4, device=dev)
+    if os.environ['DMLC_NODE_RANK'] == '0':
+        hetmesh.stepmesh._state['worker'].layout_number = lambda layout: 999
+        try:
+            f.wait(f.push_pull([x], [0], [y], [1]), 3000)
+            raise SystemExit("a push under a layout never said was answered")
+        except hetmesh.TimeoutError as error:
+            print("worker 0 timed out:", error, flush=True)
+    else:
+        f.wait(f.push_pull([x], [0], [y], [1]))
+        assert torch.equal(y, x + 1), y
+    print("worker test done", flush=True)
+elif os.environ['DMLC_ROLE'] == 'server':
+    batch = f.get_batch()
+    assert len(batch) == 1, batch
+    (handler, tensors, keys), = batch
+    f.respond([tensors[0] + 1], handler)
+    print("server test done", flush=True)
+f.stop()
+"""
+
+
+def test_a_push_under_a_layout_never_said_is_not_handed_out_and_the_others_are_served():
+    results = Job(BAD_PUSH, workers=2).finish()
+    assert_all_passed(results)
+    assert "worker test done" in results["worker1.0"][1]
+    assert "worker 0 timed out" in results["worker0.0"][1]
+    assert "server test done" in results["server0.0"][1]
+    err = results["server0.0"][2]
+    assert "attention 0 pushed layout 999, which it never said" in err, err
+    assert "its part is not handed out" in err, err
+

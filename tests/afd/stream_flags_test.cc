@@ -166,6 +166,13 @@ TEST_F(StreamFlagsTest, RefusesWhatItCannotKeep) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("not 8-byte aligned"));
   }
+  // A wait the stream refused gives its site back: the next wait takes it.
+  StreamFlags one(device, 1);
+  EXPECT_THROW(one.enqueue_flag_wait(int64s(flag), nullptr, stream, true), Error);
+  int64s(flag)[0] = 0;
+  stream.fill(seq.data(), 0, 8);
+  one.enqueue_flag_wait(int64s(flag), seq.data(), stream, true);
+  stream.synchronize(kHangGuard);
   try {
     flags.raise_notice(7, 1);
     ADD_FAILURE() << "a notice that does not exist was raised";

@@ -65,6 +65,7 @@ class StreamFlags {
   int take(Use use);                    // caller holds mutex_
   void check_notice(int notice) const;  // caller holds mutex_
   bool watch();                         // one turn of the watcher: true if it answered a wait
+  void forget(int i);                   // a flag wait's site, of a wait the stream never got
 
   HostBuffer memory_;
   std::mutex mutex_;
