@@ -130,7 +130,6 @@ struct AttentionEngine::State final : PeerHandler {
   void close(ControlWord word);
   AttentionEngine::Handle push(int mb, uint32_t tokens, const PushOptions& push, bool rung);
   Turn take_doorbells();
-  void check_stream(const Stream& stream, const char* what) const;
 
   // A queue of 1..64 round trips per micro-batch; micro-batches fit a handle's low byte.
   static const EngineSpec& checked(const EngineSpec& s) {
@@ -634,14 +633,8 @@ void AttentionEngine::stream_wait(Handle handle, const Stream& stream) const {
   const State& s = *state_;
   const int mb = static_cast<int>(handle & 0xff);
   if (mb >= s.spec.micro_batches) throw Error(HM_ERR_INVALID_ARGUMENT, "not a push_pull handle");
-  if (!s.arrival_flags)
-    throw Error(HM_ERR_NOT_SUPPORTED,
-                fmt::format("stream_wait: {} has no stream memory operations (wait() on the host)",
-                            s.device.selector()));
-  if (!(stream.device() == s.device))
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("stream_wait: a stream of {}, and this engine runs on {}",
-                            stream.device().selector(), s.device.selector()));
+  check_trigger_stream(s.device, s.arrival_flags.has_value(), stream, "stream_wait",
+                       "wait() on the host");
   stream.wait_value32(arrival_flag(mb), static_cast<uint32_t>(handle >> 8), HM_WAIT_GEQ);
   std::lock_guard lock(state_->mutex);
   auto& waits = state_->stream_waits;
@@ -898,18 +891,6 @@ Turn AttentionEngine::State::take_doorbells() {
                                                              : Turn::idle;
 }
 
-void AttentionEngine::State::check_stream(const Stream& stream, const char* what) const {
-  if (!done_flags)
-    throw Error(HM_ERR_NOT_SUPPORTED,
-                fmt::format("{}: {} has no stream memory operations (push_pull and wait on the "
-                            "host)",
-                            what, device.selector()));
-  if (!(stream.device() == device))
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("{}: a stream of {}, and this engine runs on {}", what,
-                            stream.device().selector(), device.selector()));
-}
-
 void AttentionEngine::arm_device(int mb, const Push& push) {
   State& s = *state_;
   if (!s.done_flags)
@@ -917,10 +898,7 @@ void AttentionEngine::arm_device(int mb, const Push& push) {
                 fmt::format("arm_device: {} has no stream memory operations (push_pull and wait "
                             "on the host)",
                             s.device.selector()));
-  if (mb < 0 || mb >= s.spec.micro_batches)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("arm_device: micro-batch {} does not exist (0..{})", mb,
-                            s.spec.micro_batches - 1));
+  check_micro_batch(mb, s.spec.micro_batches, "arm_device");
   if (push.ready.stream != nullptr || push.ready.flag)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 "arm_device: a push with a ready signal (the doorbell's ring is the readiness)");
@@ -950,7 +928,8 @@ void AttentionEngine::arm_device(int mb, const Push& push) {
 
 void AttentionEngine::enqueue_push_pull(int mb, uint32_t tokens, const Stream& stream) {
   State& s = *state_;
-  s.check_stream(stream, "enqueue_push_pull");
+  check_trigger_stream(s.device, s.done_flags.has_value(), stream, "enqueue_push_pull",
+                       "push_pull and wait on the host");
   if (mb < 0 || mb >= s.spec.micro_batches || tokens > s.spec.tokens)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("enqueue_push_pull: micro-batch {} (0..{}) with {} tokens (0..{})", mb,
@@ -966,11 +945,9 @@ void AttentionEngine::enqueue_push_pull(int mb, uint32_t tokens, const Stream& s
 
 void AttentionEngine::enqueue_wait(int mb, const Stream& stream) {
   State& s = *state_;
-  s.check_stream(stream, "enqueue_wait");
-  if (mb < 0 || mb >= s.spec.micro_batches)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("enqueue_wait: micro-batch {} does not exist (0..{})", mb,
-                            s.spec.micro_batches - 1));
+  check_trigger_stream(s.device, s.done_flags.has_value(), stream, "enqueue_wait",
+                       "push_pull and wait on the host");
+  check_micro_batch(mb, s.spec.micro_batches, "enqueue_wait");
   enqueue_flag_wait(stream, *s.done_flags, mb);
 }
 

@@ -3,7 +3,10 @@
 
 #include "comm_thread.hpp"
 
+#include <hetmesh/core/error.hpp>
 #include <hetmesh/core/thread.hpp>
+
+#include <fmt/format.h>
 
 #include <chrono>
 
@@ -11,6 +14,24 @@ namespace hetmesh::afd {
 
 DeviceWords::DeviceWords(const Device& device, int count)
     : buffer_(device, 4 * static_cast<uint64_t>(count)) {}
+
+void check_trigger_stream(const Device& device, bool has_words, const Stream& stream,
+                          const char* what, const char* otherwise) {
+  if (!has_words)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("{}: {} has no stream memory operations{}", what, device.selector(),
+                            otherwise ? fmt::format(" ({})", otherwise) : std::string()));
+  if (!(stream.device() == device))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: a stream of {}, and this engine runs on {}", what,
+                            stream.device().selector(), device.selector()));
+}
+
+void check_micro_batch(int mb, int micro_batches, const char* what) {
+  if (mb < 0 || mb >= micro_batches)
+    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{}: micro-batch {} does not exist (0..{})",
+                                                     what, mb, micro_batches - 1));
+}
 
 void enqueue_flag_wait(const Stream& stream, const DeviceWords& words, int i) {
   stream.wait_value32(words.at(i), 1, HM_WAIT_EQ);

@@ -39,6 +39,14 @@ class DeviceWords {
   HostBuffer buffer_;
 };
 
+// Refuses what a device-triggered call cannot do, naming `what` (the call): an engine whose device
+// has no stream memory operations (`has_words` false; `otherwise`, when given, says what works
+// instead), or a stream of another device.
+void check_trigger_stream(const Device& device, bool has_words, const Stream& stream,
+                          const char* what, const char* otherwise = nullptr);
+// Refuses a micro-batch outside 0..micro_batches-1, naming `what`.
+void check_micro_batch(int mb, int micro_batches, const char* what);
+
 // The stream's half of a flag: hold the stream until the engine raises the word, then lower it
 // for the next round trip (two memory operations, both captured by a graph).
 void enqueue_flag_wait(const Stream& stream, const DeviceWords& words, int i);

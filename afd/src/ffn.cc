@@ -1053,35 +1053,17 @@ void FfnEngine::serve_device() {
       [&s] { return s.serve_doorbells(); });
 }
 
-namespace {
-
-void check_device_stream(const Device& device, bool has_words, const Stream& stream, int mb,
-                         int micro_batches, const char* what) {
-  if (!has_words)
-    throw Error(HM_ERR_NOT_SUPPORTED,
-                fmt::format("{}: {} has no stream memory operations", what, device.selector()));
-  if (!(stream.device() == device))
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("{}: a stream of {}, and this engine runs on {}", what,
-                            stream.device().selector(), device.selector()));
-  if (mb < 0 || mb >= micro_batches)
-    throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{}: micro-batch {} does not exist (0..{})",
-                                                     what, mb, micro_batches - 1));
-}
-
-}  // namespace
-
 void FfnEngine::enqueue_wait_batch(int mb, const Stream& stream) {
   State& s = *state_;
-  check_device_stream(s.device, s.batch_flags.has_value(), stream, mb, s.spec.micro_batches,
-                      "enqueue_wait_batch");
+  check_trigger_stream(s.device, s.batch_flags.has_value(), stream, "enqueue_wait_batch");
+  check_micro_batch(mb, s.spec.micro_batches, "enqueue_wait_batch");
   enqueue_flag_wait(stream, *s.batch_flags, mb);
 }
 
 void FfnEngine::enqueue_respond(int mb, const Stream& stream) {
   State& s = *state_;
-  check_device_stream(s.device, s.respond_doorbells.has_value(), stream, mb, s.spec.micro_batches,
-                      "enqueue_respond");
+  check_trigger_stream(s.device, s.respond_doorbells.has_value(), stream, "enqueue_respond");
+  check_micro_batch(mb, s.spec.micro_batches, "enqueue_respond");
   stream.write_value32(s.respond_doorbells->at(mb), 1);
 }
 
