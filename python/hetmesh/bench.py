@@ -64,6 +64,16 @@ def write_json(results: dict, path: str | None) -> None:
             json.dump(results, out, indent=1)
 
 
+def add_phase_arguments(parser, *, each: str, iterations: int, turns: str, phases: int,
+                        warmup: int | None = None) -> None:
+    """--iterations, --phases and (where the bench warms up) --warmup: the paths a bench compares
+    run `phases` times in turns, `iterations` of `each` a phase."""
+    parser.add_argument("--iterations", type=int, default=iterations, help=f"{each} per phase")
+    parser.add_argument("--phases", type=int, default=phases, help=f"{turns}, in turns")
+    if warmup is not None:
+        parser.add_argument("--warmup", type=int, default=warmup)
+
+
 def add_common_arguments(parser, job: dict, roles=("ffn",)) -> None:
     """The options every Python bench takes: the devices, the shape (`job`'s by default), --json,
     and the hidden ones its own F processes are started with (ffn_processes)."""
@@ -155,9 +165,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python3 -m hetmesh.bench",
                                      description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, DEFAULT_JOB)
-    parser.add_argument("--iterations", type=int, default=200, help="round trips per phase")
-    parser.add_argument("--phases", type=int, default=5, help="C++ and Python phases, in turns")
-    parser.add_argument("--warmup", type=int, default=50)
+    add_phase_arguments(parser, each="round trips", iterations=200, turns="C++ and Python phases",
+                        phases=5, warmup=50)
     args = parser.parse_args()
     if args.role == "ffn":
         serve(args.store, json.loads(args.job), args.ffn_device)

@@ -27,8 +27,8 @@ import sys
 import time
 
 import hetmesh
-from hetmesh.bench import (add_common_arguments, ffn_processes, percentile, run_info,
-                           write_json)
+from hetmesh.bench import (add_common_arguments, add_phase_arguments, ffn_processes, percentile,
+                           run_info, write_json)
 from hetmesh.bench_queue import serve
 
 # StepMesh's per-A traffic, bf16 both ways (an answer is the next layer's tokens), no routing;
@@ -149,9 +149,7 @@ def main() -> int:
                                      description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, DEFAULT_JOB)
     parser.add_argument("--layers", type=int, default=8, help="round trips a step makes")
-    parser.add_argument("--iterations", type=int, default=50, help="steps per phase and mode")
-    parser.add_argument("--phases", type=int, default=4, help="the modes, in turns")
-    parser.add_argument("--warmup", type=int, default=3)
+    add_phase_arguments(parser, each="steps", iterations=50, turns="the modes", phases=4, warmup=3)
     parser.add_argument("--no-chain", action="store_true",
                         help="no copy on the stream between layers: every layer sends the first "
                              "tokens again (the exchange alone, with no GPU work between)")

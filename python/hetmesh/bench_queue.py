@@ -21,8 +21,8 @@ import sys
 import time
 
 import hetmesh
-from hetmesh.bench import (add_common_arguments, ffn_processes, percentile, run_info,
-                           write_json)
+from hetmesh.bench import (add_common_arguments, add_phase_arguments, ffn_processes, percentile,
+                           run_info, write_json)
 
 # StepMesh's per-A traffic, bf16 both ways (so a tensor holds its answer's bytes), no routing.
 DEFAULT_JOB = dict(attention=1, ffn=1, micro_batches=1, queue_depth=8, tokens=128, hidden=7168,
@@ -113,9 +113,8 @@ def main() -> int:
                                      description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, DEFAULT_JOB)
     parser.add_argument("--layers", type=int, default=8, help="round trips a stage queues")
-    parser.add_argument("--iterations", type=int, default=50, help="stages per phase and mode")
-    parser.add_argument("--phases", type=int, default=4, help="waited and queued, in turns")
-    parser.add_argument("--warmup", type=int, default=3)
+    add_phase_arguments(parser, each="stages", iterations=50, turns="waited and queued", phases=4,
+                        warmup=3)
     args = parser.parse_args()
     if args.role == "ffn":
         serve(args.store, json.loads(args.job), args.ffn_device)

@@ -26,7 +26,7 @@ import threading
 import time
 
 import hetmesh
-from hetmesh.bench import free_port, percentile, run_info, write_json
+from hetmesh.bench import add_phase_arguments, free_port, percentile, run_info, write_json
 
 WORKERS = SERVERS = 2
 
@@ -181,9 +181,8 @@ def main() -> int:
                         help="every instance's: the host, or cuda:0")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=7168)
-    parser.add_argument("--iterations", type=int, default=200, help="round trips per phase")
-    parser.add_argument("--phases", type=int, default=5, help="both paths, in turns")
-    parser.add_argument("--warmup", type=int, default=20)
+    add_phase_arguments(parser, each="round trips", iterations=200, turns="both paths", phases=5,
+                        warmup=20)
     parser.add_argument("--json", help="also write the results here ('-': stdout)")
     parser.add_argument("--role", choices=("scheduler", "server", "worker"),
                         help=argparse.SUPPRESS)

@@ -23,8 +23,8 @@ import time
 
 import hetmesh
 from hetmesh import vllm_afd
-from hetmesh.bench import (add_common_arguments, ffn_processes, percentile, run_info,
-                           write_json)
+from hetmesh.bench import (add_common_arguments, add_phase_arguments, ffn_processes, percentile,
+                           run_info, write_json)
 
 
 def serve_bare(store: str, job: dict, device: str) -> None:
@@ -122,8 +122,8 @@ def main() -> int:
                                      description=__doc__.split("\n\n")[0])
     add_common_arguments(parser, {"tokens": 128, "hidden": 7168},
                          roles=("bare-ffn", "connector-ffn"))
-    parser.add_argument("--iterations", type=int, default=200, help="exchanges per phase")
-    parser.add_argument("--phases", type=int, default=5, help="bare and connector, in turns")
+    add_phase_arguments(parser, each="exchanges", iterations=200, turns="bare and connector",
+                        phases=5)
     args = parser.parse_args()
     if args.role == "bare-ffn":
         serve_bare(args.store, json.loads(args.job), args.ffn_device)

@@ -892,7 +892,7 @@ class SimpleNotify:
         self._count = 1  # the next notice value to wait for
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "fserver_lib-notify") if self._gpu \
             else None
-        if self._pool is not None:  # stop() lets its thread go, so the interpreter's exit never waits
+        if self._pool is not None:  # stop() lets its thread go: the interpreter's exit never waits
             _state.setdefault("notify_pools", []).append(self._pool)
         self._pending: list = []
         self._batch = None
