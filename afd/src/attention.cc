@@ -129,6 +129,7 @@ struct AttentionEngine::State final : PeerHandler {
 
   void close(ControlWord word);
   AttentionEngine::Handle push(int mb, uint32_t tokens, const PushOptions& push, bool rung);
+  void check_push_shape(const PushOptions& push, const char* what) const;
   Turn take_doorbells();
 
   // A queue of 1..64 round trips per micro-batch; micro-batches fit a handle's low byte.
@@ -661,6 +662,42 @@ AttentionEngine::Handle AttentionEngine::push_pull(int mb, uint32_t tokens, cons
   return state_->push(mb, tokens, push, /*rung=*/false);
 }
 
+// What of a push does not depend on its tokens: checked at each push_pull, and once at arm_device
+// (so a bad armed push is refused there, not at each ring of its doorbell).
+void AttentionEngine::State::check_push_shape(const PushOptions& push, const char* what) const {
+  if (push.ready.flag && !ready_flags)
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                fmt::format("{}: a ready flag needs a device with stream memory operations", what));
+  if (!push.results_into.empty() && push.results_into.size() != static_cast<size_t>(spec.ffn))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: {} result buffers for {} ffn instance(s) (one each, null "
+                            "for an F's own result slot)",
+                            what, push.results_into.size(), spec.ffn));
+  // An answer buffer is one F's: two Fs' partial results in one would overwrite each other, and
+  // the tensor sent answered in place by several would be overwritten before each had read it.
+  int answering = 0;
+  for (int f = 0; f < spec.ffn; ++f)
+    answering += spec.sends(spec.rank, f);
+  const void* sent = push.tensors.empty() ? nullptr : push.tensors[kTokensTensor].from;
+  for (size_t f = 0; f < push.results_into.size(); ++f) {
+    if (push.results_into[f] == nullptr) continue;
+    const bool shared =
+        std::find(push.results_into.begin() + static_cast<long>(f) + 1, push.results_into.end(),
+                  push.results_into[f]) != push.results_into.end();
+    if (shared || (answering > 1 && push.results_into[f] == sent))
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("{}: ffn {}'s result buffer is {}: each F answers into a "
+                              "buffer of its own",
+                              what, f,
+                              shared ? "another F's too" : "the tokens sent, which other Fs read"));
+  }
+  if (!push.tensors.empty() && push.tensors.size() != static_cast<size_t>(spec.a2f_tensors()))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("{}: {} tensors for the job's {} (tokens, routing{}: one each)", what,
+                            push.tensors.size(), spec.a2f_tensors(),
+                            spec.a2f_extra.empty() ? "" : ", then its extra tensors"));
+}
+
 AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
                                                      const PushOptions& push, bool rung) {
   State& s = *this;
@@ -671,37 +708,7 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
   if (tokens > s.spec.tokens)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("{} tokens do not fit the slot (0..{})", tokens, s.spec.tokens));
-  if (ready.flag && !s.ready_flags)
-    throw Error(HM_ERR_NOT_SUPPORTED,
-                "push_pull: a ready flag needs a device with stream memory operations");
-  if (!push.results_into.empty() && push.results_into.size() != static_cast<size_t>(s.spec.ffn))
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("push_pull: {} result buffers for {} ffn instance(s) (one each, null "
-                            "for an F's own result slot)",
-                            push.results_into.size(), s.spec.ffn));
-  // An answer buffer is one F's: two Fs' partial results in one would overwrite each other, and
-  // the tensor sent answered in place by several would be overwritten before each had read it.
-  int answering = 0;
-  for (int f = 0; f < s.spec.ffn; ++f)
-    answering += s.spec.sends(s.spec.rank, f);
-  const void* sent = push.tensors.empty() ? nullptr : push.tensors[kTokensTensor].from;
-  for (size_t f = 0; f < push.results_into.size(); ++f) {
-    if (push.results_into[f] == nullptr) continue;
-    const bool shared =
-        std::find(push.results_into.begin() + static_cast<long>(f) + 1, push.results_into.end(),
-                  push.results_into[f]) != push.results_into.end();
-    if (shared || (answering > 1 && push.results_into[f] == sent))
-      throw Error(
-          HM_ERR_INVALID_ARGUMENT,
-          fmt::format("push_pull: ffn {}'s result buffer is {}: each F answers into a "
-                      "buffer of its own",
-                      f, shared ? "another F's too" : "the tokens sent, which other Fs read"));
-  }
-  if (!push.tensors.empty() && push.tensors.size() != static_cast<size_t>(s.spec.a2f_tensors()))
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("push_pull: {} tensors for the job's {} (tokens, routing{}: one each)",
-                            push.tensors.size(), s.spec.a2f_tensors(),
-                            s.spec.a2f_extra.empty() ? "" : ", then its extra tensors"));
+  s.check_push_shape(push, "push_pull");
   // Each tensor's rows: `tokens` unless its entry says (the tokens always `tokens`; none of a
   // tensor of no bytes, the routing of a job without top_k), every one within a window.
   std::array<uint32_t, kMaxA2fTensors> rows{};
@@ -902,6 +909,7 @@ void AttentionEngine::arm_device(int mb, const Push& push) {
   if (push.ready.stream != nullptr || push.ready.flag)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 "arm_device: a push with a ready signal (the doorbell's ring is the readiness)");
+  s.check_push_shape(push, "arm_device");
   auto arm = std::make_shared<Armed>();
   arm->tensors.assign(push.tensors.begin(), push.tensors.end());
   arm->results_into.assign(push.results_into.begin(), push.results_into.end());

@@ -109,6 +109,14 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int replays,
   Stream stream = device.create_stream();
   for (int mb = 0; mb < spec.micro_batches; ++mb)
     engine.arm_device(mb);
+  try {  // a push of the wrong shape is refused when armed; the arm before it stays
+    void* const three[3] = {};
+    AttentionEngine::Push bad;
+    bad.results_into = three;
+    engine.arm_device(0, bad);
+  } catch (const Error& e) {
+    std::cout << "arm_device: " << e.what() << std::endl;
+  }
   try {
     engine.push_pull(0, 1);
   } catch (const Error& e) {
@@ -213,6 +221,8 @@ TEST(AfdDeviceTriggerTest, AReplayedStepGetsEveryResultRightAThousandTimes) {
   EXPECT_TRUE(has_line(a_lines, "replays 1000 right 1000")) << joined(a_lines);
   EXPECT_FALSE(has_line(a_lines, "failed")) << joined(a_lines);
   EXPECT_TRUE(has_line(a_lines, "push_pull: push_pull: micro-batch 0 is armed for its device"))
+      << joined(a_lines);
+  EXPECT_TRUE(has_line(a_lines, "arm_device: arm_device: 3 result buffers for 1 ffn instance(s)"))
       << joined(a_lines);
   auto f_lines = lines_until_exit(f);
   EXPECT_EQ(f.wait(kTimeout).exit_code, 0) << joined(f_lines);
