@@ -205,7 +205,7 @@ struct AttentionEngine::State final : PeerHandler {
       if (!failure.set(status, reason)) return;
       metrics.error(status);
       failed.store(true, std::memory_order_release);
-      release_arrival_flags_locked();
+      let_pending_streams_go_locked();
     }
     log(LogLevel::error, "attention {}: {}", spec.rank, reason);
     changed.notify_all();
@@ -221,9 +221,10 @@ struct AttentionEngine::State final : PeerHandler {
       flag.store(value, std::memory_order_release);
   }
 
-  // The engine failed or is closing: no round trip still pending will settle, so a device stream
-  // waiting on one's arrival flag is let go (the host's wait() reports why). Caller holds mutex.
-  void release_arrival_flags_locked() {
+  // The engine failed or is closing: no round trip still pending will settle, so every stream
+  // waiting on one goes on: its arrival flag is raised, and a round trip the device rang is settled
+  // as failed (the host's wait() and device_trips() report why). Caller holds mutex.
+  void let_pending_streams_go_locked() {
     for (Pending& p : pending) {
       if (!p.busy) continue;
       raise_arrival_flag_locked(p.trip.micro_batch, p.sequence);
@@ -564,7 +565,7 @@ void AttentionEngine::State::close(ControlWord word) {
     std::lock_guard lock(mutex);
     if (closed) return;
     closed = true;
-    release_arrival_flags_locked();
+    let_pending_streams_go_locked();
   }
   changed.notify_all();  // a wait() in another thread ends now, saying why
   for (auto& sender : senders)

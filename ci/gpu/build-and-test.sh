@@ -16,17 +16,9 @@
 #   run(kind="nvidia-h200", carry=[".deps/gpu"], timeout_s=540, command="bash ci/gpu/build-and-test.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source ci/gpu/configure.sh build-and-test  # the preamble: OUT, the log, deps, build, section
 
-OUT=${OUT:-$PWD/build/gpu-out}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/build-and-test.log") 2>&1
-
-# NVLink multicast can take a shared host's GPUs out of service: keep it off everywhere.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
-source ci/gpu/configure.sh  # deps, build, LD_LIBRARY_PATH, configure_gpu_build
 jobs=$(nproc)
-section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
 
 section environment
 {

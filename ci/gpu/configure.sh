@@ -1,10 +1,18 @@
-# Sourced by the GPU machine's scripts (build-and-test.sh, python.sh): configures build/gpu
-# against the carried .deps/gpu and the machine's CUDA, with the tests, plus the caller's
-# arguments. Sets deps, build and LD_LIBRARY_PATH for the caller; build_gpu_python builds the
-# Python package there.
+# Sourced by every GPU-machine script from the repository root, as `source ci/gpu/configure.sh
+# NAME`: the shared preamble. Sets OUT (created; what comes back from the machine) and, with NAME,
+# tees the script's output into $OUT/NAME.log; keeps NVLink multicast off (it can take a shared
+# host's GPUs out of service); sets deps, build, hetmesh and LD_LIBRARY_PATH; defines section().
+# configure_gpu_build configures build/gpu against the carried .deps/gpu and the machine's CUDA;
+# build_gpu_python builds the Python package.
+OUT=${OUT:-$PWD/build/gpu-out}
+mkdir -p "$OUT"
+if [[ -n ${1:-} ]]; then exec > >(tee "$OUT/$1.log") 2>&1; fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 deps=$PWD/.deps/gpu/usr
 build=$PWD/build/gpu
+hetmesh=$build/bin/hetmesh
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
 
 # configure_gpu_build [extra cmake arguments...]: exits 2 when .deps/gpu is missing or cmake fails.
 configure_gpu_build() {

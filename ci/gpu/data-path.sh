@@ -17,15 +17,8 @@
 #       command="bash ci/gpu/build-and-test.sh >/dev/null; bash ci/gpu/data-path.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source ci/gpu/configure.sh data-path  # the preamble: OUT, the log, deps, build, section
 root=$PWD
-OUT=${OUT:-$PWD/build/gpu-out}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/data-path.log") 2>&1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LD_LIBRARY_PATH=$PWD/.deps/gpu/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-build=$PWD/build/gpu
-hetmesh=$build/bin/hetmesh
-section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
 status=0
 
 cmake --build "$build" -j "$(nproc)" --target hetmesh-cli transport_test hetmesh-device-cpu \

@@ -10,11 +10,8 @@
 #   run(carry=[".deps/gpu"], command="bash ci/gpu/build-and-test.sh; bash ci/gpu/demo-one-gpu.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source ci/gpu/configure.sh  # the preamble: OUT, the log, deps, build, section
 root=$PWD
-OUT=${OUT:-$PWD/build/gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.deps/gpu/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-build=$PWD/build/gpu
 status=0
 cmake --build "$build" -j "$(nproc)" --target hetmesh-cli hetmesh-demo-cuda || { echo "build failed"; exit 2; }
 

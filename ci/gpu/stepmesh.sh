@@ -9,14 +9,8 @@
 #   run(kind="nvidia-h200", carry=[".deps/gpu"], command="bash ci/gpu/stepmesh.sh")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source ci/gpu/configure.sh stepmesh  # the preamble: OUT, the log, deps, build, section
 
-OUT=${OUT:-$PWD/build/gpu-out}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/stepmesh.log") 2>&1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
-source ci/gpu/configure.sh  # deps, build, LD_LIBRARY_PATH, configure_gpu_build, build_gpu_python
-section() { printf '\n==== %s (%s) ====\n' "$*" "$(date +%T)"; }
 section build
 build_gpu_python  # python, PYTHONPATH
 
