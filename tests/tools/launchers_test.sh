@@ -33,6 +33,13 @@ verified() {  # $1 = what ran, $2 = its output: both As verified
   count=$(grep -c "verified: final hidden states" <<<"$2")
   [[ $count == 2 ]] || fail "$1: $count of 2 attention instances verified: $2"
 }
+# torchrun --redirects 2 keeps each rank's stderr in LOG_DIR/<run>/attempt_0/<rank>/stderr.log.
+stderr_of_ranks() {
+  local log
+  while IFS= read -r log; do
+    printf '\n--- %s:\n%s' "${log#"$1"/}" "$(tail -n 30 "$log")"
+  done < <(find "$1" -name stderr.log | sort)
+}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
 
 if command -v mpirun >/dev/null; then
@@ -55,7 +62,7 @@ if command -v torchrun >/dev/null; then
   # --redirects/--tee: Debian's torchrun (torch 1.13) fails with its defaults on Python 3.11.
   out=$(timeout -k 5 120 torchrun --nproc_per_node 4 --master_port "$(port)" --redirects 2 --tee 1 \
     --log_dir "$scratch/torchrun" --no_python "$hetmesh" run --config "$config" 2>&1) ||
-    fail "torchrun failed: $out"
+    fail "torchrun failed: $out$(stderr_of_ranks "$scratch/torchrun")"
   verified "torchrun" "$out"
 else
   fail "no torchrun (Debian's python3-torch)"
