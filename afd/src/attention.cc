@@ -703,9 +703,7 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
                                                      const PushOptions& push, bool rung) {
   State& s = *this;
   const ReadySignal& ready = push.ready;
-  if (mb < 0 || mb >= s.spec.micro_batches)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("micro-batch {} does not exist (0..{})", mb, s.spec.micro_batches - 1));
+  check_micro_batch(mb, s.spec.micro_batches, "push_pull");
   if (tokens > s.spec.tokens)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("{} tokens do not fit the slot (0..{})", tokens, s.spec.tokens));
