@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 namespace hetmesh::cts {
 namespace {
@@ -72,7 +73,11 @@ int run_ipc_peer(int argc, char** argv) {
     uint64_t size = std::stoull(argv[5]);
     uint32_t seed = static_cast<uint32_t>(std::stoul(argv[6]));
 
+    // HM-R37: an allocation opened twice stays mapped until its last close (CUDA answers both
+    // opens with one base and counts them); every check below runs on the second mapping.
+    std::optional<IpcMapping> first(std::in_place, device, handle);
     IpcMapping mapping(device, handle);
+    first.reset();
     PointerInfo info = device.query(static_cast<char*>(mapping.data()) + size - 1);
     bool host_pointer = info.kind == HM_MEM_IPC_MAPPED_HOST;
     if ((info.kind != HM_MEM_IPC_MAPPED && !host_pointer) || info.base != mapping.data()) {

@@ -15,9 +15,10 @@ struct IpcRoundTrip {
   uint32_t peer_host_minor = HM_DEVICE_PLUGIN_ABI_MINOR;
 };
 
-// Exports memory of `exporter`, has a child process open it on `importer` (same plugin), check the
-// kind, base, size and bytes and overwrite them (through the host pointer where the mapping claims
-// to be one, HM_MEM_IPC_MAPPED_HOST); then checks the overwrite here. Reports gtest failures.
+// Exports memory of `exporter`, has a child process open it on `importer` (same plugin) twice and
+// close the first mapping, check the second's kind, base, size and bytes and overwrite them
+// (through the host pointer where the mapping claims to be one, HM_MEM_IPC_MAPPED_HOST); then
+// checks the overwrite here. Reports gtest failures.
 void expect_ipc_round_trip(const Device& exporter, const Device& importer,
                            const IpcRoundTrip& how = {});
 

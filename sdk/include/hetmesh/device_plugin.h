@@ -138,13 +138,18 @@
  *
  * IPC and dma-buf
  *  HM-R36 ipc_export (HM_CAP_IPC) describes the device or pinned allocation from mem_alloc that
- *         contains ptr as plain bytes, valid while the exporter keeps the allocation; other memory
+ *         contains ptr as plain bytes, valid while the exporter keeps the allocation. A plugin
+ *         may also export device memory another user of its runtime allocated in this process
+ *         (pointer_query's HM_MEM_DEVICE: a framework's tensors), as the whole allocation
+ *         pointer_query reports; HM_ERR_BACKEND where the runtime cannot share it. Other memory
  *         is HM_ERR_INVALID_ARGUMENT.
  *  HM-R37 ipc_open, in another process on the same host, maps the whole exported allocation and
  *         returns its base; each process then sees the other's writes, and pointer_query reports
  *         HM_MEM_IPC_MAPPED (or HM-R38's kind). A malformed handle, or one this plugin did not
  *         export, is HM_ERR_INVALID_ARGUMENT; a handle exported by the same process may be
- *         HM_ERR_NOT_SUPPORTED. ipc_close takes the base ipc_open returned.
+ *         HM_ERR_NOT_SUPPORTED. ipc_close takes the base ipc_open returned. Opening one
+ *         allocation again may return the same base; each ipc_open then needs its ipc_close, and
+ *         the mapping lasts until the last.
  *  HM-R38 HM_MEM_IPC_MAPPED_HOST (since minor 1) is reported only to a host of minor >= 1, and only
  *         for a mapping that host code may read and write (a peer's pinned memory); an older host
  *         gets HM_MEM_IPC_MAPPED.
@@ -501,8 +506,9 @@ typedef struct hm_device_plugin_api {
                                    int32_t condition, uint32_t flags);
 
   /* HM_CAP_IPC: describe the allocation containing `ptr` (device or pinned memory from
-   * mem_alloc) as bytes another process on this host can open. The handle stays valid while the
-   * exporter keeps the allocation. (HM-R36)
+   * mem_alloc, and perhaps device memory another user of the runtime allocated here) as bytes
+   * another process on this host can open. The handle stays valid while the exporter keeps the
+   * allocation. (HM-R36)
    * Returns: HM_OK, HM_ERR_INVALID_ARGUMENT (ptr not in device or pinned memory from mem_alloc,
    * handle NULL), HM_ERR_NOT_SUPPORTED (also: pinned memory the plugin cannot share).
    * Gated by: HM_CAP_IPC. */

@@ -1,7 +1,9 @@
 // The IPC slots of a GPU plugin over the vendor calls of `V` (gpu_vendor.hpp lists them): device
-// memory through the runtime's IPC handles, pinned memory through its memfd (gpu_pinned.hpp).
+// memory (the plugin's, or a framework's in this process) through the runtime's IPC handles,
+// pinned memory through its memfd (gpu_pinned.hpp).
 #pragma once
 
+#include "gpu_address.hpp"
 #include "gpu_ipc_handle.hpp"
 #include "gpu_pinned.hpp"
 #include "gpu_state.hpp"
@@ -10,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <mutex>
 #include <optional>
 
 namespace hm::kit::gpu {
@@ -19,27 +22,32 @@ hm_status ipc_export(void* ptr, hm_ipc_handle* handle) {
   return guarded("ipc_export", [&] {
     if (handle == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "handle is NULL");
     auto& s = V::state();
+    // Device memory is the plugin's or the runtime's for another user in this process (a
+    // framework's allocator: a caller's tensors); pinned memory only the plugin's, whose memfd
+    // is what travels.
+    const Memory m = classify<V>(ptr);
     auto hit = ptr != nullptr ? s.table.find(ptr) : std::nullopt;
-    if (!hit ||
-        (hit->allocation.kind != HM_MEM_DEVICE && hit->allocation.kind != HM_MEM_PINNED_HOST))
-      fail(HM_ERR_INVALID_ARGUMENT, "%p is not inside device or pinned memory from mem_alloc", ptr);
-    const Allocation& a = hit->allocation;
-    require(device_state(s, a.device), HM_CAP_IPC, "IPC");
+    const bool pinned = hit && hit->allocation.kind == HM_MEM_PINNED_HOST;
+    if (m.kind != HM_MEM_DEVICE && !pinned)
+      fail(HM_ERR_INVALID_ARGUMENT,
+           "%p is neither device memory of %s nor pinned memory from mem_alloc", ptr,
+           V::kInfo.runtime);
+    require(device_state(s, m.device), HM_CAP_IPC, "IPC");
     IpcHandle<typename V::IpcNative> h{};
     h.magic = V::kInfo.ipc_magic;
     h.version = kIpcVersion;
-    h.kind = static_cast<uint16_t>(a.kind);
+    h.kind = static_cast<uint16_t>(m.kind);
     h.pid = static_cast<int32_t>(getpid());
     h.fd = -1;
     h.nonce = s.nonce;
-    h.size = a.size;
-    h.device = a.device;
-    if (a.kind == HM_MEM_DEVICE) {
-      typename V::Scope scope(a.device);
-      V::ipc_get(&h.native, reinterpret_cast<void*>(hit->base));
+    h.size = m.size;
+    h.device = m.device;
+    if (pinned) {
+      if (hit->allocation.fd < 0) fail(HM_ERR_NOT_SUPPORTED, "this pinned memory is not shareable");
+      h.fd = hit->allocation.fd;
     } else {
-      if (a.fd < 0) fail(HM_ERR_NOT_SUPPORTED, "this pinned memory is not shareable");
-      h.fd = a.fd;
+      typename V::Scope scope(m.device);
+      V::ipc_get(&h.native, reinterpret_cast<void*>(m.base));  // the runtime's whole allocation
     }
     *handle = encode(h);
   });
@@ -63,9 +71,18 @@ hm_status ipc_open(int32_t device, const hm_ipc_handle* handle, void** ptr) {
     a.kind = HM_MEM_IPC_MAPPED;
     a.device = device;
     void* result = nullptr;
+    std::lock_guard lock(s.ipc_mutex);
     if (h.kind == HM_MEM_DEVICE) {
       typename V::Scope scope(device);
       result = V::ipc_open(h.native, &a);
+      // The runtime maps an allocation once per process and counts its opens (CUDA, HIP): a
+      // second open answers the same base, and each open needs its close.
+      auto mapped = s.table.find(result);
+      if (mapped && mapped->base == reinterpret_cast<uintptr_t>(result) &&
+          is_ipc_mapping(mapped->allocation.kind)) {
+        a = mapped->allocation;
+        ++a.ipc_opens;
+      }
     } else {
       result = open_memfd_pinned<V>(device, h.pid, h.fd, h.size, &a);
       a.kind = host_pointer_mapping_kind(s.host);  // the memfd's pages, mapped here
@@ -79,11 +96,18 @@ template <typename V>
 hm_status ipc_close(void* ptr) {
   return guarded("ipc_close", [&] {
     auto& s = V::state();
+    std::lock_guard lock(s.ipc_mutex);
     auto hit = ptr != nullptr ? s.table.find(ptr) : std::nullopt;
     if (!hit || hit->base != reinterpret_cast<uintptr_t>(ptr) ||
         !is_ipc_mapping(hit->allocation.kind))
       fail(HM_ERR_INVALID_ARGUMENT, "%p is not a base address returned by ipc_open", ptr);
-    Allocation a = *s.table.erase(ptr);
+    Allocation a = hit->allocation;
+    if (a.ipc_opens > 1) {
+      --a.ipc_opens;
+      s.table.insert(ptr, a);
+    } else {
+      s.table.erase(ptr);
+    }
     typename V::Scope scope(a.device);
     if (a.host)
       release_memfd_mapping<V>(ptr, a);

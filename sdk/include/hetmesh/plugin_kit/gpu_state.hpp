@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct Allocation {
   uint64_t device_address = 0;  // the device's address of the start, where the runtime has one
   int fd = -1;                  // memfd behind pinned memory (the exporter's or our mapping's)
   uint64_t mapped = 0;          // bytes mmap()ed by the plugin (memfd-backed memory), else 0
+  uint32_t ipc_opens = 1;       // an IPC mapping: the ipc_open calls the runtime answered with it
 };
 
 // `D`: the plugin's DeviceState, derived from Device.
@@ -44,6 +46,7 @@ struct State {
   std::vector<std::unique_ptr<D>> devices;
   std::vector<std::vector<bool>> can_access_peer;  // [from][to]
   AllocationTable<Allocation> table;
+  std::mutex ipc_mutex;  // one ipc_open or ipc_close at a time: they count a mapping's opens
 };
 
 // The plugin's one State `S`, made by initialize and deleted only by shutdown, never at exit:
