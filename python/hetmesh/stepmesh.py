@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import hetmesh
 from . import _errors
+from ._in_place import InPlace
 from ._errors import InvalidArgumentError, NotSupportedError
 
 _log = logging.getLogger("hetmesh.stepmesh")
@@ -191,27 +192,8 @@ def _current_stream(tensor):
     return hetmesh.import_torch().cuda.current_stream(tensor.device)
 
 
-class _InPlace:
-    """Which of the caller's allocations one direction uses in place: each from its first sight,
-    up to `limit` of them; past that (tensors new every call, which would be registered and kept
-    without bound) it copies through hetmesh's own buffers, said once."""
-
-    def __init__(self, what: str, limit: int):
-        self.what, self.limit, self.known, self.said = what, limit, set(), False
-
-    def use(self, tensor) -> bool:
-        base = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
-        if base in self.known:
-            return True
-        if len(self.known) < self.limit:
-            self.known.add(base)
-            return True
-        if not self.said:
-            self.said = True
-            _log.warning("fserver_lib: %s came from more than %d allocations; copying the new "
-                         "ones through hetmesh's buffers (HETMESH_STEPMESH_MAX_BUFFERS)",
-                         self.what, self.limit)
-        return False
+def _in_place(what: str, limit: int) -> InPlace:
+    return InPlace(_log, "fserver_lib", what, limit, "HETMESH_STEPMESH_MAX_BUFFERS")
 
 
 def _nbytes(tensor) -> int:
@@ -317,8 +299,8 @@ class _Worker:
         self.tensors = env.settings["HETMESH_STEPMESH_TENSORS"]
         self.max_bytes = env.settings["HETMESH_STEPMESH_MAX_BYTES"]
         limit = env.settings["HETMESH_STEPMESH_MAX_BUFFERS"]
-        self.push_in_place = _InPlace("push tensors", limit)
-        self.pull_in_place = _InPlace("pull tensors", limit)
+        self.push_in_place = _in_place("push tensors", limit)
+        self.pull_in_place = _in_place("pull tensors", limit)
         self.layouts: dict[tuple, int] = {}
         self.said = 0  # layouts said so far: the last one's number (numbers are never reused)
         self.pushes = 0
@@ -466,8 +448,8 @@ class _Server:
     def __init__(self, env: _Environment, config: hetmesh.Config):
         self.env = env
         self.engine = _open(hetmesh.FfnEngine, env, config)
-        self.out_in_place = _InPlace("respond's tensors", env.settings[
-            "HETMESH_STEPMESH_MAX_BUFFERS"])
+        self.out_in_place = _in_place("respond's tensors",
+                                      env.settings["HETMESH_STEPMESH_MAX_BUFFERS"])
         # A rank -> its layouts said: number -> [(key, dtype, trailing shape, dims)]
         self.layouts: dict[int, dict[int, list]] = {}
         self.refused: dict[int, str] = {}  # A rank -> why its last malformed layout was dropped

@@ -35,6 +35,7 @@ import types as _types
 from typing import Any
 
 from . import _errors
+from ._in_place import InPlace
 from . import (AttentionEngine, ClosedError, FfnEngine, InvalidArgumentError, NotSupportedError,
                PeerLostError, ProtocolError, StoreServer, as_tensor, import_torch)
 
@@ -142,49 +143,6 @@ def _wire_dtype(dtype) -> str:
     return _WIRE_DTYPES[name]
 
 
-class _Buffers:
-    """Which of the application's allocations one direction uses in place. An allocation is used
-    in place from its first sight (registered once), unless that is the dearer way: its first
-    exchange's bytes went through host staging (the transport could not reach that memory, and one
-    copy into the engine's own memory costs less), or more than `limit` allocations came (tensors
-    at a new address every step would pin memory without bound). Then it copies through the
-    engine's slots, said once."""
-
-    def __init__(self, what: str, limit: int, staged_bytes):
-        self.what, self.limit, self.staged_bytes = what, limit, staged_bytes
-        self.in_place = {}  # allocation base -> used in place
-        self.probes = {}  # stage -> (base, staged bytes before its first exchange)
-        self.said = set()
-
-    def use(self, tensor, stage: int) -> bool:
-        """Whether this exchange of `stage` goes from/into `tensor` in place."""
-        base = tensor.data_ptr() - tensor.storage_offset() * tensor.element_size()
-        known = self.in_place.get(base)
-        if known is not None:
-            return known
-        if len(self.in_place) >= self.limit:
-            self._say("more", f"came from more than {self.limit} allocations (a new one every "
-                      f"step?), and registering each would pin memory without bound")
-            return False
-        self.in_place[base] = True
-        self.probes[stage] = (base, self.staged_bytes())
-        return True
-
-    def settle(self, stage: int) -> None:
-        """Once the exchange of `stage` has moved its bytes: did its first sight go through host
-        staging?"""
-        probe = self.probes.pop(stage, None)
-        if probe is not None and self.staged_bytes() > probe[1]:
-            self.in_place[probe[0]] = False
-            self._say("staged", "is memory the transport reaches only through host staging")
-
-    def _say(self, reason: str, why: str) -> None:
-        if reason not in self.said:
-            self.said.add(reason)
-            _log.warning("hetmesh connector: %s %s; copying it through hetmesh's slots", self.what,
-                         why)
-
-
 def _stream_of(tensor):
     """torch's current stream where `tensor` is on a GPU, so that what wrote it is done before the
     engine reads it; None on the host."""
@@ -243,9 +201,12 @@ class AfdConnector:
         def staged() -> int:
             return self.engine.counters()["staged_bytes"]
 
-        self._a2f = _Buffers("the hidden states sent", limit, staged)
-        self._f2a = _Buffers("the FFN output", limit, staged)
-        self._gate = _Buffers("the router logits sent", limit, staged)
+        def buffers(what: str) -> InPlace:
+            return InPlace(_log, "hetmesh connector", what, limit, "max_buffers", staged)
+
+        self._a2f = buffers("the hidden states sent")
+        self._f2a = buffers("the FFN output")
+        self._gate = buffers("the router logits sent")
         self._dtype = dtype
         self._said = set()
         # (stage, name) -> a view made once: an F's row spaces, an A's slots

@@ -491,3 +491,48 @@ def test_a_push_under_a_layout_never_said_is_not_handed_out_and_the_others_are_s
     assert "attention 0 pushed layout 999, which it never said" in err, err
     assert "its part is not handed out" in err, err
 
+
+
+# Tensors at a new address every call (kept alive, so torch cannot hand an address out again):
+# the first HETMESH_STEPMESH_MAX_BUFFERS allocations of each direction are registered and used in
+# place, the later ones copied through hetmesh's slots, said once each, and every answer is right.
+FRESH = """
+import torch, os
+import fserver_lib as f
+import hetmesh.stepmesh
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+f.init()
+kept = []
+if os.environ['DMLC_ROLE'] == 'worker':
+    for i in range(6):
+        x, y = torch.full((4, 2048), float(i), device=dev), torch.zeros(4, 2048, device=dev)
+        kept += [x, y]
+        f.wait(f.push_pull([x], [0], [y], [1]))
+        assert torch.equal(y, x * 2), (i, y)
+    worker = hetmesh.stepmesh._state['worker']
+    print("worker registered", worker.engine.counters()["caller_buffers"], "of", 12, flush=True)
+    print("worker test done", flush=True)
+elif os.environ['DMLC_ROLE'] == 'server':
+    for i in range(6):
+        (handler, tensors, keys), = f.get_batch()
+        out = tensors[0] * 2
+        kept.append(out)
+        f.respond([out], handler)
+    print("server test done", flush=True)
+f.stop()
+"""
+
+
+def test_tensors_at_new_addresses_go_through_the_slots_past_the_bound():
+    results = Job(FRESH, HETMESH_STEPMESH_MAX_BUFFERS="2").finish()
+    assert_all_passed(results)
+    out, err = results["worker0.0"][1], results["worker0.0"][2]
+    assert "worker test done" in out and "server test done" in results["server0.0"][1]
+    # Two allocations sent from and two received into, each 32 KiB of host memory registered by
+    # its own pages; on a GPU torch's caching allocator holds them all in one or two.
+    registered = int(out.split("worker registered ")[1].split()[0])
+    assert registered == 4 if not CUDA else 1 <= registered <= 4, out
+    for what in ("push tensors", "pull tensors"):
+        assert err.count(f"fserver_lib: {what} came from more than 2 allocations") == 1, err
+    assert "HETMESH_STEPMESH_MAX_BUFFERS" in err, err
+    assert "respond's tensors came from more than 2 allocations" in results["server0.0"][2]
