@@ -28,6 +28,22 @@ int64_t load64(const int64_t* word) {
   return std::atomic_ref<int64_t>(*const_cast<int64_t*>(word)).load(std::memory_order_acquire);
 }
 
+// Whether the watcher thread may read `flag` while `device`'s streams write it: host memory the
+// plugin pinned, registered or mapped; on a device whose own memory is the host's, any. (A stray
+// address is refused here, not faulted on by the watcher later.)
+bool host_reads(const Device& device, const int64_t* flag) {
+  PointerInfo info = device.query(flag);
+  switch (info.kind) {
+    case HM_MEM_PINNED_HOST:
+    case HM_MEM_REGISTERED_HOST:
+    case HM_MEM_IPC_MAPPED_HOST:
+      return reinterpret_cast<const uint8_t*>(flag + 1) <=
+             static_cast<const uint8_t*>(info.base) + info.size;
+    default:
+      return device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY);
+  }
+}
+
 }  // namespace
 
 StreamFlags::StreamFlags(const Device& device, int sites)
@@ -99,6 +115,11 @@ void StreamFlags::enqueue_flag_wait(const int64_t* flag, const void* seq, const 
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("wait_flag: the flag at {} is not 8-byte aligned",
                             static_cast<const void*>(flag)));
+  if (!host_reads(stream.device(), flag))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("wait_flag: the flag at {} is not host memory that {} writes (pinned "
+                            "or registered host memory: map_pinned_tensor's view)",
+                            static_cast<const void*>(flag), stream.device().selector()));
   int i;
   {
     std::lock_guard lock(mutex_);

@@ -153,6 +153,21 @@ afd::StreamFlags& flags_of(Context& c) {
   return *c.flags;
 }
 
+// write_flag's ends, tensors' addresses the Python layer checked: `bytes` inside memory the
+// engine's plugin knows (device, pinned or registered), or anywhere where the device's memory is
+// the host's. A stray address is refused here, not faulted on by the copy engine.
+const void* copy_end(const Device& device, uintptr_t address, uint64_t bytes, const char* what) {
+  const auto* p = reinterpret_cast<const void*>(address);
+  PointerInfo info = device.query(p);
+  const auto end = reinterpret_cast<uintptr_t>(info.base) + info.size;
+  const bool inside = info.kind != HM_MEM_UNKNOWN && address + bytes <= end;
+  if (!inside && !device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("write_flag: the {} at {} ({} bytes) is not memory {} reaches", what, p,
+                            bytes, device.selector()));
+  return p;
+}
+
 // The engine's end: every stream waiting on one of its flags goes, and none is made later.
 void release_flags(Context& c) {
   std::lock_guard lock(c.flags_mutex);
@@ -654,8 +669,9 @@ void bind_common(Class& cls) {
           "_enqueue_copy",
           [](const Py& e, uintptr_t dst, uintptr_t src, uint64_t bytes, const py::object& stream) {
             std::shared_ptr<Context> c = e.live();
-            required_stream(stream, *c, "write_flag")
-                .copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+            const Stream& on = required_stream(stream, *c, "write_flag");
+            on.copy(const_cast<void*>(copy_end(c->device(), dst, bytes, "flag")),
+                    copy_end(c->device(), src, bytes, "seq"), bytes);
           },
           py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("stream"),
           "hetmesh.stepmesh's write_flag: a copy of `bytes` ordered on `stream`.")

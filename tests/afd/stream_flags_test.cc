@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 namespace hetmesh::afd {
 namespace {
@@ -165,6 +166,19 @@ TEST_F(StreamFlagsTest, RefusesWhatItCannotKeep) {
     ADD_FAILURE() << "a misaligned flag was taken";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("not 8-byte aligned"));
+  }
+  // The watcher reads the flag on the host: asic_stub's device memory, which the host cannot
+  // touch, and plain heap the plugin does not know, are refused by name.
+  Buffer on_device = device.allocate(16);
+  const std::vector<int64_t> heap(2);
+  for (const int64_t* stray : {static_cast<const int64_t*>(int64s(on_device)), heap.data()}) {
+    try {
+      flags.enqueue_flag_wait(stray, seq.data(), stream, true);
+      ADD_FAILURE() << "a flag the host cannot read was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), HM_ERR_INVALID_ARGUMENT);
+      EXPECT_THAT(e.what(), HasSubstr("is not host memory that asic_stub:0 writes"));
+    }
   }
   // A wait the stream refused gives its site back: the next wait takes it.
   StreamFlags one(device, 1);
