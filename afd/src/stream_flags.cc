@@ -28,20 +28,16 @@ int64_t load64(const int64_t* word) {
   return std::atomic_ref<int64_t>(*const_cast<int64_t*>(word)).load(std::memory_order_acquire);
 }
 
-// Whether the watcher thread may read `flag` while `device`'s streams write it: host memory the
-// plugin pinned, registered or mapped; on a device whose own memory is the host's, any. (A stray
-// address is refused here, not faulted on by the watcher later.)
+// Whether the watcher thread may read `flag` while `device`'s streams write it: on a device whose
+// own memory is the host's, any; else host memory the plugin pinned, registered or mapped, the
+// whole word inside it. (A stray address is refused here, not faulted on by the watcher later.)
 bool host_reads(const Device& device, const int64_t* flag) {
+  if (device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY)) return true;
   PointerInfo info = device.query(flag);
-  switch (info.kind) {
-    case HM_MEM_PINNED_HOST:
-    case HM_MEM_REGISTERED_HOST:
-    case HM_MEM_IPC_MAPPED_HOST:
-      return reinterpret_cast<const uint8_t*>(flag + 1) <=
-             static_cast<const uint8_t*>(info.base) + info.size;
-    default:
-      return device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY);
-  }
+  const bool host = info.kind == HM_MEM_PINNED_HOST || info.kind == HM_MEM_REGISTERED_HOST ||
+                    info.kind == HM_MEM_IPC_MAPPED_HOST;
+  const auto offset = reinterpret_cast<uintptr_t>(flag) - reinterpret_cast<uintptr_t>(info.base);
+  return host && info.size >= sizeof *flag && offset <= info.size - sizeof *flag;
 }
 
 }  // namespace

@@ -51,5 +51,5 @@ class InPlace:
     def _say(self, reason: str, why: str) -> None:
         if reason not in self.said:
             self.said.add(reason)
-            self.log.warning("%s: %s %s; copying it through hetmesh's slots", self.owner,
-                             self.what, why)
+            self.log.warning("%s: %s %s; copying such ones through hetmesh's slots",
+                             self.owner, self.what, why)

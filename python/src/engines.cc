@@ -159,8 +159,9 @@ afd::StreamFlags& flags_of(Context& c) {
 const void* copy_end(const Device& device, uintptr_t address, uint64_t bytes, const char* what) {
   const auto* p = reinterpret_cast<const void*>(address);
   PointerInfo info = device.query(p);
-  const auto end = reinterpret_cast<uintptr_t>(info.base) + info.size;
-  const bool inside = info.kind != HM_MEM_UNKNOWN && address + bytes <= end;
+  const auto base = reinterpret_cast<uintptr_t>(info.base);
+  const bool inside =
+      info.kind != HM_MEM_UNKNOWN && address >= base && bytes <= info.size - (address - base);
   if (!inside && !device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY))
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("write_flag: the {} at {} ({} bytes) is not memory {} reaches", what, p,

@@ -141,8 +141,8 @@
  *         contains ptr as plain bytes, valid while the exporter keeps the allocation. A plugin
  *         may also export device memory another user of its runtime allocated in this process
  *         (pointer_query's HM_MEM_DEVICE: a framework's tensors), as the whole allocation
- *         pointer_query reports; HM_ERR_BACKEND where the runtime cannot share it. Other memory
- *         is HM_ERR_INVALID_ARGUMENT.
+ *         pointer_query reports; HM_ERR_NOT_SUPPORTED where the runtime cannot share it. Other
+ *         memory is HM_ERR_INVALID_ARGUMENT.
  *  HM-R37 ipc_open, in another process on the same host, maps the whole exported allocation and
  *         returns its base; each process then sees the other's writes, and pointer_query reports
  *         HM_MEM_IPC_MAPPED (or HM-R38's kind). A malformed handle, or one this plugin did not
@@ -509,8 +509,8 @@ typedef struct hm_device_plugin_api {
    * mem_alloc, and perhaps device memory another user of the runtime allocated here) as bytes
    * another process on this host can open. The handle stays valid while the exporter keeps the
    * allocation. (HM-R36)
-   * Returns: HM_OK, HM_ERR_INVALID_ARGUMENT (ptr not in device or pinned memory from mem_alloc,
-   * handle NULL), HM_ERR_NOT_SUPPORTED (also: pinned memory the plugin cannot share).
+   * Returns: HM_OK, HM_ERR_INVALID_ARGUMENT (ptr not in memory it exports, handle NULL),
+   * HM_ERR_NOT_SUPPORTED (also: pinned memory, or another user's allocation, it cannot share).
    * Gated by: HM_CAP_IPC. */
   hm_status (*ipc_export)(void* ptr, hm_ipc_handle* /* out */ handle);
   /* HM_CAP_IPC: map a peer process's allocation for use by `device`. Returns the mapped base of the

@@ -45,9 +45,19 @@ hm_status ipc_export(void* ptr, hm_ipc_handle* handle) {
     if (pinned) {
       if (hit->allocation.fd < 0) fail(HM_ERR_NOT_SUPPORTED, "this pinned memory is not shareable");
       h.fd = hit->allocation.fd;
-    } else {
+    } else if (hit) {
       typename V::Scope scope(m.device);
-      V::ipc_get(&h.native, reinterpret_cast<void*>(m.base));  // the runtime's whole allocation
+      V::ipc_get(&h.native, reinterpret_cast<void*>(m.base));
+    } else {
+      // The runtime's whole allocation, where it can share it (not a virtual-memory or pool
+      // allocation, say): NOT_SUPPORTED otherwise, as the ABI's other unsharable memory.
+      typename V::Scope scope(m.device);
+      try {
+        V::ipc_get(&h.native, reinterpret_cast<void*>(m.base));
+      } catch (const Failure& refused) {
+        fail(HM_ERR_NOT_SUPPORTED, "%s cannot share this allocation at %p: %s", V::kInfo.runtime,
+             reinterpret_cast<void*>(m.base), refused.message.c_str());
+      }
     }
     *handle = encode(h);
   });
@@ -79,7 +89,7 @@ hm_status ipc_open(int32_t device, const hm_ipc_handle* handle, void** ptr) {
       // second open answers the same base, and each open needs its close.
       auto mapped = s.table.find(result);
       if (mapped && mapped->base == reinterpret_cast<uintptr_t>(result) &&
-          is_ipc_mapping(mapped->allocation.kind)) {
+          is_ipc_mapping(mapped->allocation.kind) && mapped->allocation.device == device) {
         a = mapped->allocation;
         ++a.ipc_opens;
       }
@@ -102,17 +112,25 @@ hm_status ipc_close(void* ptr) {
         !is_ipc_mapping(hit->allocation.kind))
       fail(HM_ERR_INVALID_ARGUMENT, "%p is not a base address returned by ipc_open", ptr);
     Allocation a = hit->allocation;
-    if (a.ipc_opens > 1) {
+    typename V::Scope scope(a.device);
+    if (a.ipc_opens > 1) {  // the runtime's count first: a failed close leaves both counts as were
+      V::ipc_close(ptr);
       --a.ipc_opens;
       s.table.insert(ptr, a);
-    } else {
-      s.table.erase(ptr);
+      return;
     }
-    typename V::Scope scope(a.device);
-    if (a.host)
-      release_memfd_mapping<V>(ptr, a);
-    else
-      V::ipc_close(ptr);
+    // Out of the table before the unmapping, so that no new allocation at this address finds it
+    // there; back in if the unmapping failed, for a later close to try again.
+    s.table.erase(ptr);
+    try {
+      if (a.host)
+        release_memfd_mapping<V>(ptr, a);
+      else
+        V::ipc_close(ptr);
+    } catch (...) {
+      s.table.insert(ptr, a);
+      throw;
+    }
   });
 }
 
