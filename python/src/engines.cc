@@ -6,6 +6,7 @@
 #include "engines.hpp"
 
 #include "caller_tensor.hpp"
+#include "teardown.hpp"
 
 #include "slot.hpp"
 
@@ -69,7 +70,8 @@ std::shared_ptr<Context> make_context(const afd::JobConfig& config, afd::Role ro
 // lock (a Context goes with the last tensor exported from its slots).
 std::shared_ptr<void> keep(py::object object) {
   return std::shared_ptr<void>(object.release().ptr(), [](void* p) {
-    if (!Py_IsInitialized()) return;  // the interpreter ended: the process is ending too
+    // The interpreter ended or is ending: so is the process, and the reference with it.
+    if (!Py_IsInitialized() || taking_the_lock_would_end_this_thread()) return;
     py::gil_scoped_acquire gil;
     Py_DECREF(static_cast<PyObject*>(p));
   });
@@ -382,7 +384,7 @@ class PyEngine : public SlotOwner {
     engine_of<Engine>(*context_);
   }
   ~PyEngine() {
-    py::gil_scoped_release unlocked;  // tells the peers, joins the engine's threads
+    UnlockedTeardown unlocked;  // tells the peers, joins the engine's threads
     context_.reset();
   }
   PyEngine(const PyEngine&) = delete;
@@ -671,8 +673,8 @@ void bind_common(Class& cls) {
           [](const Py& e, uintptr_t dst, uintptr_t src, uint64_t bytes, const py::object& stream) {
             std::shared_ptr<Context> c = e.live();
             const Stream& on = required_stream(stream, *c, "write_flag");
-            on.copy(const_cast<void*>(copy_end(c->device(), dst, bytes, "flag")),
-                    copy_end(c->device(), src, bytes, "seq"), bytes);
+            void* to = const_cast<void*>(copy_end(c->device(), dst, bytes, "flag"));
+            on.copy(to, copy_end(c->device(), src, bytes, "seq"), bytes);
           },
           py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("stream"),
           "hetmesh.stepmesh's write_flag: a copy of `bytes` ordered on `stream`.")

@@ -3,6 +3,7 @@
 // the status and the peer it names; nothing reaches the interpreter as an abort.
 #include "engines.hpp"
 #include "slot.hpp"
+#include "teardown.hpp"
 
 #include <hetmesh/core/device.hpp>
 #include <hetmesh/core/error.hpp>
@@ -66,6 +67,7 @@ PYBIND11_MODULE(_native, m) {
   using namespace hetmesh::python;
   m.doc() = "hetmesh's C++ engines; use the hetmesh package, not this module";
   m.attr("__version__") = HETMESH_VERSION;
+  remember_main_thread();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

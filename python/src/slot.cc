@@ -1,6 +1,8 @@
 // DLPack export of engine slots (slot.hpp).
 #include "slot.hpp"
 
+#include "teardown.hpp"
+
 #include <hetmesh/core/error.hpp>
 
 #include <fmt/format.h>
@@ -25,9 +27,9 @@ struct Exported {
 
 void delete_exported(DLManagedTensor* tensor) {
   auto* exported = static_cast<Exported*>(tensor->manager_ctx);
-  if (!Py_IsInitialized()) {
-    // A framework freed it after the interpreter ended: what the engine ran on may be gone too,
-    // so its memory is left to the process's end.
+  if (!Py_IsInitialized() || taking_the_lock_would_end_this_thread()) {
+    // A framework freed it after the interpreter ended (or on a thread it is ending): what the
+    // engine ran on may be gone too, so its memory is left to the process's end.
     new std::shared_ptr<const void>(std::move(exported->memory));
     delete exported;
     return;
@@ -37,9 +39,8 @@ void delete_exported(DLManagedTensor* tensor) {
     // The last tensor of a closed engine frees its memory, and ends it if it was still running
     // (an A closed after an exception): that waits on the engine's threads, which never need
     // the interpreter.
-    PyThreadState* state = PyEval_SaveThread();
+    UnlockedTeardown unlocked;
     exported->memory.reset();
-    PyEval_RestoreThread(state);
   }
   Py_XDECREF(exported->owner);
   PyGILState_Release(gil);

@@ -178,5 +178,14 @@ def test_memory_no_framework_can_address_is_refused_by_name(store, job):
     assert batch.parts[0].tokens.__dlpack_device__() == (12, 0)  # kDLExtDev, asic_stub:0
     with pytest.raises(hetmesh.NotSupportedError, match="kDLExtDev"):
         torch.from_dlpack(batch.parts[0].tokens)
+    # The stream helpers' private calls (hetmesh.stepmesh's write_flag and wait_flag) take
+    # addresses: a stray one is refused before a copy engine or the watcher thread touches it.
+    stream, stray = f.create_stream(), 0x1000
+    with pytest.raises(hetmesh.InvalidArgumentError,
+                       match=r"write_flag: the flag at 0x1000 \(8 bytes\) is not memory asic_stub:0"):
+        f._enqueue_copy(stray, stray, 8, stream)
+    with pytest.raises(hetmesh.InvalidArgumentError,
+                       match="wait_flag: the flag at 0x1000 is not host memory that asic_stub:0"):
+        f._enqueue_flag_wait(stray, stray, stream, True)
     f.respond(batch)
     assert f.get_batch() is None  # respond() only queues: the engine lives until every A left
