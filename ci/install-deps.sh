@@ -14,6 +14,7 @@ packages=(
   python3-matplotlib python3-yaml  # python3 -m hetmesh.plot; examples/kubernetes checked
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev rdma-core ibverbs-providers
+  libfabric-dev libfabric-bin  # the fabric transport; fi_pingpong is its bench baseline
   libamdhip64-dev libhsa-runtime-dev
 )
 

@@ -30,10 +30,11 @@ readonly packages=(qemu-system-x86 busybox-static rdma-core ibverbs-providers ib
 # Load order from DESIGN.md §6, plus overlay. A module's own dependencies (its .modinfo) are loaded
 # before it whatever this order says: 6.1's virtio needs virtio_ring first. rdma_rxe asks the
 # crypto API for crc32 at run time, which is no module dependency: without crc32_generic it fails
-# with "failed to init crc32". Names missing from a kernel are skipped, except rdma_rxe.
+# with "failed to init crc32". rdma_ucm (with rdma_cm) is for libfabric's verbs provider, which
+# resolves addresses through librdmacm. Names missing from a kernel are skipped, except rdma_rxe.
 readonly modules=(crc32_generic virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev
   virtio_pci 9pnet 9pnet_virtio netfs fscache 9p overlay ib_core ib_uverbs udp_tunnel ip6_udp_tunnel
-  rdma_rxe veth)
+  rdma_rxe rdma_ucm veth)
 readonly vm_ip=10.99.0.1
 
 timeout_s=900

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/ci}
-export HM_TEST_REQUIRE_TRANSPORTS=verbs
+export HM_TEST_REQUIRE_TRANSPORTS="verbs fabric"
 
 echo "== hetmesh info (RDMA devices, limits, registration path)"
 "$build/bin/hetmesh" info --in-process | sed -n '/RDMA devices/,/refused/p'
@@ -16,9 +16,10 @@ require_tests() {
   n=$("$1" --gtest_list_tests --gtest_filter="$2" | grep -c '^  ')
   ((n >= $3)) || { echo "verbs-tests: $1 has $n tests matching $2, expected at least $3" >&2; exit 1; }
 }
-# 41 = 9 cases x 4 memory pairings + the 5 registration fallback steps.
-require_tests "$build/bin/transport_test" '*verbs*' 41
+# 41 = 9 cases x 4 memory pairings + the 5 registration fallback steps (and libfabric's verbs).
+require_tests "$build/bin/transport_test" '*verbs*:-*fabric*' 41
 require_tests "$build/bin/transport_test" 'RegistrationFallback/*verbs*' 5
+require_tests "$build/bin/transport_test" '*fabric_verbs_ofi_rxm*' 36
 require_tests "$build/bin/transport_selection_test" '*ThisHostAgreesWithSysfs*' 1
 require_tests "$build/bin/afd_engine_test" '*verbs*' 2
 require_tests "$build/bin/afd_fault_test" '*verbs*' 4
@@ -27,7 +28,12 @@ require_tests "$build/bin/afd_caller_buffers_test" '*verbs*' 1
 require_tests "$build/bin/afd_tensors_test" '*verbs*' 1
 
 echo "== transport suite over verbs (registration fallback order included)"
-"$build/bin/transport_test" --gtest_filter='*verbs*' --gtest_brief=1
+"$build/bin/transport_test" --gtest_filter='*verbs*:-*fabric*' --gtest_brief=1
+
+echo "== transport suite over libfabric's verbs provider (verbs;ofi_rxm on rxe0)"
+# rxm sizes each verbs CQ for FI_UNIVERSE_SIZE peers (256 by default), beyond rxe's 32767 CQEs:
+# "Unable to create verbs CQ" at fi_enable. A real NIC takes the default.
+FI_UNIVERSE_SIZE=32 "$build/bin/transport_test" --gtest_filter='*fabric_verbs_ofi_rxm*' --gtest_brief=1
 
 echo "== transport selection: auto must pick verbs (rxe0) for a peer on another node"
 "$build/bin/transport_selection_test" --gtest_brief=1

@@ -43,7 +43,8 @@ constexpr std::array<std::string_view, 2> kGatherNames = {"all", "eager"};
 constexpr std::array<std::string_view, 3> kTopologyNames = {"all", "groups", "map"};
 constexpr std::array<std::string_view, 2> kRendezvousNames = {"tcp", "etcd"};
 // "auto", then the transports by name (parse_transport_kind).
-constexpr std::array<std::string_view, 4> kTransportNames = {"auto", "ipc", "tcp", "verbs"};
+constexpr std::array<std::string_view, 5> kTransportNames = {"auto", "ipc", "tcp", "verbs",
+                                                             "fabric"};
 
 // The plugin ABI's name grammar: [a-z0-9_]{1,32}.
 bool valid_plugin_name(std::string_view name) {
@@ -431,13 +432,15 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
 
   c.plugins = read_plugins(reporter, root, c.devices);
 
-  static constexpr std::array<std::string_view, 6> kTransport = {
-      "kind", "listen_host", "rdma_device", "gid_index", "staging_slots", "staging_slot_kib"};
+  static constexpr std::array<std::string_view, 7> kTransport = {
+      "kind",          "listen_host",      "rdma_device", "gid_index",
+      "staging_slots", "staging_slot_kib", "provider"};
   TomlSection transport = root.table("transport", kTransport);
   if (size_t kind = transport.choice("kind", 0, kTransportNames); kind != 0)
     c.transport.kind = parse_transport_kind(std::string(kTransportNames[kind]));
   c.transport.listen_host = transport.string("listen_host", c.transport.listen_host, false);
   c.transport.rdma_device = transport.string("rdma_device", c.transport.rdma_device);
+  c.transport.provider = transport.string("provider", c.transport.provider, false);
   static constexpr std::array<std::string_view, 4> kHosts = {"attention", "ffn", "attention_nic",
                                                              "ffn_nic"};
   TomlSection hosts = root.table("hosts", kHosts);

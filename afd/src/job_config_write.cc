@@ -75,10 +75,10 @@ std::string to_toml(const JobConfig& c) {
   }
   out += fmt::format(
       "\n[transport]\nkind = {}\nlisten_host = {}\nrdma_device = {}\ngid_index = {}\n"
-      "staging_slots = {}\nstaging_slot_kib = {}\n",
+      "staging_slots = {}\nstaging_slot_kib = {}\nprovider = {}\n",
       toml_quote(to_string(c.transport.kind)), toml_quote(c.transport.listen_host),
       toml_quote(c.transport.rdma_device), c.transport.gid_index, c.transport.staging_slots,
-      c.transport.staging_slot_kib);
+      c.transport.staging_slot_kib, toml_quote(c.transport.provider));
   out += fmt::format("\n[rendezvous]\nkind = {}\naddress = {}\nsecret_file = {}\n",
                      toml_quote(to_string(c.rendezvous.kind)), toml_quote(c.rendezvous.address),
                      toml_quote(c.rendezvous.secret_file));

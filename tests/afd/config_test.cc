@@ -42,6 +42,18 @@ TEST(ConfigTest, EmptyFileIsA1A1FJobOnCpuOverAutoTransport) {
   EXPECT_LE(c.model.top_k, c.model.experts);
 }
 
+TEST(ConfigTest, FabricTakesItsProviderToEveryInstance) {
+  JobConfig c = parse_config(
+      "[job]\nattention = 2\n[transport]\nkind = \"fabric\"\nprovider = "
+      "\"verbs;ofi_rxm\"\n",
+      "job.toml");
+  EXPECT_EQ(c.transport.kind, TransportKind::fabric);
+  EXPECT_EQ(c.transport.provider, "verbs;ofi_rxm");
+  EXPECT_EQ(engine_spec(c, Role::attention, 1).transport.fabric_provider, "verbs;ofi_rxm");
+  EXPECT_EQ(engine_spec(c, Role::ffn, 0).transport.kind, TransportKind::fabric);
+  EXPECT_EQ(parse_config("", "job.toml").transport.provider, "auto");
+}
+
 TEST(ConfigTest, ReadsTheFullSchema) {
   JobConfig c = parse_config(R"(
 [job]
@@ -354,7 +366,7 @@ TEST(ConfigTest, BadEnumsElsewhere) {
             "job.toml:2:1: [job] gather: unknown value \"some\" (expected one of all, eager)");
   EXPECT_EQ(error_of("[transport]\nkind = \"verb\"\n"),
             "job.toml:2:1: [transport] kind: unknown value \"verb\" (expected one of auto, ipc, "
-            "tcp, verbs; did you mean verbs?)");
+            "tcp, verbs, fabric; did you mean verbs?)");
   EXPECT_EQ(error_of("[rendezvous]\nkind = \"etcd\"\naddress = \"127.0.0.1:2379\"\n"),
             "job.toml:3:1: [rendezvous] address: etcd's address is http://host:port or "
             "https://host:port, got \"127.0.0.1:2379\"");

@@ -34,6 +34,11 @@ TEST_P(TransportTest, RegistrationPathFollowsTheMemory) {
       EXPECT_EQ(path, addressable ? RegistrationPath::host : RegistrationPath::staging)
           << to_string(path);
       break;
+    case TransportKind::fabric:
+      // tcp and shm reach host memory only: device memory goes through a host mirror.
+      EXPECT_EQ(path, addressable ? RegistrationPath::host : RegistrationPath::staging)
+          << to_string(path);
+      break;
   }
 }
 

@@ -48,7 +48,7 @@ struct Side {
   std::unique_ptr<Transport> transport;
   std::shared_ptr<Region> region;
 
-  Side(TransportKind kind, const std::string& memory_kind);
+  Side(TransportKind kind, const std::string& memory_kind, const std::string& provider);
 };
 
 struct Param {
@@ -61,6 +61,8 @@ struct Param {
   // The `ring` cases: the only plugin the peer loads (HETMESH_PLUGINS), so that it cannot map our
   // memory and writes to us through its staging ring.
   std::string peer_plugin;
+  // fabric: the libfabric provider both processes use.
+  std::string provider = "auto";
 };
 
 std::string describe(const Param& p);

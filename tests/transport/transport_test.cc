@@ -1,4 +1,5 @@
-// One suite for every transport (ipc, tcp, verbs), run with real processes: this binary re-runs
+// One suite for every transport (ipc, tcp, verbs, and fabric over libfabric's tcp and shm
+// providers), run with real processes: this binary re-runs
 // itself as the peer (--peer), which echoes every write it is notified of back into our region.
 // Memory kinds: cpu memory (host-addressable) and asic_stub device memory (not host-addressable,
 // which forces the staging paths), in every combination across the two processes; with a GPU,
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -63,10 +65,11 @@ std::string after(const std::string& line, const std::string& tag) {
   return line.substr(tag.size() + 1);
 }
 
-Side::Side(TransportKind kind, const std::string& memory_kind)
+Side::Side(TransportKind kind, const std::string& memory_kind, const std::string& provider)
     : device(open_device(memory_kind)), memory(device.allocate(kRegionSize)) {
   TransportOptions options;
   options.kind = kind;
+  options.fabric_provider = provider;
   // A stopped peer fails a send in 10 s; a slow one on a loaded machine never does.
   options.io_timeout = std::chrono::milliseconds(10000);
   transport = Transport::create(options);
@@ -74,6 +77,12 @@ Side::Side(TransportKind kind, const std::string& memory_kind)
 }
 
 std::string describe(const Param& p) {
+  if (p.kind == TransportKind::fabric) {
+    std::string provider = p.provider;  // "verbs;ofi_rxm" -> "verbs_ofi_rxm"
+    for (char& c : provider)
+      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    return fmt::format("fabric_{}_{}_to_{}", provider, p.local, p.remote);
+  }
   if (!p.peer_plugin.empty())
     return fmt::format("{}_{}_to_{}_ring", to_string(p.kind), p.local, p.remote);
   if (!p.step.empty()) return fmt::format("{}_{}_{}", to_string(p.kind), p.local, p.step);
@@ -92,7 +101,7 @@ void TransportTest::SetUp() {
   for (const std::string& memory : {GetParam().local, GetParam().remote})
     if (!has_device(memory)) GTEST_SKIP() << "no " << memory << " device here";
   try {
-    local_ = std::make_unique<Side>(GetParam().kind, GetParam().local);
+    local_ = std::make_unique<Side>(GetParam().kind, GetParam().local, GetParam().provider);
   } catch (const Error& e) {
     if (e.status() == HM_ERR_NOT_SUPPORTED && !required(GetParam().kind))
       GTEST_SKIP() << e.what() << " (set HM_TEST_REQUIRE_TRANSPORTS to make this a failure)";
@@ -106,8 +115,9 @@ void TransportTest::SetUp() {
         fmt::format("{}/libhetmesh-device-{}.so", installed_plugin_dir(), GetParam().peer_plugin);
     setenv("HETMESH_PLUGINS", only.c_str(), 1);
   }
-  peer_ = std::make_unique<ChildProcess>(std::vector<std::string>{
-      self_executable(), "--peer", to_string(GetParam().kind), GetParam().remote});
+  peer_ = std::make_unique<ChildProcess>(
+      std::vector<std::string>{self_executable(), "--peer", to_string(GetParam().kind),
+                               GetParam().remote, GetParam().provider});
   if (!GetParam().peer_plugin.empty()) {
     if (plugins)
       setenv("HETMESH_PLUGINS", plugins->c_str(), 1);
@@ -191,9 +201,9 @@ void TransportTest::write(uint32_t value) {
 
 namespace {
 
-int run_peer(const std::string& kind, const std::string& memory) {
+int run_peer(const std::string& kind, const std::string& memory, const std::string& provider) {
   try {
-    Side side(parse_transport_kind(kind), memory);
+    Side side(parse_transport_kind(kind), memory, provider);
     std::cout << "ENDPOINT " << to_hex(side.transport->endpoint()) << "\n"
               << "REGION " << to_hex(side.region->describe()) << std::endl;
     std::string endpoint, region;
@@ -248,6 +258,13 @@ std::vector<Param> all_params() {
   // memory into our device memory, and from its device memory into our host memory.
   params.push_back({TransportKind::ipc, "asic_stub", "cpu", "", {}, "cpu"});
   params.push_back({TransportKind::ipc, "cpu", "asic_stub", "", {}, "asic_stub"});
+  // libfabric's tcp provider (over rxm: it orders messages after writes), shm (which does not:
+  // a notice waits for its writes' delivery), and verbs under rxm where an RDMA device is (the
+  // rxe VM; skipped elsewhere).
+  for (const char* provider : {"tcp", "shm", "verbs;ofi_rxm"})
+    for (auto [local, remote] : {std::pair{"cpu", "cpu"}, std::pair{"asic_stub", "asic_stub"},
+                                 std::pair{"cpu", "asic_stub"}, std::pair{"asic_stub", "cpu"}})
+      params.push_back({TransportKind::fabric, local, remote, "", {}, "", provider});
   // GPU memory, where a GPU is: one DMA to and from a peer's host memory over ipc, the ring to
   // another plugin's device memory, and the staged paths of tcp.
   for (TransportKind kind : {TransportKind::ipc, TransportKind::tcp})
@@ -263,8 +280,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, testing::ValuesIn(all_params
 }  // namespace hetmesh::transport_test
 
 int main(int argc, char** argv) {
-  if (argc == 4 && std::strcmp(argv[1], "--peer") == 0)
-    return hetmesh::transport_test::run_peer(argv[2], argv[3]);
+  if (argc == 5 && std::strcmp(argv[1], "--peer") == 0)
+    return hetmesh::transport_test::run_peer(argv[2], argv[3], argv[4]);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -6,6 +6,7 @@
 #include <hetmesh/core/device.hpp>
 #include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/topology.hpp>
+#include <hetmesh/transport/fabric_info.hpp>
 #include <hetmesh/transport/rdma_info.hpp>
 
 #include <fmt/format.h>
@@ -127,6 +128,13 @@ nlohmann::json to_json(const PluginRegistry& registry) {
                        : nlohmann::json{{"numa_node", nic->numa_node}, {"pci", nic->pci_bus_id}}},
          {"error", d.error}});
   }
+  out["fabric"] = nlohmann::json::array();
+  for (const auto& f : list_fabric_providers())
+    out["fabric"].push_back({{"provider", f.provider},
+                             {"domain", f.domain},
+                             {"max_message", f.max_message},
+                             {"ordered", f.ordered},
+                             {"device_memory", f.device_memory}});
   return out;
 }
 
@@ -186,6 +194,17 @@ void print_text(const nlohmann::json& info) {
                d["device_memory_path"].get<std::string>(), d["dmabuf_detail"].get<std::string>(),
                d["peermem"].get<bool>() ? "loaded" : "absent");
   }
+  fmt::print("\nlibfabric providers for the fabric transport ({}):\n", info["fabric"].size());
+  if (info["fabric"].empty())
+    fmt::print(
+        "  none (no provider offers reliable datagrams with messages and RMA writes, or "
+        "this build has no libfabric)\n");
+  for (const auto& f : info["fabric"])
+    fmt::print("  {:<16} domain {:<12} {}; messages up to {} bytes\n",
+               f["provider"].get<std::string>(), f["domain"].get<std::string>(),
+               f["ordered"].get<bool>() ? "writes and notices back to back"
+                                        : "each write waits for the delivery of the one before",
+               f["max_message"].get<uint64_t>());
   fmt::print("\nsearched:\n");
   for (const auto& where : info["searched"])
     fmt::print("  {}\n", where.get<std::string>());

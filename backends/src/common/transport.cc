@@ -12,6 +12,8 @@ const char* to_string(TransportKind kind) {
       return "tcp";
     case TransportKind::verbs:
       return "verbs";
+    case TransportKind::fabric:
+      return "fabric";
   }
   return "?";
 }
@@ -20,8 +22,9 @@ TransportKind parse_transport_kind(const std::string& name) {
   if (name == "ipc") return TransportKind::ipc;
   if (name == "tcp") return TransportKind::tcp;
   if (name == "verbs") return TransportKind::verbs;
+  if (name == "fabric") return TransportKind::fabric;
   throw Error(HM_ERR_INVALID_ARGUMENT,
-              fmt::format("unknown transport '{}' (choose ipc, tcp or verbs)", name));
+              fmt::format("unknown transport '{}' (choose ipc, tcp, verbs or fabric)", name));
 }
 
 const char* to_string(RegistrationPath path) {
@@ -48,6 +51,8 @@ std::unique_ptr<Transport> Transport::create(const TransportOptions& options) {
       return detail::make_verbs_transport(options);
     case TransportKind::ipc:
       return detail::make_ipc_transport(options);
+    case TransportKind::fabric:
+      return detail::make_fabric_transport(options);
     default:
       throw Error(HM_ERR_NOT_SUPPORTED,
                   fmt::format("the {} transport is not built yet", to_string(options.kind)));

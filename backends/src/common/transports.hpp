@@ -9,6 +9,8 @@ std::unique_ptr<Transport> make_tcp_transport(const TransportOptions& options);
 // Throws Error(HM_ERR_NOT_SUPPORTED) saying why when there is no usable RDMA device.
 std::unique_ptr<Transport> make_verbs_transport(const TransportOptions& options);
 std::unique_ptr<Transport> make_ipc_transport(const TransportOptions& options);
+// Throws Error(HM_ERR_NOT_SUPPORTED) saying why when no libfabric provider fits.
+std::unique_ptr<Transport> make_fabric_transport(const TransportOptions& options);
 
 // Validates a registration: non-empty, and inside one allocation when the plugin knows the
 // memory. Throws Error(INVALID_ARGUMENT) naming the problem.

@@ -9,7 +9,9 @@
 //                                 --listen end on another host
 //   bench_transport_measure.cc    the transport's latency and bandwidth
 //   bench_transport_baselines.cc  memcpy and one DMA, in this process
-//   bench_transport_tools.cc      the tools' baselines: ucx_perftest (ipc), ib_write_bw/lat (verbs)
+//   bench_transport_tools.cc      the tools' baselines: ucx_perftest (ipc), ib_write_bw/lat
+//   (verbs),
+//                                 fi_pingpong (fabric)
 //   bench_transport_report.cc     the table and the JSON
 #pragma once
 
@@ -47,7 +49,8 @@ struct BenchOptions {
   // ipc: the staging ring's geometry (TransportOptions)
   uint32_t staging_slots = TransportOptions{}.staging_slots;
   uint64_t staging_slot_kib = TransportOptions{}.staging_slot_bytes >> 10;
-  std::string rdma_device;  // verbs: the RDMA device ("" = the first active one)
+  std::string rdma_device;        // verbs: the RDMA device ("" = the first active one)
+  std::string provider = "auto";  // fabric: the libfabric provider (TransportOptions)
   // The one plugin the peer loads (its file, as HETMESH_PLUGINS names one), "" = all of them.
   std::string peer_plugin;
   // Across hosts: this end serves at HOST:PORT (as ib_write_bw's server does), or connects to one.
@@ -129,6 +132,7 @@ void measure_one_dma(Row& row, const Device& device, const Buffer& source, int i
 std::string find_on_path(const char* program);
 void measure_ucx(Row& row, const std::string& ucx_perftest, int iterations);
 void measure_perftest(Row& row, int iterations, int window, const std::string& device);
+void measure_fi_pingpong(Row& row, const std::string& provider, int iterations);
 
 // The table on stdout and, with --json, the same rows as JSON (bench_transport_report.cc).
 void report(const BenchOptions& o, const std::string& peer_memory, const std::vector<Row>& rows);

@@ -43,6 +43,8 @@ void run_bench(const BenchOptions& o) {
   std::string ucx_perftest =
       same_host && o.transport == "ipc" ? find_on_path("ucx_perftest") : std::string();
   const bool perftest = same_host && o.transport == "verbs";
+  const bool pingpong =
+      same_host && o.transport == "fabric" && !find_on_path("fi_pingpong").empty();
   std::vector<Row> rows;
   std::vector<TransportEvent> events;
   for (uint64_t size : sizes) {
@@ -56,6 +58,7 @@ void run_bench(const BenchOptions& o) {
     // little as possible between the two; our completion pollers sleep meanwhile.
     if (perftest && !o.busy_poll)
       measure_perftest(row, std::max(row.count, 200), o.window, o.rdma_device);
+    if (pingpong) measure_fi_pingpong(row, o.provider, o.iterations);
     rows.push_back(row);
   }
   send_text(*p.connection, "exit");
@@ -88,7 +91,10 @@ void add_bench_transport_command(CLI::App& bench) {
   using namespace transport_bench;
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = bench.add_subcommand("transport", "Latency and bandwidth of one transport");
-  cmd->add_option("--transport", o->transport, "ipc, tcp or verbs")->capture_default_str();
+  cmd->add_option("--transport", o->transport, "ipc, tcp, verbs or fabric")->capture_default_str();
+  cmd->add_option("--provider", o->provider,
+                  "fabric: the libfabric provider (tcp, shm, verbs;ofi_rxm, efa, auto)")
+      ->capture_default_str();
   cmd->add_option(
          "--memory", o->memory,
          "device whose memory is used (cpu, asic_stub:1, cuda:0; a plugin name means its device 0)")

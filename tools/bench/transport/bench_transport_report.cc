@@ -18,9 +18,12 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
              o.transport != "verbs" ? ""
              : o.busy_poll          ? " (ib_write_bw -t too), busy poller"
                                     : " (ib_write_bw -t too), adaptive poller");
-  // The tools: ucx_perftest's ucp_put_bw and ucp_am_lat, or ib_write_bw and ib_write_lat (tcp
-  // has none: its columns stay empty).
-  const char* tool = o.transport == "verbs" ? "ib_write" : o.transport == "ipc" ? "ucx" : "tool";
+  // The tools: ucx_perftest's ucp_put_bw and ucp_am_lat, ib_write_bw and ib_write_lat, or
+  // fi_pingpong (tcp has none: its columns stay empty).
+  const char* tool = o.transport == "verbs"    ? "ib_write"
+                     : o.transport == "ipc"    ? "ucx"
+                     : o.transport == "fabric" ? "fi_pingpong"
+                                               : "tool";
   fmt::print(
       "{:>8} {:>12} {:>12} {:>11} | {:>13} {:>12} {:>9} | {:>11} {:>9} {:>8} | {:>16} {:>8} "
       "{:>15} {:>9}\n",

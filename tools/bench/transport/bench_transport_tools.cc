@@ -165,4 +165,46 @@ void measure_ucx(Row& row, const std::string& ucx_perftest, int iterations) {
   if (!lat.empty()) row.tool_lat_us = lat[1];
 }
 
+// fi_pingpong (libfabric-bin) on the same provider, reliable datagrams: the ceiling for the fabric
+// transport. It reports one-way latency (usec/xfer: half a ping-pong) and the ping-pong's
+// throughput (MB/sec, 10^6 bytes, one message in flight each way).
+void measure_fi_pingpong(Row& row, const std::string& provider, int iterations) {
+  std::string path = find_on_path("fi_pingpong");
+  if (path.empty()) return;
+  auto port = static_cast<uint16_t>(23000 + (getpid() % 20000));
+  std::vector<std::string> args = {
+      path, "-e", "rdm", "-I", std::to_string(iterations), "-S", std::to_string(row.size)};
+  if (provider != "auto") args.insert(args.end(), {"-p", provider});
+  std::vector<std::string> server = args, client = args;
+  server.insert(server.end(), {"-B", std::to_string(port)});
+  client.insert(client.end(), {"-P", std::to_string(port), "127.0.0.1"});
+  try {
+    ChildProcess serving(server);
+    auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (!tcp_listening(port) && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ProcessResult result = run_process(client, std::chrono::seconds(300));
+    serving.wait(std::chrono::seconds(30));
+    if (result.exit_code != 0) {
+      fmt::print(stderr, "hetmesh bench: fi_pingpong failed ({}): {}\n", result.describe(),
+                 result.err);
+      return;
+    }
+    // bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec: the line after the header.
+    std::istringstream lines(result.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      std::vector<std::string> f;
+      for (std::string word; fields >> word;)
+        f.push_back(word);
+      if (f.size() < 8 || f[0] == "bytes") continue;
+      row.tool_gbps = std::stod(f[5]) * 1e-3;
+      row.tool_lat_us = std::stod(f[6]);
+    }
+  } catch (const std::exception&) {
+    // no baseline: its columns stay empty
+  }
+}
+
 }  // namespace hetmesh::cli::transport_bench

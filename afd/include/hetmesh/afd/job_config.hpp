@@ -43,7 +43,7 @@ const char* to_string(JobTopology topology);  // "all", "groups", "map"
 // [transport] kind: a transport, or "auto" (nullopt): ipc when every peer shares this host, else
 // verbs when an RDMA device is usable, else tcp (decided by choose_transport, which knows where the
 // peers are).
-const char* to_string(std::optional<TransportKind> kind);  // "auto", "ipc", "tcp", "verbs"
+const char* to_string(std::optional<TransportKind> kind);  // "auto" or the kind's name
 
 // The key-value store used for rendezvous: the embedded TCP store, or etcd.
 enum class RendezvousKind { tcp, etcd };
@@ -131,10 +131,11 @@ struct PluginsSection {
 };
 
 struct TransportSection {
-  std::optional<TransportKind> kind;      // "auto" (nullopt) | "ipc" | "tcp" | "verbs"
+  std::optional<TransportKind> kind;      // "auto" (nullopt) | "ipc" | "tcp" | "verbs" | "fabric"
   std::string listen_host = "127.0.0.1";  // where tcp and the verbs out-of-band channel listen
   std::string rdma_device;                // verbs: "" = the first active RDMA device
   int gid_index = -1;                     // verbs: -1 = the first IPv4-mapped GID
+  std::string provider = "auto";          // fabric: the libfabric provider (TransportOptions)
   // ipc: the staging ring between two plugins' device memories (TransportOptions says how).
   int staging_slots = 4;
   int64_t staging_slot_kib = 2048;

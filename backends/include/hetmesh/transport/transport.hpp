@@ -1,4 +1,4 @@
-// Transports: one interface, three implementations (ipc, tcp, verbs).
+// Transports: one interface, four implementations (ipc, tcp, verbs, fabric).
 //
 // A Transport is this process's endpoint of one kind. It registers memory (returning a Region a
 // peer can target), connects to peers symmetrically from their endpoint descriptors (both sides
@@ -36,9 +36,9 @@
 
 namespace hetmesh {
 
-enum class TransportKind { ipc, tcp, verbs };
+enum class TransportKind { ipc, tcp, verbs, fabric };
 const char* to_string(TransportKind kind);
-// "ipc", "tcp", "verbs"; throws Error(INVALID_ARGUMENT) naming the choices otherwise.
+// "ipc", "tcp", "verbs", "fabric"; throws Error(INVALID_ARGUMENT) naming the choices otherwise.
 TransportKind parse_transport_kind(const std::string& name);
 
 // How a registered region's bytes are reached by the transport; logged and shown by `hetmesh info`.
@@ -72,6 +72,9 @@ struct TransportOptions {
   int gid_index = -1;
   int poller_cpu = -1;
   bool busy_poll = false;
+  // fabric: the libfabric provider ("tcp", "shm", "verbs;ofi_rxm", "efa", ...; "auto" = the
+  // first that offers reliable datagrams with messages and RMA writes). Both ends name the same.
+  std::string fabric_provider = "auto";
   // ipc: the staging ring each side creates for the writes no single copy can make (between two
   // plugins' device memories, or memory without IPC): a write goes in slot-sized chunks, the
   // writer filling one slot while the reader empties another. 2..64 slots of 4 KiB..64 MiB. Big
