@@ -95,7 +95,7 @@ OPTIONS = {
     "secret_file": ("", "the job's secret (needed where the store listens beyond loopback)"),
     "job": ("vllm-afd", "the job's namespace in its store"),
     "device": ("cuda:{local_rank}", "this instance's device; {local_rank} is filled in"),
-    "transport": ("", "ipc, tcp or verbs (default: the job's default)"),
+    "transport": ("", "ipc, tcp, verbs or fabric (default: the job's default)"),
     "listen_host": ("", "the address this instance's transport listens on"),
     "micro_batches": (2, "the most stages a step has (vLLM's ubatches)"),
     "timeout_ms": (60000, "the bound of every wait for a peer's data"),

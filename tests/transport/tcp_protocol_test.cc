@@ -130,7 +130,7 @@ TEST(TransportOptionsTest, UnknownTransportNameIsRefused) {
     parse_transport_kind("carrier_pigeon");
     FAIL() << "accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("choose ipc, tcp or verbs"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("choose ipc, tcp, verbs or fabric"), std::string::npos);
   }
 }
 
