@@ -2,7 +2,8 @@
 # Runs a command inside a throwaway qemu VM whose (Debian) kernel has soft-RoCE, so CI can run real
 # libibverbs tests on a host whose kernel has no RDMA. The VM sees the host's / (read-only, with
 # a discarded writable overlay), the results directory and any --rw directories at their host
-# paths, and one rxe device, rxe0, on veth0 (10.99.0.1, GID index 1). See ci/rxe-vm/README.md.
+# paths, and two rxe devices: rxe0 on veth0 (10.99.0.1, GID index 1), and rxe1 on veth2
+# (10.99.1.1), a second NIC for rails. See ci/rxe-vm/README.md.
 #
 #   bash ci/rxe-vm.sh [options] -- COMMAND [ARGS...]
 #
@@ -35,7 +36,7 @@ readonly packages=(qemu-system-x86 busybox-static rdma-core ibverbs-providers ib
 readonly modules=(crc32_generic virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev
   virtio_pci 9pnet 9pnet_virtio netfs fscache 9p overlay ib_core ib_uverbs udp_tunnel ip6_udp_tunnel
   rdma_rxe rdma_ucm veth)
-readonly vm_ip=10.99.0.1
+readonly vm_ip=10.99.0.1 vm_ip2=10.99.1.1  # rxe0's and rxe1's
 
 timeout_s=900
 boot_timeout_s=120
@@ -314,6 +315,7 @@ write_run_files() {
     echo "RXE_RESULTS=$(shq "$results")"
     echo "RXE_SCRIPT=$(shq "$script")"
     echo "RXE_IP=$vm_ip"
+    echo "RXE_IP2=$vm_ip2"
     echo "RXE_RW_COUNT=${#rw_dirs[@]}"
     local i
     for i in "${!rw_dirs[@]}"; do echo "RXE_RW_$((i + 1))=$(shq "${rw_dirs[i]}")"; done

@@ -37,12 +37,13 @@ ctest --preset ci
 step "hetmesh info"
 build/ci-install/bin/hetmesh info
 
-step "the main job: hetmesh demo (1A1F cpu over ipc; 2A2F cpu -> asic_stub and asic_stub -> cpu over ipc; 2A2F over tcp and over libfabric)"
+step "the main job: hetmesh demo (1A1F cpu over ipc; 2A2F cpu -> asic_stub and asic_stub -> cpu over ipc; 2A2F over tcp, over two tcp rails and over libfabric)"
 demo_dir=$(mktemp -d)
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo)
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-asic_stub-ipc.toml")
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-asic_stub-cpu-ipc.toml")
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-tcp.toml")
+(cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-tcp-rails.toml")
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-fabric.toml")
 rm -rf "$demo_dir"
 

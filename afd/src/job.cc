@@ -66,6 +66,7 @@ EngineSpec engine_spec(const JobConfig& c, Role role, int rank) {
       own(attention ? c.hosts.attention_nic : c.hosts.ffn_nic, c.transport.rdma_device);
   spec.transport.gid_index = c.transport.gid_index;
   spec.transport.fabric_provider = c.transport.provider;
+  spec.transport.rails = c.transport.nics;
   spec.transport.staging_slots = static_cast<uint32_t>(c.transport.staging_slots);
   spec.transport.staging_slot_bytes = static_cast<uint64_t>(c.transport.staging_slot_kib) << 10;
   spec.transport.poller_cpu = c.affinity.poller_cpu;

@@ -139,6 +139,37 @@ std::vector<std::string> read_nics(const TomlSection& s, std::string_view key, i
       [](const std::string& text) { return toml_quote(text); });
 }
 
+// [transport] nics: "auto" (verbs), or the rails' NICs, 2 to 16 different names (RDMA devices for
+// verbs, local addresses for tcp).
+std::vector<std::string> read_rails(const TomlSection& s, std::optional<TransportKind> kind) {
+  if (!s.has("nics")) return {};
+  const bool rails_kind = kind == TransportKind::verbs || kind == TransportKind::tcp;
+  if (!rails_kind)
+    s.fail("nics",
+           "rails are for kind = \"verbs\" or \"tcp\" (name the kind: each takes "
+           "different names, RDMA devices or local addresses)");
+  if (s.raw()->get("nics")->is_string()) {
+    if (s.string("nics", "") != "auto" || kind != TransportKind::verbs)
+      s.fail("nics",
+             "expected \"auto\" (verbs: every RDMA NIC near the device) or a list of "
+             "NICs");
+    return {"auto"};
+  }
+  auto nics = s.array<std::string>(
+      "nics", "a list of NICs", [&](size_t i, const toml::node& n) -> std::string {
+        if (!n.is_string() || n.as_string()->get().empty() || n.as_string()->get() == "auto")
+          s.fail_element("nics", i, n, "a NIC's name (an RDMA device, or a local address)");
+        return n.as_string()->get();
+      });
+  std::vector<std::string> unique = nics;
+  std::sort(unique.begin(), unique.end());
+  if (nics.size() < 2 || nics.size() > 16 ||
+      std::adjacent_find(unique.begin(), unique.end()) != unique.end())
+    s.fail("nics",
+           fmt::format("2 to 16 different NICs make rails, got [{}]", fmt::join(nics, ", ")));
+  return nics;
+}
+
 // A plugin's options as a "k=v;k=v" string: given so (checked for shape) or as a table of scalars.
 std::string read_plugin_options(const TomlReporter& reporter, const std::string& plugin,
                                 const toml::key& key, const toml::node& n) {
@@ -432,15 +463,16 @@ JobConfig read_config(const TomlReporter& reporter, const toml::table& document)
 
   c.plugins = read_plugins(reporter, root, c.devices);
 
-  static constexpr std::array<std::string_view, 7> kTransport = {
+  static constexpr std::array<std::string_view, 8> kTransport = {
       "kind",          "listen_host",      "rdma_device", "gid_index",
-      "staging_slots", "staging_slot_kib", "provider"};
+      "staging_slots", "staging_slot_kib", "provider",    "nics"};
   TomlSection transport = root.table("transport", kTransport);
   if (size_t kind = transport.choice("kind", 0, kTransportNames); kind != 0)
     c.transport.kind = parse_transport_kind(std::string(kTransportNames[kind]));
   c.transport.listen_host = transport.string("listen_host", c.transport.listen_host, false);
   c.transport.rdma_device = transport.string("rdma_device", c.transport.rdma_device);
   c.transport.provider = transport.string("provider", c.transport.provider, false);
+  c.transport.nics = read_rails(transport, c.transport.kind);
   static constexpr std::array<std::string_view, 4> kHosts = {"attention", "ffn", "attention_nic",
                                                              "ffn_nic"};
   TomlSection hosts = root.table("hosts", kHosts);

@@ -79,6 +79,10 @@ std::string to_toml(const JobConfig& c) {
       toml_quote(to_string(c.transport.kind)), toml_quote(c.transport.listen_host),
       toml_quote(c.transport.rdma_device), c.transport.gid_index, c.transport.staging_slots,
       c.transport.staging_slot_kib, toml_quote(c.transport.provider));
+  if (c.transport.nics == std::vector<std::string>{"auto"})
+    out += "nics = \"auto\"\n";
+  else if (!c.transport.nics.empty())
+    out += fmt::format("nics = {}\n", toml_list(c.transport.nics));
   out += fmt::format("\n[rendezvous]\nkind = {}\naddress = {}\nsecret_file = {}\n",
                      toml_quote(to_string(c.rendezvous.kind)), toml_quote(c.rendezvous.address),
                      toml_quote(c.rendezvous.secret_file));

@@ -9,6 +9,7 @@
 #include <hetmesh/core/topology.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <optional>
@@ -139,6 +140,24 @@ TransportOptions transport_options(const EngineSpec& spec, const Device& device)
     log(LogLevel::info, "{}: RDMA device auto: {}", device.selector(),
         nic ? fmt::format("{}, the nearest to {}", *nic, pci)
             : std::string("the first active one (the topology names no NIC near the device)"));
+  }
+  if (options.rails == std::vector<std::string>{"auto"}) {
+    // Every RDMA NIC on the device's NUMA node; one such NIC is that NIC alone, none the first.
+    const std::string pci = device.properties().pci_bus_id;
+    const Topology& topology = Topology::of_this_machine();
+    std::optional<Topology::Place> place;
+    if (!pci.empty()) place = topology.place(pci);
+    options.rails.clear();
+    for (const auto& nic : topology.rdma_nics())
+      if (place && place->numa_node >= 0 && nic.numa_node == place->numa_node)
+        options.rails.push_back(nic.name);
+    if (options.rails.size() == 1) options.rdma_device = options.rails.front();
+    log(LogLevel::info, "{}: nics auto: {}", device.selector(),
+        options.rails.empty()
+            ? std::string("no RDMA NIC known on the device's NUMA node: one rail, the first "
+                          "active NIC")
+            : fmt::format("{} on NUMA node {}", fmt::join(options.rails, ", "), place->numa_node));
+    if (options.rails.size() < 2) options.rails.clear();
   }
   return options;
 }

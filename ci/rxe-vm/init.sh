@@ -109,7 +109,8 @@ done
 # chroot. Through env, because this static busybox runs its own applet for a bare "ip" even in
 # the chroot (it prefers applets).
 # rxe cannot bind to lo, so it sits on one end of a veth pair; both ends must be up for carrier.
-# One rxe device serves every process (rxe loops back internally); GID 1 is ::ffff:$RXE_IP.
+# rxe0 serves every process (rxe loops back internally); GID 1 is ::ffff:$RXE_IP. rxe1, on a
+# second pair at $RXE_IP2, is a second NIC for rails.
 hostcmd() { chroot /host /usr/bin/env PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
 # One ip process for all of it: every exec in the chroot reads its binary and libraries over 9p,
 # which costs a few tenths of a second under TCG. MTU 9000 lets rxe use a 4096-byte RoCE MTU, as
@@ -120,20 +121,28 @@ link add veth0 mtu 9000 type veth peer name veth1 mtu 9000
 addr add $RXE_IP/24 dev veth0
 link set veth1 up
 link set veth0 up
+link add veth2 mtu 9000 type veth peer name veth3 mtu 9000
+addr add $RXE_IP2/24 dev veth2
+link set veth3 up
+link set veth2 up
 EOF
-) || fail "cannot set up lo and the veth pair: $out"
+) || fail "cannot set up lo and the veth pairs: $out"
 [ -d /sys/module/rdma_rxe ] || fail "rdma_rxe is not loaded (see the insmod messages above)"
-out=$(hostcmd rdma link add rxe0 type rxe netdev veth0 2>&1) || fail "rdma link add rxe0: $out"
-# The IPv4-mapped GID appears when the address event reaches rxe; wait for it briefly.
-n=0
-until grep -q ":ffff:" /sys/class/infiniband/rxe0/ports/1/gids/1 2>/dev/null; do
-  n=$((n + 1))
-  [ "$n" -le 50 ] || fail "rxe0 has no IPv4-mapped GID at index 1: $(cat /sys/class/infiniband/rxe0/ports/1/gids/1 2>&1)"
-  sleep 0.1
+# A second rxe device on a second veth pair: a second NIC, for rails (one taken down by a test).
+for pair in rxe0:veth0:uverbs0 rxe1:veth2:uverbs1; do
+  rxe=${pair%%:*} netdev=${pair#*:} netdev=${netdev%%:*} uverbs=${pair##*:}
+  out=$(hostcmd rdma link add "$rxe" type rxe netdev "$netdev" 2>&1) || fail "rdma link add $rxe: $out"
+  # The IPv4-mapped GID appears when the address event reaches rxe; wait for it briefly.
+  n=0
+  until grep -q ":ffff:" "/sys/class/infiniband/$rxe/ports/1/gids/1" 2>/dev/null; do
+    n=$((n + 1))
+    [ "$n" -le 50 ] || fail "$rxe has no IPv4-mapped GID at index 1: $(cat "/sys/class/infiniband/$rxe/ports/1/gids/1" 2>&1)"
+    sleep 0.1
+  done
+  [ -e "/dev/infiniband/$uverbs" ] || fail "$rxe is up but /dev/infiniband/$uverbs is missing"
+  log "$rxe on $netdev, GID index 1 = $(cat "/sys/class/infiniband/$rxe/ports/1/gids/1")"
 done
-[ -e /dev/infiniband/uverbs0 ] || fail "rxe0 is up but /dev/infiniband/uverbs0 is missing"
 : >"$status/rxe-ready"
-log "rxe0 on veth0 ($RXE_IP), GID index 1 = $(cat /sys/class/infiniband/rxe0/ports/1/gids/1)"
 
 # --- the command ---------------------------------------------------------------------------------
 log "running $RXE_SCRIPT"

@@ -1,4 +1,5 @@
 #include <hetmesh/core/error.hpp>
+#include <hetmesh/core/log.hpp>
 #include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
@@ -67,6 +68,14 @@ void throw_thread_start_failed(const char* name, const std::system_error& e) {
                           "address space for a thread's stack: check ulimit -u and ulimit -v, "
                           "and the machine's free memory)",
                           name, e.code().message()));
+}
+
+void thread_escaped(const char* name, const char* what) noexcept {
+  const char* why = what != nullptr ? what : "an exception that is not a std::exception";
+  log(LogLevel::error,
+      "thread {} ended on an error its code did not handle: {}; what it served has stopped (a bug "
+      "of hetmesh's: please report it with this line)",
+      name, why);
 }
 
 }  // namespace hetmesh

@@ -132,13 +132,27 @@ bool log_enabled(LogLevel level) {
   return level <= state().threshold;
 }
 
-void log_message(LogLevel level, std::string_view message) {
-  LogState& s = state();
-  std::lock_guard lock(s.mutex);
-  if (s.sink)
-    s.sink(level, message);
-  else
-    s.write(s.format_log_line(level, message, s.identity));
+void log_message(LogLevel level, std::string_view message) noexcept {
+  try {
+    LogState& s = state();
+    std::lock_guard lock(s.mutex);
+    if (s.sink)
+      s.sink(level, message);
+    else
+      s.write(s.format_log_line(level, message, s.identity));
+  } catch (...) {
+    log_unformatted(level);
+  }
+}
+
+void log_unformatted(LogLevel level) noexcept {
+  static constexpr std::string_view kLines[] = {
+      "[hetmesh E] an error line could not be written (out of memory?)\n",
+      "[hetmesh W] a warning line could not be written (out of memory?)\n",
+      "[hetmesh I] an info line could not be written (out of memory?)\n",
+      "[hetmesh D] a debug line could not be written (out of memory?)\n"};
+  const std::string_view line = kLines[static_cast<size_t>(level) % 4];
+  [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
 }
 
 LogSink set_log_sink(LogSink sink) {

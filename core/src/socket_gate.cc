@@ -65,44 +65,58 @@ Gate::~Gate() {
 void Gate::serve() {
   std::vector<pollfd> polled;
   for (;;) {
-    auto now = Clock::now();
-    const bool accepting = now >= paused_until_;
-    auto wake = accepting ? Clock::time_point::max() : paused_until_;
-    polled.clear();
-    polled.push_back({wake_.get(), POLLIN, 0});
-    polled.push_back({accepting ? listener_.get() : -1, POLLIN, 0});  // poll skips a negative fd
-    for (const auto& c : openings_) {
-      polled.push_back({c->fd.get(), POLLIN, 0});
-      wake = std::min(wake, c->deadline);
+    try {
+      if (!serve_round(polled)) return;
+    } catch (const std::exception& e) {
+      // Out of memory in the middle of a round (nothing else throws here): the openings under
+      // way are dropped (their dialers see the close and may try again) and accepting pauses, so
+      // the gate lives on and the process's other threads get the memory first.
+      openings_.clear();
+      paused_until_ = Clock::now() + kDescriptorPause;
+      refuse("every connection opening", e.what());
     }
-    int timeout = -1;
-    if (wake != Clock::time_point::max())
-      timeout = static_cast<int>(
-          std::chrono::ceil<milliseconds>(std::max(wake - now, Clock::duration::zero())).count());
-    int ready = ::poll(polled.data(), polled.size(), timeout);
-    if (ready < 0 && errno != EINTR) {
-      log(LogLevel::error, "{}: poll: {}; no more connections are accepted", name_,
-          strerror(errno));
-      return;
-    }
-    if (ready > 0 && polled[0].revents != 0) return;                     // stopping
-    if (ready > 0 && (polled[1].revents & (POLLERR | POLLHUP))) return;  // shut down
-    if (ready > 0) {
-      std::vector<std::unique_ptr<Connection>> going_on;
-      for (size_t i = 0; i < openings_.size(); ++i)
-        if (polled[i + 2].revents == 0 || advance(*openings_[i]))
-          going_on.push_back(std::move(openings_[i]));
-      openings_ = std::move(going_on);
-      if (polled[1].revents != 0) accept_waiting();
-    }
-    now = Clock::now();
-    std::erase_if(openings_, [&](const std::unique_ptr<Connection>& c) {
-      if (now < c->deadline) return false;
-      refuse(c->from,
-             fmt::format("it did not finish its opening within {} ms", limits_.deadline.count()));
-      return true;
-    });
   }
+}
+
+bool Gate::serve_round(std::vector<pollfd>& polled) {
+  auto now = Clock::now();
+  const bool accepting = now >= paused_until_;
+  auto wake = accepting ? Clock::time_point::max() : paused_until_;
+  polled.clear();
+  polled.push_back({wake_.get(), POLLIN, 0});
+  polled.push_back({accepting ? listener_.get() : -1, POLLIN, 0});  // poll skips a negative fd
+  for (const auto& c : openings_) {
+    polled.push_back({c->fd.get(), POLLIN, 0});
+    wake = std::min(wake, c->deadline);
+  }
+  int timeout = -1;
+  if (wake != Clock::time_point::max())
+    timeout = static_cast<int>(
+        std::chrono::ceil<milliseconds>(std::max(wake - now, Clock::duration::zero())).count());
+  int ready = ::poll(polled.data(), polled.size(), timeout);
+  if (ready < 0 && errno != EINTR) {
+    log(LogLevel::error, "{}: poll: {}; no more connections are accepted", name_, strerror(errno));
+    return false;
+  }
+  if (ready > 0 && polled[0].revents != 0) return false;                     // stopping
+  if (ready > 0 && (polled[1].revents & (POLLERR | POLLHUP))) return false;  // shut down
+  if (ready > 0) {
+    std::vector<std::unique_ptr<Connection>> going_on;
+    going_on.reserve(openings_.size());
+    for (size_t i = 0; i < openings_.size(); ++i)
+      if (polled[i + 2].revents == 0 || advance(*openings_[i]))
+        going_on.push_back(std::move(openings_[i]));
+    openings_ = std::move(going_on);
+    if (polled[1].revents != 0) accept_waiting();
+  }
+  now = Clock::now();
+  std::erase_if(openings_, [&](const std::unique_ptr<Connection>& c) {
+    if (now < c->deadline) return false;
+    refuse(c->from,
+           fmt::format("it did not finish its opening within {} ms", limits_.deadline.count()));
+    return true;
+  });
+  return true;
 }
 
 void Gate::accept_waiting() {
@@ -187,15 +201,18 @@ bool Gate::follow(Connection& c, Opening::Step step) {
   return false;
 }
 
-void Gate::refuse(const std::string& from, const std::string& why) {
+void Gate::refuse(const std::string& from, const std::string& why) noexcept {
   auto now = Clock::now();
   if (now - last_warning_ < std::chrono::seconds(1)) {
     ++warnings_held_;
     return;
   }
-  log(LogLevel::warn, "{}: refused {}: {}{}", name_, from, why,
-      warnings_held_ > 0 ? fmt::format(" ({} more refused in the second before)", warnings_held_)
-                         : std::string());
+  try {
+    log(LogLevel::warn, "{}: refused {}: {}{}", name_, from, why,
+        warnings_held_ > 0 ? fmt::format(" ({} more refused in the second before)", warnings_held_)
+                           : std::string());
+  } catch (const std::exception&) {  // out of memory for the words: the refusal itself stands
+  }
   warnings_held_ = 0;
   last_warning_ = now;
 }

@@ -54,6 +54,35 @@ TEST(ConfigTest, FabricTakesItsProviderToEveryInstance) {
   EXPECT_EQ(parse_config("", "job.toml").transport.provider, "auto");
 }
 
+TEST(ConfigTest, RailsTakeTheirNicsToEveryInstance) {
+  JobConfig c = parse_config(
+      "[job]\nattention = 2\n[transport]\nkind = \"verbs\"\nnics = [\"mlx5_0\", \"mlx5_1\"]\n",
+      "job.toml");
+  EXPECT_EQ(c.transport.nics, (std::vector<std::string>{"mlx5_0", "mlx5_1"}));
+  EXPECT_EQ(engine_spec(c, Role::attention, 1).transport.rails, c.transport.nics);
+  EXPECT_EQ(engine_spec(c, Role::ffn, 0).transport.rails, c.transport.nics);
+  EXPECT_EQ(parse_config(to_toml(c), "effective.toml"), c) << to_toml(c);
+  JobConfig automatic =
+      parse_config("[transport]\nkind = \"verbs\"\nnics = \"auto\"\n", "job.toml");
+  EXPECT_EQ(automatic.transport.nics, std::vector<std::string>{"auto"});
+  EXPECT_EQ(parse_config(to_toml(automatic), "effective.toml"), automatic) << to_toml(automatic);
+  EXPECT_TRUE(parse_config("", "job.toml").transport.nics.empty());
+}
+
+TEST(ConfigTest, RailsThatCannotBeAreRefusedByName) {
+  EXPECT_EQ(error_of("[transport]\nnics = [\"a\", \"b\"]\n"),
+            "job.toml:2:1: [transport] nics: rails are for kind = \"verbs\" or \"tcp\" (name the "
+            "kind: each takes different names, RDMA devices or local addresses)");
+  EXPECT_EQ(error_of("[transport]\nkind = \"tcp\"\nnics = [\"10.0.0.1\"]\n"),
+            "job.toml:3:1: [transport] nics: 2 to 16 different NICs make rails, got [10.0.0.1]");
+  EXPECT_EQ(error_of("[transport]\nkind = \"verbs\"\nnics = [\"m0\", \"m0\"]\n"),
+            "job.toml:3:1: [transport] nics: 2 to 16 different NICs make rails, got [m0, m0]");
+  EXPECT_NE(error_of("[transport]\nkind = \"tcp\"\nnics = \"auto\"\n").find("expected \"auto\""),
+            std::string::npos);
+  EXPECT_NE(error_of("[transport]\nkind = \"verbs\"\nnics = [\"m0\", 3]\n").find("a NIC's name"),
+            std::string::npos);
+}
+
 TEST(ConfigTest, ReadsTheFullSchema) {
   JobConfig c = parse_config(R"(
 [job]

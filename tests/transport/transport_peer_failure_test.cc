@@ -38,7 +38,10 @@ TEST_P(TransportTest, StoppedPeerFailsATcpWriteInsteadOfBlocking) {
     local_->transport->poll(events, std::chrono::milliseconds(1));
     for (const auto& e : events)
       if (e.type == TransportEvent::Type::write_done && e.status != HM_OK) {
-        EXPECT_EQ(e.status, HM_ERR_TIMEOUT) << e.message;
+        // Over rails the first rail's loss may fail the write before its own timeout is seen.
+        if (GetParam().rails.empty() || e.status != kStatusPeerLost) {
+          EXPECT_EQ(e.status, HM_ERR_TIMEOUT) << e.message;
+        }
         failed = true;
       }
   }

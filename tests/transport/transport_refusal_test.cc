@@ -42,6 +42,18 @@ TEST_P(TransportTest, ImportRefusesForeignOrMalformedDescriptors) {
   EXPECT_THROW(connection_->import_region(local_->region->describe()), Error)
       << "imported our own region as the peer's";
   EXPECT_THROW(connection_->import_region({'n', 'o', 'p', 'e'}), Error);
+  if (!GetParam().rails.empty()) {
+    // A rails descriptor cut short, or naming more rails than it has: refused before any rail's
+    // transport reads its part.
+    RegionDescriptor cut(peer_region_.begin(), peer_region_.end() - 1);
+    EXPECT_THROW(connection_->import_region(cut), Error);
+    RegionDescriptor more = peer_region_;
+    more[8] = 3;  // the count, after the 8-byte magic
+    EXPECT_THROW(connection_->import_region(more), Error);
+    ASSERT_NO_THROW(connection_->import_region(peer_region_));
+    EXPECT_THROW(local_->transport->connect({'{', '}'}, std::chrono::milliseconds(100)), Error);
+    return;
+  }
   // The peer's own descriptor with a number that does not fit its field, is negative or is not
   // an integer: refused, never wrapped or truncated into a plausible value.
   auto valid = nlohmann::json::parse(peer_region_.begin(), peer_region_.end());

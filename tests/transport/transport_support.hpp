@@ -48,7 +48,9 @@ struct Side {
   std::unique_ptr<Transport> transport;
   std::shared_ptr<Region> region;
 
-  Side(TransportKind kind, const std::string& memory_kind, const std::string& provider);
+  // `rails`: the NICs of TransportOptions::rails, comma-separated ("" = none).
+  Side(TransportKind kind, const std::string& memory_kind, const std::string& provider,
+       const std::string& rails = "");
 };
 
 struct Param {
@@ -63,6 +65,8 @@ struct Param {
   std::string peer_plugin;
   // fabric: the libfabric provider both processes use.
   std::string provider = "auto";
+  // Rails: the NICs both processes stripe over, comma-separated (TransportOptions::rails).
+  std::string rails;
 };
 
 std::string describe(const Param& p);

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -65,11 +66,17 @@ std::string after(const std::string& line, const std::string& tag) {
   return line.substr(tag.size() + 1);
 }
 
-Side::Side(TransportKind kind, const std::string& memory_kind, const std::string& provider)
+Side::Side(TransportKind kind, const std::string& memory_kind, const std::string& provider,
+           const std::string& rails)
     : device(open_device(memory_kind)), memory(device.allocate(kRegionSize)) {
   TransportOptions options;
   options.kind = kind;
   options.fabric_provider = provider;
+  for (size_t at = 0; at < rails.size();) {
+    size_t comma = std::min(rails.find(',', at), rails.size());
+    options.rails.push_back(rails.substr(at, comma - at));
+    at = comma + 1;
+  }
   // A stopped peer fails a send in 10 s; a slow one on a loaded machine never does.
   options.io_timeout = std::chrono::milliseconds(10000);
   transport = Transport::create(options);
@@ -85,6 +92,8 @@ std::string describe(const Param& p) {
   }
   if (!p.peer_plugin.empty())
     return fmt::format("{}_{}_to_{}_ring", to_string(p.kind), p.local, p.remote);
+  if (!p.rails.empty())
+    return fmt::format("{}_rails_{}_to_{}", to_string(p.kind), p.local, p.remote);
   if (!p.step.empty()) return fmt::format("{}_{}_{}", to_string(p.kind), p.local, p.step);
   return fmt::format("{}_{}_to_{}", to_string(p.kind), p.local, p.remote);
 }
@@ -101,7 +110,8 @@ void TransportTest::SetUp() {
   for (const std::string& memory : {GetParam().local, GetParam().remote})
     if (!has_device(memory)) GTEST_SKIP() << "no " << memory << " device here";
   try {
-    local_ = std::make_unique<Side>(GetParam().kind, GetParam().local, GetParam().provider);
+    local_ = std::make_unique<Side>(GetParam().kind, GetParam().local, GetParam().provider,
+                                    GetParam().rails);
   } catch (const Error& e) {
     if (e.status() == HM_ERR_NOT_SUPPORTED && !required(GetParam().kind))
       GTEST_SKIP() << e.what() << " (set HM_TEST_REQUIRE_TRANSPORTS to make this a failure)";
@@ -117,7 +127,7 @@ void TransportTest::SetUp() {
   }
   peer_ = std::make_unique<ChildProcess>(
       std::vector<std::string>{self_executable(), "--peer", to_string(GetParam().kind),
-                               GetParam().remote, GetParam().provider});
+                               GetParam().remote, GetParam().provider, GetParam().rails});
   if (!GetParam().peer_plugin.empty()) {
     if (plugins)
       setenv("HETMESH_PLUGINS", plugins->c_str(), 1);
@@ -201,9 +211,10 @@ void TransportTest::write(uint32_t value) {
 
 namespace {
 
-int run_peer(const std::string& kind, const std::string& memory, const std::string& provider) {
+int run_peer(const std::string& kind, const std::string& memory, const std::string& provider,
+             const std::string& rails) {
   try {
-    Side side(parse_transport_kind(kind), memory, provider);
+    Side side(parse_transport_kind(kind), memory, provider, rails);
     std::cout << "ENDPOINT " << to_hex(side.transport->endpoint()) << "\n"
               << "REGION " << to_hex(side.region->describe()) << std::endl;
     std::string endpoint, region;
@@ -271,6 +282,15 @@ std::vector<Param> all_params() {
     for (auto [local, remote] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"},
                                  std::pair{"cuda", "cuda"}, std::pair{"cuda", "asic_stub"}})
       params.push_back({kind, local, remote});
+  // Two rails, every write of 1 MiB and more striped over both: tcp over two loopback addresses
+  // (every memory pairing), verbs over two RDMA devices where they are (the rxe VM's rxe0 and
+  // rxe1, skipped elsewhere; host memory and staged device memory, as the VM is slow).
+  for (auto [local, remote] : {std::pair{"cpu", "cpu"}, std::pair{"asic_stub", "asic_stub"},
+                               std::pair{"cpu", "asic_stub"}, std::pair{"asic_stub", "cpu"}})
+    params.push_back(
+        {TransportKind::tcp, local, remote, "", {}, "", "auto", "127.0.0.1,127.0.0.2"});
+  for (const char* memory : {"cpu", "asic_stub"})
+    params.push_back({TransportKind::verbs, memory, memory, "", {}, "", "auto", "rxe0,rxe1"});
   return params;
 }
 
@@ -280,8 +300,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, testing::ValuesIn(all_params
 }  // namespace hetmesh::transport_test
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::strcmp(argv[1], "--peer") == 0)
-    return hetmesh::transport_test::run_peer(argv[2], argv[3], argv[4]);
+  if (argc == 6 && std::strcmp(argv[1], "--peer") == 0)
+    return hetmesh::transport_test::run_peer(argv[2], argv[3], argv[4], argv[5]);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -129,12 +129,17 @@ nlohmann::json to_json(const PluginRegistry& registry) {
          {"error", d.error}});
   }
   out["fabric"] = nlohmann::json::array();
-  for (const auto& f : list_fabric_providers())
-    out["fabric"].push_back({{"provider", f.provider},
-                             {"domain", f.domain},
-                             {"max_message", f.max_message},
-                             {"ordered", f.ordered},
-                             {"device_memory", f.device_memory}});
+  out["fabric_error"] = "";
+  try {
+    for (const auto& f : list_fabric_providers())
+      out["fabric"].push_back({{"provider", f.provider},
+                               {"domain", f.domain},
+                               {"max_message", f.max_message},
+                               {"ordered", f.ordered},
+                               {"device_memory", f.device_memory}});
+  } catch (const Error& e) {  // libfabric missing or unloadable here
+    out["fabric_error"] = e.what();
+  }
   return out;
 }
 
@@ -195,7 +200,9 @@ void print_text(const nlohmann::json& info) {
                d["peermem"].get<bool>() ? "loaded" : "absent");
   }
   fmt::print("\nlibfabric providers for the fabric transport ({}):\n", info["fabric"].size());
-  if (info["fabric"].empty())
+  if (!info["fabric_error"].get<std::string>().empty())
+    fmt::print("  none: {}\n", info["fabric_error"].get<std::string>());
+  else if (info["fabric"].empty())
     fmt::print(
         "  none (no provider offers reliable datagrams with messages and RMA writes, or "
         "this build has no libfabric)\n");

@@ -44,6 +44,14 @@ const char* to_string(RegistrationPath path) {
 }
 
 std::unique_ptr<Transport> Transport::create(const TransportOptions& options) {
+  if (options.rails.size() > 1) return detail::make_rails_transport(options);
+  if (options.rails.size() == 1) {  // one NIC: the transport itself, bound to it
+    TransportOptions one = options;
+    one.rails.clear();
+    if (options.kind == TransportKind::tcp) one.listen_host = options.rails.front();
+    if (options.kind == TransportKind::verbs) one.rdma_device = options.rails.front();
+    return create(one);
+  }
   switch (options.kind) {
     case TransportKind::tcp:
       return detail::make_tcp_transport(options);
@@ -60,6 +68,13 @@ std::unique_ptr<Transport> Transport::create(const TransportOptions& options) {
 }
 
 namespace detail {
+
+void check_write_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
+  if (offset > size || length > size - offset)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("write: {} range [{}, +{}) is outside its region of {} bytes", side,
+                            offset, length, size));
+}
 
 void check_registration(const Device& device, const void* ptr, uint64_t size) {
   if (ptr == nullptr || size == 0)

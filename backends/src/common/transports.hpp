@@ -14,6 +14,12 @@ std::unique_ptr<Transport> make_fabric_transport(const TransportOptions& options
 
 // Validates a registration: non-empty, and inside one allocation when the plugin knows the
 // memory. Throws Error(INVALID_ARGUMENT) naming the problem.
+std::unique_ptr<Transport> make_rails_transport(const TransportOptions& options);
+
 void check_registration(const Device& device, const void* ptr, uint64_t size);
+
+// A write's source or destination range ([offset, +length) of a region of `size` bytes; `side` is
+// "source" or "destination") must lie within its region: Error(HM_ERR_INVALID_ARGUMENT) if not.
+void check_write_range(const char* side, uint64_t offset, uint64_t length, uint64_t size);
 
 }  // namespace hetmesh::detail

@@ -1,5 +1,6 @@
 #include "fabric/fabric_endpoint.hpp"
 
+#include "fabric/fabric_library.hpp"
 #include "fabric/fabric_wire.hpp"
 
 #include <hetmesh/transport/fabric_info.hpp>
@@ -24,7 +25,7 @@ namespace hetmesh::detail {
 
 void throw_fabric(const char* call, int ret, const std::string& where) {
   throw Error(HM_ERR_BACKEND,
-              fmt::format("fabric: {} failed ({}): {}", call, fi_strerror(-ret), where));
+              fmt::format("fabric: {} failed ({}): {}", call, fabric_strerror(-ret), where));
 }
 
 FabricMr::~FabricMr() {
@@ -48,7 +49,8 @@ bool wildcard(const std::string& host) {
 // The providers that offer what hetmesh needs, for `provider` ("auto": any), bound to `host`
 // where that works. nullptr with `why` set when none does.
 fi_info* query(const std::string& provider, const std::string& host, std::string& why) {
-  fi_info* hints = fi_allocinfo();
+  const FabricLibrary& lib = fabric_library();
+  fi_info* hints = lib.dupinfo(nullptr);
   if (hints == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "fabric: fi_allocinfo");
   hints->caps = FI_MSG | FI_RMA;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -63,11 +65,11 @@ fi_info* query(const std::string& provider, const std::string& host, std::string
   // Bound to the listen address first (a loopback job stays on loopback), else wherever the
   // provider lives (shm has no IP address; a wildcard means the provider's first interface).
   if (!wildcard(host))
-    ret = fi_getinfo(FI_VERSION(1, 17), host.c_str(), nullptr, FI_SOURCE, hints, &info);
-  if (ret != 0) ret = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info);
-  fi_freeinfo(hints);
+    ret = lib.getinfo(FI_VERSION(1, 17), host.c_str(), nullptr, FI_SOURCE, hints, &info);
+  if (ret != 0) ret = lib.getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info);
+  lib.freeinfo(hints);
   if (ret != 0) {
-    why = fi_strerror(-ret);
+    why = fabric_strerror(-ret);
     return nullptr;
   }
   return info;
@@ -88,8 +90,8 @@ FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& h
                             "messages and RMA writes here (fi_getinfo: {}; `fi_info -l` lists "
                             "the providers this libfabric has)",
                             provider == "auto" ? "at all" : "'" + provider + "'", why));
-  info_ = fi_dupinfo(list);
-  fi_freeinfo(list);
+  info_ = fabric_library().dupinfo(list);
+  fabric_library().freeinfo(list);
   if (info_ == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "fabric: fi_dupinfo");
   if (this->provider() == "shm") {
     // shm names endpoints after the process by default, which two endpoints of one process (or
@@ -103,7 +105,7 @@ FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& h
   }
   const std::string where = fmt::format("provider {}, domain {}", this->provider(), domain());
   try {
-    if (int ret = fi_fabric(info_->fabric_attr, &fabric_, nullptr); ret != 0)
+    if (int ret = fabric_library().fabric(info_->fabric_attr, &fabric_, nullptr); ret != 0)
       throw_fabric("fi_fabric", ret, where);
     if (int ret = fi_domain(fabric_, info_, &domain_, nullptr); ret != 0)
       throw_fabric("fi_domain", ret, where);
@@ -164,7 +166,7 @@ void FabricEndpoint::close() {
   if (av_) fi_close(&av_->fid);
   if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
-  if (info_) fi_freeinfo(info_);
+  if (info_) fabric_library().freeinfo(info_);
   ep_ = nullptr, cq_ = nullptr, av_ = nullptr, domain_ = nullptr, fabric_ = nullptr;
   info_ = nullptr;
 }
@@ -196,7 +198,7 @@ fi_addr_t FabricEndpoint::insert(const uint8_t* address, size_t length) {
   if (ret != 1 || out == FI_ADDR_NOTAVAIL)
     throw Error(kStatusProtocolError,
                 fmt::format("fabric: the peer's address was refused by {}'s address vector ({})",
-                            provider(), ret < 0 ? fi_strerror(-ret) : "not inserted"));
+                            provider(), ret < 0 ? fabric_strerror(-ret) : "not inserted"));
   return out;
 }
 
@@ -248,7 +250,7 @@ std::vector<FabricProviderInfo> list_fabric_providers() {
         }))
       out.push_back(std::move(f));
   }
-  if (list) fi_freeinfo(list);
+  if (list) detail::fabric_library().freeinfo(list);
   return out;
 }
 

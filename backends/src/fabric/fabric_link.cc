@@ -2,6 +2,8 @@
 
 #include "common/descriptor.hpp"
 #include "common/region_cast.hpp"
+#include "common/transports.hpp"
+#include "fabric/fabric_library.hpp"
 
 #include <hetmesh/core/job_secret.hpp>
 #include <hetmesh/core/log.hpp>
@@ -22,13 +24,6 @@ uint64_t random_token() {
   uint64_t token = 0;
   random_bytes({reinterpret_cast<uint8_t*>(&token), sizeof token});
   return token;
-}
-
-void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
-  if (offset > size || length > size - offset)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("write: {} range [{}, +{}) is outside its region of {} bytes", side,
-                            offset, length, size));
 }
 
 }  // namespace
@@ -123,8 +118,8 @@ void FabricLink::write(const Region& src, uint64_t src_offset, const RemoteRegio
                 fmt::format("write: the destination was imported from endpoint {}, not from this "
                             "connection's peer {}",
                             target->endpoint, peer_id_));
-  check_range("source", src_offset, length, src.size());
-  check_range("destination", dst_offset, length, dst.size());
+  check_write_range("source", src_offset, length, src.size());
+  check_write_range("destination", dst_offset, length, dst.size());
   if (!alive_) throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
 
   // Device memory the NIC cannot read is copied to the region's mirror first.
@@ -209,7 +204,7 @@ bool FabricLink::post_locked() {
     if (ret == -FI_EAGAIN) return false;
     if (ret != 0) {
       fail_locked(fmt::format("posting {} failed: {}", rma ? "an RMA write" : "a message",
-                              fi_strerror(static_cast<int>(-ret))));
+                              fabric_strerror(static_cast<int>(-ret))));
       return true;
     }
     shared_->in_flight.insert(post.op);

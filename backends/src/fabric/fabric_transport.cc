@@ -11,6 +11,7 @@
 
 #include "common/descriptor.hpp"
 #include "common/socket_link.hpp"
+#include "fabric/fabric_library.hpp"
 #include "fabric/fabric_link.hpp"
 #include "fabric/fabric_shared.hpp"
 
@@ -123,7 +124,7 @@ void FabricShared::repost_locked(uint32_t slot) {
   // A receive buffer the provider will not take back is left out (one fewer), said once.
   if (int ret = post_receive_locked(slot); ret != 0)
     log(LogLevel::error, "fabric: a receive buffer could not be posted again ({}): {} left",
-        fi_strerror(-ret), receives.count() - 1);
+        fabric_strerror(-ret), receives.count() - 1);
 }
 
 void FabricShared::kick() {
@@ -256,14 +257,14 @@ class FabricProgress {
     if (op == nullptr) return;
     if (op->kind == FabricOp::kReceive) {
       // A message that did not fit a receive buffer, from a stranger or a broken peer.
-      warn_once(
-          fmt::format("a message could not be received: {} ({})", fi_strerror(error.err), text));
+      warn_once(fmt::format("a message could not be received: {} ({})", fabric_strerror(error.err),
+                            text));
       shared_->repost_locked(op->slot);
       return;
     }
     const std::string message = fmt::format(
         "{} failed: {} ({})", op->kind == FabricOp::kWrite ? "an RMA write" : "a message",
-        fi_strerror(error.err), text);
+        fabric_strerror(error.err), text);
     finish_locked(op, &message);
   }
 

@@ -37,6 +37,7 @@
 
 #include "common/descriptor.hpp"
 #include "common/region_cast.hpp"
+#include "common/transports.hpp"
 
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/spin.hpp>
@@ -149,8 +150,8 @@ class IpcConnection : public Connection {
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("write: destination region {} was imported on another connection",
                               target->id));
-    check_range("source", src_offset, length, src.size());
-    check_range("destination", dst_offset, length, dst.size());
+    check_write_range("source", src_offset, length, src.size());
+    check_write_range("destination", dst_offset, length, dst.size());
     if (!link_->alive())
       throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
 
@@ -247,13 +248,6 @@ class IpcConnection : public Connection {
     op.payload.assign(message.begin(), message.end());
     publish(lock);
     return true;
-  }
-
-  static void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
-    if (offset > size || length > size - offset)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("write: {} range [{}, +{}) is outside its region of {} bytes", side,
-                              offset, length, size));
   }
 
   // A host copy with nothing pending ahead of it, the common case: the bytes, the notification

@@ -107,8 +107,8 @@ class TcpConnection : public Connection {
     auto* target = region_cast<const TcpRemoteRegion>(dst);
     if (source == nullptr || target == nullptr)
       throw Error(HM_ERR_INVALID_ARGUMENT, "write: regions were not made by this tcp transport");
-    check_range("source", src_offset, length, src.size());
-    check_range("destination", dst_offset, length, dst.size());
+    check_write_range("source", src_offset, length, src.size());
+    check_write_range("destination", dst_offset, length, dst.size());
     if (!alive_) throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
     FrameHeader header{kFrameMagic, kFrameVersion, notify ? kWriteNotify : kWrite,
                        0,           target->id,    notify.value_or(0),
@@ -164,13 +164,6 @@ class TcpConnection : public Connection {
       lose(e.what());
       throw;
     }
-  }
-
-  static void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
-    if (offset > size || length > size - offset)
-      throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("write: {} range [{}, +{}) is outside its region of {} bytes", side,
-                              offset, length, size));
   }
 
   // A send fails when the peer takes no kProgressBytes within io_timeout (it stopped reading),

@@ -3,6 +3,7 @@
 #include "verbs/verbs_link.hpp"
 
 #include "common/region_cast.hpp"
+#include "common/transports.hpp"
 
 #include <hetmesh/core/log.hpp>
 
@@ -15,16 +16,6 @@
 #include <cstring>
 
 namespace hetmesh::detail {
-namespace {
-
-void check_range(const char* side, uint64_t offset, uint64_t length, uint64_t size) {
-  if (offset > size || length > size - offset)
-    throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("write: {} range [{}, +{}) is outside its region of {} bytes", side,
-                            offset, length, size));
-}
-
-}  // namespace
 
 std::shared_ptr<RemoteRegion> VerbsLink::import_region(const RegionDescriptor& descriptor) {
   RegionDescriptorFields d = read_region_descriptor(descriptor, "verbs", peer_id_);
@@ -52,8 +43,8 @@ void VerbsLink::write(const Region& src, uint64_t src_offset, const RemoteRegion
                 fmt::format("write: the destination region belongs to endpoint {}, this "
                             "connection's peer is {}",
                             target->endpoint, peer_id_));
-  check_range("source", src_offset, length, src.size());
-  check_range("destination", dst_offset, length, dst.size());
+  check_write_range("source", src_offset, length, src.size());
+  check_write_range("destination", dst_offset, length, dst.size());
   if (!alive_) throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
 
   Registration& registration = source->registration();

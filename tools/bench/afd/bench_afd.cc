@@ -21,6 +21,7 @@
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/metrics_server.hpp>
 #include <hetmesh/core/socket.hpp>
+#include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -125,13 +126,13 @@ std::optional<uint64_t> run_scraped(afd::Launcher& launcher, const JobConfig& c,
     addresses.push_back(fmt::format("127.0.0.1:{}", base + c.job.attention + f));
   std::atomic<bool> done{false};
   std::atomic<uint64_t> answered{0};
-  std::thread scraper([&] {
+  std::thread scraper = start_thread("hm-scraper", [&] {
     while (!done.load()) {
       for (const std::string& address : addresses) {
         try {
           metrics::scrape(address, "", std::chrono::milliseconds(1000));
           answered.fetch_add(1);
-        } catch (const Error&) {  // not serving yet, or done
+        } catch (const std::exception&) {  // not serving yet, or done (or out of memory here)
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));

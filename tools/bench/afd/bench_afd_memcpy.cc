@@ -51,6 +51,12 @@ double memcpy_parallel_p50_us(const afd::EngineSpec& spec, int samples) {
   const int warmup = 5, total = warmup + samples;
   std::vector<int64_t> end(static_cast<size_t>(A * F));
   std::vector<double> us;
+  try {
+    us.reserve(static_cast<size_t>(samples) * A);  // on_phase, noexcept, never allocates
+  } catch (const std::bad_alloc&) {
+    throw Error(HM_ERR_OUT_OF_MEMORY,
+                "bench afd: the parallel memcpy baseline's samples: out of memory");
+  }
   int64_t start = 0;
   int phase = 0;
   auto on_phase = [&]() noexcept {

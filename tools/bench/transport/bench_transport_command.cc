@@ -95,6 +95,10 @@ void add_bench_transport_command(CLI::App& bench) {
   cmd->add_option("--provider", o->provider,
                   "fabric: the libfabric provider (tcp, shm, verbs;ofi_rxm, efa, auto)")
       ->capture_default_str();
+  cmd->add_option("--rails", o->rails,
+                  "tcp, verbs: stripe over these NICs (local addresses or RDMA devices), e.g. "
+                  "rxe0,rxe1")
+      ->delimiter(',');
   cmd->add_option(
          "--memory", o->memory,
          "device whose memory is used (cpu, asic_stub:1, cuda:0; a plugin name means its device 0)")

@@ -7,6 +7,7 @@
 #include <hetmesh/core/socket.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstring>
 
@@ -41,6 +42,7 @@ End::End(const BenchOptions& o, const std::string& selector, uint64_t size,
   options.listen_host = listen_host;
   options.rdma_device = o.rdma_device;
   options.fabric_provider = o.provider;
+  options.rails = o.rails;
   options.busy_poll = o.busy_poll;
   options.staging_slots = o.staging_slots;
   options.staging_slot_bytes = o.staging_slot_kib << 10;
@@ -70,6 +72,8 @@ Pair pair_with_child(const BenchOptions& o, uint64_t max_size, const std::string
   }
   if (!o.rdma_device.empty()) peer_args.insert(peer_args.end(), {"--rdma-device", o.rdma_device});
   peer_args.insert(peer_args.end(), {"--provider", o.provider});
+  if (!o.rails.empty())
+    peer_args.insert(peer_args.end(), {"--rails", fmt::format("{}", fmt::join(o.rails, ","))});
   peer_args.insert(peer_args.end(), {"--staging-slots", std::to_string(o.staging_slots),
                                      "--staging-slot-kib", std::to_string(o.staging_slot_kib)});
   p.child = std::make_unique<ChildProcess>(peer_args);

@@ -3,13 +3,16 @@
 #include "provenance.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 namespace hetmesh::cli::transport_bench {
 
 void report(const BenchOptions& o, const std::string& peer_memory, const std::vector<Row>& rows) {
-  fmt::print("hetmesh bench transport: {} {}, {} -> {} memory, {} iterations, window {}{}{}\n",
+  fmt::print("hetmesh bench transport: {}{} {}, {} -> {} memory, {} iterations, window {}{}{}\n",
              o.transport,
+             o.rails.empty() ? std::string()
+                             : fmt::format(" striped over {}", fmt::join(o.rails, " and ")),
              o.connect.empty() ? std::string("between two processes")
                                : fmt::format("to the end at {} on another host", o.connect),
              o.memory, peer_memory, o.iterations, o.window,
@@ -34,6 +37,9 @@ void report(const BenchOptions& o, const std::string& peer_memory, const std::ve
       {"run", provenance()},
       {"across_hosts", o.connect.empty() ? nlohmann::json() : nlohmann::json(o.connect)},
       {"transport", o.transport},
+      {"provider", o.transport == "fabric" ? nlohmann::json(o.provider) : nlohmann::json()},
+      {"rdma_device", o.rdma_device},
+      {"rails", o.rails},
       {"memory", o.memory},
       {"peer_memory", peer_memory},
       {"iterations", o.iterations},

@@ -136,6 +136,10 @@ struct TransportSection {
   std::string rdma_device;                // verbs: "" = the first active RDMA device
   int gid_index = -1;                     // verbs: -1 = the first IPv4-mapped GID
   std::string provider = "auto";          // fabric: the libfabric provider (TransportOptions)
+  // Rails (TransportOptions::rails): the NICs every instance stripes over, RDMA devices for verbs
+  // and local addresses for tcp; {"auto"} (nics = "auto"): verbs, every RDMA NIC on its device's
+  // NUMA node. Empty: one NIC (rdma_device, listen_host).
+  std::vector<std::string> nics;
   // ipc: the staging ring between two plugins' device memories (TransportOptions says how).
   int staging_slots = 4;
   int64_t staging_slot_kib = 2048;

@@ -1,6 +1,7 @@
 // What libfabric offers on this host for the fabric transport, for `hetmesh info`: each provider
 // and domain that has reliable datagrams with messages and RMA writes, with the limits the
-// transport reads from it. Built without libfabric, list_fabric_providers() returns nothing.
+// transport reads from it. Built without libfabric, list_fabric_providers() returns nothing;
+// where libfabric cannot be opened at run time, it throws Error(HM_ERR_NOT_SUPPORTED) saying why.
 #pragma once
 
 #include <cstdint>

@@ -12,7 +12,10 @@
 //
 // Ordering: the writes of one connection land at the peer in the order they were issued, so a
 // notification implies that every earlier write on that connection is visible too. Notifications
-// arrive in issue order. Control messages are ordered among themselves only.
+// arrive in issue order. Control messages are ordered among themselves only. Over rails
+// (TransportOptions::rails) a notification still implies every earlier write is visible, and
+// writes separated by a notification land in order, but writes between two notifications may land
+// in any order: they must not overlap.
 //
 // Errors: setup calls throw hetmesh::Error. A dead or misbehaving peer becomes a peer_lost event
 // (and failed writes) within the transport's timeouts, never a hang or an abort. What a peer sent
@@ -72,6 +75,14 @@ struct TransportOptions {
   int gid_index = -1;
   int poller_cpu = -1;
   bool busy_poll = false;
+  // Rails: several NICs of this host, each carrying its own connection to the peer's NIC of the
+  // same index: RDMA devices for verbs (in place of rdma_device), local addresses for tcp (in
+  // place of listen_host). A write of at least 512 KiB is striped over every rail that is up
+  // and notifies after every stripe has landed; a smaller one takes the first rail, which also
+  // carries every notification and control message (the ordering is weaker: see above). A rail
+  // other than the first that fails is taken out and its writes go again on the first. Empty, or
+  // one name: no rails. Both ends name as many. Not for ipc or fabric (one NIC each).
+  std::vector<std::string> rails;
   // fabric: the libfabric provider ("tcp", "shm", "verbs;ofi_rxm", "efa", ...; "auto" = the
   // first that offers reliable datagrams with messages and RMA writes). Both ends name the same.
   std::string fabric_provider = "auto";

@@ -34,7 +34,11 @@ using LogSink = std::function<void(LogLevel, std::string_view)>;
 void init_logging();
 
 bool log_enabled(LogLevel level);
-void log_message(LogLevel level, std::string_view message);
+// Never throws (it is called from catch handlers and threads' last resorts): a line that cannot be
+// written as asked (out of memory, a sink that throws) becomes a fixed line on stderr.
+void log_message(LogLevel level, std::string_view message) noexcept;
+// That fixed line, for a line whose words could not even be formatted.
+void log_unformatted(LogLevel level) noexcept;
 // Replaces the sink (stderr and the log file by default); returns the previous one. The sink gets
 // the bare message, without the prefix. For embedding and tests.
 LogSink set_log_sink(LogSink sink);
@@ -45,8 +49,13 @@ void set_log_identity(std::string_view identity);
 std::string format_log_line(LogLevel level, std::string_view message);
 
 template <typename... Args>
-void log(LogLevel level, fmt::format_string<Args...> format, Args&&... args) {
-  if (log_enabled(level)) log_message(level, fmt::format(format, std::forward<Args>(args)...));
+void log(LogLevel level, fmt::format_string<Args...> format, Args&&... args) noexcept {
+  if (!log_enabled(level)) return;
+  try {
+    log_message(level, fmt::format(format, std::forward<Args>(args)...));
+  } catch (...) {  // out of memory for the words
+    log_unformatted(level);
+  }
 }
 
 }  // namespace hetmesh

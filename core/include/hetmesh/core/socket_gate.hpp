@@ -11,6 +11,8 @@
 
 #include <hetmesh/core/socket.hpp>
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -67,12 +69,16 @@ class Gate {
  private:
   struct Connection;
   void serve();
+  // One round of serve(): waits for the listener, an opening's bytes or the nearest deadline, and
+  // acts on them. False when the gate ends.
+  bool serve_round(std::vector<pollfd>& polled);
   void accept_waiting();
   // Reads what the connection sent; false when its opening is over.
   bool advance(Connection& c);
   // Sends the step's bytes and follows it; false when the opening is over.
   bool follow(Connection& c, Opening::Step step);
-  void refuse(const std::string& from, const std::string& why);
+  // Says (at most once a second, with a count of those held back) that `from` was refused.
+  void refuse(const std::string& from, const std::string& why) noexcept;
 
   Fd listener_;
   Fd wake_;   // eventfd: stops the thread

@@ -1,0 +1,713 @@
+// A transport over several NICs (TransportOptions::rails): one transport of the configured kind
+// per NIC, a connection of each to the peer's of the same index, and the striping of rails_link.hpp
+// over them. Each rail has two threads: a sender that makes the rail's writes and acknowledgements
+// one after another (a tcp write blocks until its bytes are sent, so rails move at once only from
+// threads of their own), and a poller that takes the rail's events and acts on them under the
+// core's mutex; the user's events go to one queue that poll() reads. The core is shared by the
+// transport and its connections, so a connection that outlives the transport fails cleanly. No
+// rail's connection is closed (its destructor joins threads) with the mutex held: what is dropped
+// under it waits in `closing_` until the lock is let go.
+#include "common/event_queue.hpp"
+#include "common/transports.hpp"
+#include "rails/rails_link.hpp"
+#include "rails/rails_wire.hpp"
+
+#include <hetmesh/core/log.hpp>
+#include <hetmesh/core/thread.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+namespace hetmesh::detail {
+
+RailsRegion::RailsRegion(const Device& device, void* base, uint64_t size,
+                         std::vector<std::shared_ptr<Region>> rails)
+    : Region(device, base, size, rails.front()->path(), rails.front()->path_reason()),
+      rails_(std::move(rails)) {}
+
+RegionDescriptor RailsRegion::describe() const {
+  std::vector<std::vector<uint8_t>> parts;
+  for (const auto& r : rails_)
+    parts.push_back(r->describe());
+  return pack_rails(parts);
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t kFirst = 0;
+// Events of a rail's connection that came before the connection was known here (a peer's first
+// control message can beat connect()'s return), kept to be handled in order once it is; at most
+// this many bytes of them a rail (beyond, they are dropped, said once).
+constexpr size_t kMaxOrphanBytes = 1 << 20;
+constexpr auto kPollSlice = 50ms;  // how soon a poller sees the transport end
+
+class RailsCore : public std::enable_shared_from_this<RailsCore> {
+ public:
+  explicit RailsCore(const TransportOptions& options);
+  ~RailsCore() { stop(); }
+  // Ends and joins the rails' threads; every connection is lost from then on.
+  void stop();
+
+  TransportKind kind() const { return options_.kind; }
+  EndpointDescriptor endpoint() const;
+  std::shared_ptr<Region> register_memory(const Device& device, void* ptr, uint64_t size);
+  std::shared_ptr<Connection> connect(const EndpointDescriptor& peer,
+                                      std::chrono::milliseconds timeout);
+  size_t poll(std::vector<TransportEvent>& out, std::chrono::nanoseconds timeout) {
+    return events_.poll(out, timeout);
+  }
+
+  // For RailsConnection.
+  bool alive(const RailsLink& link);
+  std::shared_ptr<RemoteRegion> import_region(RailsLink& link, const RegionDescriptor& d);
+  void write(const std::shared_ptr<RailsLink>& link, const Region& src, uint64_t src_offset,
+             const RemoteRegion& dst, uint64_t dst_offset, uint64_t length,
+             std::optional<uint32_t> notify, uint64_t cookie);
+  std::shared_ptr<Connection> first_rail(RailsLink& link);
+  void drop(RailsLink& link);
+
+ private:
+  struct RailThreads {
+    std::deque<std::pair<std::weak_ptr<RailsLink>, RailsPost>> queue;
+    std::condition_variable ready;
+    std::thread sender, poller;
+  };
+  using Lock = std::unique_lock<std::mutex>;
+
+  void send_loop(size_t rail);
+  void poll_loop(size_t rail);
+  // Lets go of the lock, then of the rails' connections dropped under it (close_outside: and
+  // takes the lock again).
+  void unlock_and_close(Lock& lock);
+  void close_outside(Lock& lock);
+  // The rest run with mutex_ held.
+  void handle(size_t rail, TransportEvent& event);
+  void acknowledged(RailsLink& link, size_t rail, std::span<const uint8_t> message);
+  void rail_down(RailsLink& link, size_t rail, const std::string& why);
+  // Fails every open write with `why`; with `tell`, the user hears peer_lost (else the user
+  // dropped the connection).
+  void lose(RailsLink& link, const std::string& why, bool tell);
+  void complete(RailsLink& link, uint64_t piece, hm_status status, const std::string& message);
+  void sent(RailsLink& link, size_t rail, uint64_t piece, hm_status status,
+            const std::string& message);
+  void release_held(RailsLink& link);
+  void emit_done(RailsLink& link);
+  void enqueue(size_t rail, RailsLink& link, RailsPost post, bool first = false);
+  uint64_t add_piece(RailsLink& link, RailsPiece piece);
+  void close_rail(RailsLink& link, size_t rail);
+  void forget(RailsLink& link);
+
+  TransportOptions options_;
+  std::vector<std::unique_ptr<Transport>> rails_;
+  EventQueue events_;
+  std::atomic<ConnectionId> next_id_{1};
+
+  std::mutex mutex_;  // everything below, and every RailsLink
+  std::map<std::pair<size_t, ConnectionId>, std::weak_ptr<RailsLink>> by_child_;
+  std::vector<std::shared_ptr<RailsLink>> links_;      // every connection not dropped
+  std::vector<std::vector<TransportEvent>> orphans_;   // per rail
+  std::vector<size_t> orphan_bytes_;                   // per rail
+  std::set<std::pair<size_t, ConnectionId>> retired_;  // rails' connections of links gone
+  std::vector<std::shared_ptr<Connection>> closing_;   // closed once the lock is let go
+  std::vector<std::unique_ptr<RailThreads>> threads_;
+  bool stopping_ = false;
+};
+
+class RailsConnection final : public Connection {
+ public:
+  RailsConnection(std::shared_ptr<RailsCore> core, std::shared_ptr<RailsLink> link)
+      : Connection(link->id), core_(std::move(core)), link_(std::move(link)) {}
+  ~RailsConnection() override { core_->drop(*link_); }
+  bool alive() const override { return core_->alive(*link_); }
+  std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) override {
+    return core_->import_region(*link_, descriptor);
+  }
+  void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) override {
+    core_->write(link_, src, src_offset, dst, dst_offset, length, notify, cookie);
+  }
+  void send_control(std::span<const uint8_t> message) override {
+    core_->first_rail(*link_)->send_control(message);
+  }
+  bool try_send_control(std::span<const uint8_t> message) override {
+    return core_->first_rail(*link_)->try_send_control(message);
+  }
+
+ private:
+  std::shared_ptr<RailsCore> core_;
+  std::shared_ptr<RailsLink> link_;
+};
+
+class RailsTransport final : public Transport {
+ public:
+  explicit RailsTransport(const TransportOptions& options)
+      : core_(std::make_shared<RailsCore>(options)) {}
+  ~RailsTransport() override { core_->stop(); }
+  TransportKind kind() const override { return core_->kind(); }
+  EndpointDescriptor endpoint() const override { return core_->endpoint(); }
+  std::shared_ptr<Region> register_memory(const Device& device, void* ptr, uint64_t size) override {
+    return core_->register_memory(device, ptr, size);
+  }
+  std::shared_ptr<Connection> connect(const EndpointDescriptor& peer,
+                                      std::chrono::milliseconds timeout) override {
+    return core_->connect(peer, timeout);
+  }
+  size_t poll(std::vector<TransportEvent>& out, std::chrono::nanoseconds timeout) override {
+    return core_->poll(out, timeout);
+  }
+
+ private:
+  std::shared_ptr<RailsCore> core_;
+};
+
+RailsCore::RailsCore(const TransportOptions& options) : options_(options) {
+  if (options.kind != TransportKind::tcp && options.kind != TransportKind::verbs)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("rails: the {} transport takes one NIC (rails are for tcp and verbs)",
+                            to_string(options.kind)));
+  if (options.rails.size() > kMaxRails)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("rails: {} NICs named, at most {}", options.rails.size(), kMaxRails));
+  for (size_t r = 0; r < options.rails.size(); ++r) {
+    TransportOptions one = options;
+    one.rails.clear();
+    if (options.kind == TransportKind::tcp)
+      one.listen_host = options.rails[r];
+    else
+      one.rdma_device = options.rails[r];
+    try {
+      rails_.push_back(Transport::create(one));
+    } catch (const Error& e) {
+      throw Error(e.status(),
+                  fmt::format("rails: rail {} ({}): {}", r, options.rails[r], e.what()));
+    }
+  }
+  orphans_.resize(rails_.size());
+  orphan_bytes_.resize(rails_.size());
+  for (size_t r = 0; r < rails_.size(); ++r)
+    threads_.push_back(std::make_unique<RailThreads>());
+  try {
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      threads_[r]->sender = start_thread("hm-rail-send", [this, r] { send_loop(r); });
+      threads_[r]->poller = start_thread("hm-rail-poll", [this, r] { poll_loop(r); });
+    }
+  } catch (...) {
+    stop();
+    throw;
+  }
+}
+
+void RailsCore::stop() {
+  {
+    Lock lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& t : threads_)
+      t->ready.notify_all();
+  }
+  for (auto& t : threads_) {
+    if (t->sender.joinable()) t->sender.join();
+    if (t->poller.joinable()) t->poller.join();
+  }
+  Lock lock(mutex_);
+  for (const auto& link : std::vector<std::shared_ptr<RailsLink>>(links_))
+    lose(*link, "rails: the transport ended", /*tell=*/false);
+  unlock_and_close(lock);
+}
+
+void RailsCore::unlock_and_close(Lock& lock) {
+  std::vector<std::shared_ptr<Connection>> closing;
+  closing.swap(closing_);
+  lock.unlock();
+  closing.clear();
+}
+
+EndpointDescriptor RailsCore::endpoint() const {
+  std::vector<std::vector<uint8_t>> parts;
+  for (const auto& r : rails_)
+    parts.push_back(r->endpoint());
+  return pack_rails(parts);
+}
+
+std::shared_ptr<Region> RailsCore::register_memory(const Device& device, void* ptr, uint64_t size) {
+  std::vector<std::shared_ptr<Region>> parts;
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    try {
+      parts.push_back(rails_[r]->register_memory(device, ptr, size));
+    } catch (const Error& e) {
+      throw Error(e.status(),
+                  fmt::format("rails: rail {} ({}): {}", r, options_.rails[r], e.what()));
+    }
+  }
+  return std::make_shared<RailsRegion>(device, ptr, size, std::move(parts));
+}
+
+std::shared_ptr<Connection> RailsCore::connect(const EndpointDescriptor& peer,
+                                               std::chrono::milliseconds timeout) {
+  std::vector<std::vector<uint8_t>> parts = unpack_rails(peer, "endpoint");
+  if (parts.size() != rails_.size())
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("rails: the peer has {} rails and this instance {} (every instance "
+                            "of a job names as many NICs)",
+                            parts.size(), rails_.size()));
+  auto link = std::make_shared<RailsLink>();
+  link->id = next_id_++;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // In rail order on both sides, so that each rail's two ends meet.
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    RailsLink::Rail rail;
+    rail.name = options_.rails[r];
+    try {
+      rail.connection = rails_[r]->connect(parts[r], std::max(left, 1ms));
+    } catch (const Error& e) {
+      Lock lock(mutex_);
+      for (size_t done = 0; done < link->rails.size(); ++done)  // their late events are no one's
+        retired_.insert({done, link->rails[done].connection->id()});
+      lock.unlock();
+      throw Error(e.status(), fmt::format("rails: rail {} ({}): {}", r, rail.name, e.what()));
+    }
+    link->rails.push_back(std::move(rail));
+  }
+  Lock lock(mutex_);
+  if (stopping_) throw Error(kStatusPeerLost, "rails: connect: the transport ended");
+  links_.push_back(link);
+  std::vector<ConnectionId> ids;
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    ids.push_back(link->rails[r].connection->id());
+    by_child_[{r, ids[r]}] = link;
+  }
+  // What came before now, in order (handling it may take rails down, or the whole link).
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    std::vector<TransportEvent> early;
+    std::erase_if(orphans_[r], [&](TransportEvent& e) {
+      if (e.connection != ids[r]) return false;
+      orphan_bytes_[r] -= e.payload.size() + e.message.size();
+      early.push_back(std::move(e));
+      return true;
+    });
+    for (auto& e : early)
+      handle(r, e);
+  }
+  unlock_and_close(lock);
+  return std::make_shared<RailsConnection>(shared_from_this(), link);
+}
+
+bool RailsCore::alive(const RailsLink& link) {
+  Lock lock(mutex_);
+  return !link.lost;
+}
+
+std::shared_ptr<RemoteRegion> RailsCore::import_region(RailsLink& link, const RegionDescriptor& d) {
+  std::vector<std::vector<uint8_t>> parts = unpack_rails(d, "region");
+  Lock lock(mutex_);
+  if (parts.size() != link.rails.size())
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("rails: a region of {} rails on a connection of {}", parts.size(),
+                            link.rails.size()));
+  if (link.lost) throw Error(kStatusPeerLost, "rails: import_region: the peer is lost");
+  std::vector<std::shared_ptr<RemoteRegion>> remote(parts.size());
+  for (size_t r = 0; r < parts.size(); ++r) {
+    if (!link.rails[r].connection) continue;  // down: never written again
+    remote[r] = link.rails[r].connection->import_region(parts[r]);
+    if (remote[r]->size() != remote[kFirst]->size())
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("rails: the peer's region is {} bytes on rail 0 and {} on rail {}",
+                              remote[kFirst]->size(), remote[r]->size(), r));
+  }
+  return std::make_shared<RailsRemoteRegion>(remote[kFirst]->size(), std::move(remote));
+}
+
+uint64_t RailsCore::add_piece(RailsLink& link, RailsPiece piece) {
+  const uint64_t id = link.next_piece++;
+  ++link.writes[piece.write - link.first_write].open;
+  link.pieces.emplace(id, std::move(piece));
+  return id;
+}
+
+void RailsCore::write(const std::shared_ptr<RailsLink>& link, const Region& src,
+                      uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
+                      uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) {
+  const auto* source = dynamic_cast<const RailsRegion*>(&src);
+  const auto* target = dynamic_cast<const RailsRemoteRegion*>(&dst);
+  if (source == nullptr || target == nullptr)
+    throw Error(HM_ERR_INVALID_ARGUMENT, "write: regions were not made by this rails transport");
+  check_write_range("source", src_offset, length, src.size());
+  check_write_range("destination", dst_offset, length, dst.size());
+  Lock lock(mutex_);
+  if (link->lost) throw Error(kStatusPeerLost, "write: the peer is lost");
+  const uint64_t write = link->first_write + link->writes.size();
+  link->writes.push_back({cookie});
+  auto piece = [&](size_t rail, uint64_t at, uint64_t n, std::optional<uint32_t> value) {
+    RailsPiece p{write, rail, source, src_offset + at, target, dst_offset + at, n, value};
+    return p;
+  };
+  // The other rails' stripes, each acknowledged by the peer; the first rail keeps the rest.
+  std::vector<size_t> others;
+  for (size_t r = kFirst + 1; r < link->rails.size(); ++r)
+    if (link->rails[r].connection) others.push_back(r);
+  uint64_t at = 0;
+  if (length >= kStripeMin && !others.empty()) {
+    const uint64_t ways = others.size() + 1;
+    const uint64_t stripe = (length / ways + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
+    for (size_t r : others) {
+      if (at + stripe >= length) break;
+      RailsPiece p = piece(r, at, stripe, 0u);
+      p.acknowledged = true;
+      const uint64_t id = add_piece(*link, std::move(p));
+      ++link->rails[r].issued;
+      link->rails[r].unacked.push_back(id);
+      enqueue(r, *link, {id});
+      at += stripe;
+    }
+  }
+  // The first rail's part, behind any piece held there. Its notification waits for every stripe
+  // of another rail issued before it (this write's among them); its bytes before the notifying
+  // tail need not.
+  bool unacked = false;
+  for (size_t r : others)
+    unacked = unacked || link->rails[r].acked < link->rails[r].issued;
+  if (notify && unacked) {
+    const uint64_t tail = std::min(kNotifyTail, length - at);
+    if (length - at > tail)
+      link->held.push_back(add_piece(*link, piece(kFirst, at, length - at - tail, std::nullopt)));
+    RailsPiece last = piece(kFirst, length - tail, tail, notify);
+    for (const auto& rail : link->rails)
+      last.fence.push_back(rail.issued);
+    link->held.push_back(add_piece(*link, std::move(last)));
+  } else {
+    link->held.push_back(add_piece(*link, piece(kFirst, at, length - at, notify)));
+  }
+  release_held(*link);
+  unlock_and_close(lock);
+}
+
+std::shared_ptr<Connection> RailsCore::first_rail(RailsLink& link) {
+  Lock lock(mutex_);
+  if (link.lost || !link.rails[kFirst].connection)
+    throw Error(kStatusPeerLost, "send_control: the peer is lost");
+  return link.rails[kFirst].connection;
+}
+
+void RailsCore::drop(RailsLink& link) {
+  Lock lock(mutex_);
+  lose(link, "the connection was closed", /*tell=*/false);
+  unlock_and_close(lock);
+}
+
+void RailsCore::close_rail(RailsLink& link, size_t r) {
+  if (auto& connection = link.rails[r].connection) {
+    retired_.insert({r, connection->id()});
+    by_child_.erase({r, connection->id()});
+    closing_.push_back(std::move(connection));
+  }
+}
+
+void RailsCore::forget(RailsLink& link) {
+  for (size_t r = 0; r < link.rails.size(); ++r)
+    close_rail(link, r);
+  std::erase_if(links_, [&](const auto& l) { return l.get() == &link; });
+}
+
+void RailsCore::enqueue(size_t rail, RailsLink& link, RailsPost post, bool first) {
+  auto& t = *threads_[rail];
+  if (first)
+    t.queue.emplace_front(link.weak_from_this(), post);
+  else
+    t.queue.emplace_back(link.weak_from_this(), post);
+  t.ready.notify_one();
+}
+
+void RailsCore::send_loop(size_t r) {
+  auto& t = *threads_[r];
+  Lock lock(mutex_);
+  for (;;) {
+    t.ready.wait(lock, [&] { return stopping_ || !t.queue.empty(); });
+    if (stopping_) return;
+    auto [weak, post] = std::move(t.queue.front());
+    t.queue.pop_front();
+    auto link = weak.lock();
+    if (!link || link->lost || !link->rails[r].connection) continue;  // re-routed, or gone
+    std::shared_ptr<Connection> connection = link->rails[r].connection;
+    hm_status status = HM_OK;
+    std::string message;
+    if (post.acknowledge) {
+      uint8_t count[8];
+      std::memcpy(count, &link->rails[r].landed, sizeof count);
+      link->rails[r].ack_queued = false;
+      lock.unlock();
+      try {
+        connection->send_control(count);
+      } catch (const std::exception& e) {
+        message = e.what();
+        status = HM_ERR_BACKEND;
+      }
+      connection.reset();
+      lock.lock();
+      if (status != HM_OK) rail_down(*link, r, message);
+      close_outside(lock);
+      continue;
+    }
+    auto p = link->pieces.find(post.piece);
+    if (p == link->pieces.end() || p->second.rail != r || p->second.abandoned) continue;
+    p->second.writing = true;
+    if (p->second.acknowledged) ++link->rails[r].posted;
+    const RailsPiece piece = p->second;
+    lock.unlock();
+    try {
+      connection->write(piece.src->rail(r), piece.src_offset, piece.dst->rail(r), piece.dst_offset,
+                        piece.length, piece.notify, post.piece);
+    } catch (const std::exception& e) {
+      const auto* error = dynamic_cast<const Error*>(&e);
+      status = error ? error->status() : HM_ERR_BACKEND;
+      message = e.what();
+    }
+    connection.reset();
+    lock.lock();
+    sent(*link, r, post.piece, status, message);
+    close_outside(lock);
+  }
+}
+
+void RailsCore::close_outside(Lock& lock) {
+  if (closing_.empty()) return;
+  unlock_and_close(lock);
+  lock.lock();
+}
+
+void RailsCore::poll_loop(size_t r) {
+  std::vector<TransportEvent> batch;
+  for (;;) {
+    batch.clear();
+    try {
+      rails_[r]->poll(batch, kPollSlice);
+    } catch (const std::exception& e) {
+      // The rail's events stop here: every connection's rail goes down with it.
+      Lock lock(mutex_);
+      log(LogLevel::error, "rails: rail {} ({}): poll: {}; the rail is taken out", r,
+          options_.rails[r], e.what());
+      for (const auto& link : std::vector<std::shared_ptr<RailsLink>>(links_))
+        if (r == kFirst)
+          lose(*link, fmt::format("rails: rail 0 ({}): poll: {}", options_.rails[r], e.what()),
+               /*tell=*/true);
+        else
+          rail_down(*link, r, e.what());
+      unlock_and_close(lock);
+      return;
+    }
+    Lock lock(mutex_);
+    if (stopping_) return;
+    for (auto& e : batch)
+      handle(r, e);
+    unlock_and_close(lock);
+  }
+}
+
+void RailsCore::handle(size_t r, TransportEvent& e) {
+  auto it = by_child_.find({r, e.connection});
+  if (it == by_child_.end()) {
+    if (retired_.contains({r, e.connection})) {
+      if (e.type == TransportEvent::Type::peer_lost) retired_.erase({r, e.connection});
+      return;
+    }
+    const size_t bytes = e.payload.size() + e.message.size();
+    if (orphan_bytes_[r] + bytes > kMaxOrphanBytes) {
+      log(LogLevel::error,
+          "rails: rail {} ({}): dropped an event of a connection not yet made ({} bytes of them "
+          "wait already)",
+          r, options_.rails[r], orphan_bytes_[r]);
+      return;
+    }
+    orphan_bytes_[r] += bytes;
+    orphans_[r].push_back(std::move(e));
+    return;
+  }
+  std::shared_ptr<RailsLink> link = it->second.lock();
+  if (!link) {
+    by_child_.erase(it);
+    return;
+  }
+  auto& rail = link->rails[r];
+  if (link->lost || !rail.connection) return;  // its writes went elsewhere or failed already
+  switch (e.type) {
+    case TransportEvent::Type::write_done: {
+      auto p = link->pieces.find(e.cookie);
+      if (p == link->pieces.end() || p->second.rail != r) return;  // sent again elsewhere
+      if (e.status != HM_OK && r != kFirst)
+        rail_down(*link, r, e.message);
+      else if (e.status != HM_OK || !p->second.acknowledged)
+        complete(*link, e.cookie, e.status, e.message);
+      return;
+    }
+    case TransportEvent::Type::notification:
+      if (r == kFirst) break;
+      ++rail.landed;  // a stripe of the peer's: acknowledged, never passed up
+      if (!rail.ack_queued) {
+        rail.ack_queued = true;
+        enqueue(r, *link, {0, rail.landed});
+      }
+      return;
+    case TransportEvent::Type::control:
+      if (r == kFirst) break;
+      acknowledged(*link, r, e.payload);
+      release_held(*link);
+      return;
+    case TransportEvent::Type::peer_lost:
+      // The peer's end (its process gone, or done) closes every rail: once the first is closed
+      // too, that is the connection's loss, not a rail's.
+      if (r == kFirst || !link->rails[kFirst].connection->alive())
+        lose(*link, fmt::format("rails: rail {} ({}): {}", r, rail.name, e.message),
+             /*tell=*/true);
+      else
+        rail_down(*link, r, e.message);
+      return;
+  }
+  e.connection = link->id;  // the first rail's notifications and control messages are the user's
+  events_.push(std::move(e));
+}
+
+void RailsCore::acknowledged(RailsLink& link, size_t r, std::span<const uint8_t> message) {
+  auto& rail = link.rails[r];
+  uint64_t count = 0;
+  if (message.size() == sizeof count) std::memcpy(&count, message.data(), sizeof count);
+  if (message.size() != sizeof count || count < rail.acked || count > rail.posted) {
+    rail_down(link, r,
+              fmt::format("the peer acknowledged {} stripes of the {} sent ({} bytes)", count,
+                          rail.posted, message.size()));
+    return;
+  }
+  for (; rail.acked < count; ++rail.acked) {
+    const uint64_t id = rail.unacked.front();
+    rail.unacked.pop_front();
+    complete(link, id, HM_OK, "");
+  }
+}
+
+void RailsCore::rail_down(RailsLink& link, size_t r, const std::string& why) {
+  auto& rail = link.rails[r];
+  if (!rail.connection) return;
+  log(LogLevel::warn,
+      "rails: connection {}: rail {} ({}) is down: {}; {} stripe(s) not acknowledged go again on "
+      "rail 0, and the rail takes no more writes",
+      link.id, r, rail.name, why, rail.unacked.size());
+  close_rail(link, r);
+  // Ahead of everything on the first rail, in their order: before any notification held there.
+  for (auto id = rail.unacked.rbegin(); id != rail.unacked.rend(); ++id) {
+    auto p = link.pieces.find(*id);
+    if (p == link.pieces.end()) continue;
+    RailsPiece again = p->second;
+    again.rail = kFirst;
+    again.notify.reset();
+    again.acknowledged = again.writing = again.abandoned = false;
+    again.abandoned_status = HM_OK;
+    const uint64_t id_again = add_piece(link, std::move(again));
+    enqueue(kFirst, link, {id_again}, /*first=*/true);
+    // The original is settled as done (after its copy counts, so its write stays open), once its
+    // sender is back where it is inside the write (it may still read the memory).
+    complete(link, *id, HM_OK, "");
+  }
+  rail.unacked.clear();
+  rail.acked = rail.posted = rail.issued;
+  release_held(link);
+}
+
+void RailsCore::lose(RailsLink& link, const std::string& why, bool tell) {
+  if (link.lost) return;
+  link.lost = true;
+  if (tell) {
+    TransportEvent lost{TransportEvent::Type::peer_lost, link.id};
+    lost.message = why;
+    events_.push(std::move(lost));
+  }
+  std::vector<uint64_t> open;
+  for (const auto& [id, _] : link.pieces)
+    open.push_back(id);
+  for (uint64_t id : open)
+    complete(link, id, kStatusPeerLost, why);
+  link.held.clear();
+  forget(link);
+}
+
+void RailsCore::complete(RailsLink& link, uint64_t piece, hm_status status,
+                         const std::string& message) {
+  auto p = link.pieces.find(piece);
+  if (p == link.pieces.end()) return;
+  if (p->second.writing) {  // settled by sent() once the sender is back
+    if (!p->second.abandoned || p->second.abandoned_status == HM_OK) {
+      p->second.abandoned_status = status;
+      p->second.abandoned_message = message;
+    }
+    p->second.abandoned = true;
+    return;
+  }
+  auto& w = link.writes[p->second.write - link.first_write];
+  link.pieces.erase(p);
+  if (status != HM_OK && w.status == HM_OK) {
+    w.status = status;
+    w.message = message;
+  }
+  --w.open;
+  emit_done(link);
+}
+
+void RailsCore::sent(RailsLink& link, size_t r, uint64_t piece, hm_status status,
+                     const std::string& message) {
+  auto p = link.pieces.find(piece);
+  if (p == link.pieces.end()) return;
+  p->second.writing = false;
+  if (p->second.abandoned) {
+    const hm_status settled = p->second.abandoned_status;
+    const std::string why = p->second.abandoned_message;
+    complete(link, piece, settled, why);
+    return;
+  }
+  if (status == HM_OK) return;  // done by its write_done, or by the peer's acknowledgement
+  if (r == kFirst)
+    complete(link, piece, status, message);
+  else
+    rail_down(link, r, message);
+}
+
+void RailsCore::release_held(RailsLink& link) {
+  while (!link.held.empty()) {
+    auto p = link.pieces.find(link.held.front());
+    if (p != link.pieces.end()) {
+      const auto& fence = p->second.fence;
+      for (size_t r = kFirst + 1; r < fence.size(); ++r)
+        if (link.rails[r].connection && link.rails[r].acked < fence[r]) return;
+      enqueue(kFirst, link, {link.held.front()});
+    }
+    link.held.pop_front();
+  }
+}
+
+void RailsCore::emit_done(RailsLink& link) {
+  while (!link.writes.empty() && link.writes.front().open == 0) {
+    auto& w = link.writes.front();
+    TransportEvent done{TransportEvent::Type::write_done, link.id};
+    done.cookie = w.cookie;
+    done.status = w.status;
+    done.message = std::move(w.message);
+    events_.push(std::move(done));
+    link.writes.pop_front();
+    ++link.first_write;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> make_rails_transport(const TransportOptions& options) {
+  return std::make_unique<RailsTransport>(options);
+}
+
+}  // namespace hetmesh::detail
