@@ -42,7 +42,10 @@ constexpr uint64_t kStripeMin = 512 << 10;  // smaller writes take the first rai
 constexpr uint64_t kStripeAlign = 4096;
 constexpr uint64_t kNotifyTail = 64;  // the first rail's last bytes, with the notification
 
-class RailsRegion final : public Region {
+// Shared (register_memory and import_region make them so): a piece a rail's sender is writing
+// keeps its regions, and their rails' regions, alive until that write returns, however soon the
+// user lets go of them.
+class RailsRegion final : public Region, public std::enable_shared_from_this<RailsRegion> {
  public:
   RailsRegion(const Device& device, void* base, uint64_t size,
               std::vector<std::shared_ptr<Region>> rails);
@@ -53,7 +56,8 @@ class RailsRegion final : public Region {
   std::vector<std::shared_ptr<Region>> rails_;
 };
 
-class RailsRemoteRegion final : public RemoteRegion {
+class RailsRemoteRegion final : public RemoteRegion,
+                                public std::enable_shared_from_this<RailsRemoteRegion> {
  public:
   RailsRemoteRegion(uint64_t size, std::vector<std::shared_ptr<RemoteRegion>> rails)
       : RemoteRegion(size), rails_(std::move(rails)) {}
@@ -67,9 +71,9 @@ class RailsRemoteRegion final : public RemoteRegion {
 struct RailsPiece {
   uint64_t write;  // the user write's sequence number
   size_t rail;
-  const RailsRegion* src;
+  std::shared_ptr<const RailsRegion> src;
   uint64_t src_offset;
-  const RailsRemoteRegion* dst;
+  std::shared_ptr<const RailsRemoteRegion> dst;
   uint64_t dst_offset;
   uint64_t length;
   std::optional<uint32_t> notify;  // the user's (first rail), or the stripe's own (0)

@@ -348,8 +348,10 @@ void RailsCore::write(const std::shared_ptr<RailsLink>& link, const Region& src,
   if (link->lost) throw Error(kStatusPeerLost, "write: the peer is lost");
   const uint64_t write = link->first_write + link->writes.size();
   link->writes.push_back({cookie});
+  std::shared_ptr<const RailsRegion> from = source->shared_from_this();
+  std::shared_ptr<const RailsRemoteRegion> into = target->shared_from_this();
   auto piece = [&](size_t rail, uint64_t at, uint64_t n, std::optional<uint32_t> value) {
-    RailsPiece p{write, rail, source, src_offset + at, target, dst_offset + at, n, value};
+    RailsPiece p{write, rail, from, src_offset + at, into, dst_offset + at, n, value};
     return p;
   };
   // The other rails' stripes, each acknowledged by the peer; the first rail keeps the rest.
@@ -462,15 +464,19 @@ void RailsCore::send_loop(size_t r) {
     if (p == link->pieces.end() || p->second.rail != r || p->second.abandoned) continue;
     p->second.writing = true;
     if (p->second.acknowledged) ++link->rails[r].posted;
-    const RailsPiece piece = p->second;
-    lock.unlock();
-    try {
-      connection->write(piece.src->rail(r), piece.src_offset, piece.dst->rail(r), piece.dst_offset,
-                        piece.length, piece.notify, post.piece);
-    } catch (const std::exception& e) {
-      const auto* error = dynamic_cast<const Error*>(&e);
-      status = error ? error->status() : HM_ERR_BACKEND;
-      message = e.what();
+    {
+      // Its own references to the regions: they live until the write returns, and the last one
+      // goes here, outside the lock.
+      const RailsPiece piece = p->second;
+      lock.unlock();
+      try {
+        connection->write(piece.src->rail(r), piece.src_offset, piece.dst->rail(r),
+                          piece.dst_offset, piece.length, piece.notify, post.piece);
+      } catch (const std::exception& e) {
+        const auto* error = dynamic_cast<const Error*>(&e);
+        status = error ? error->status() : HM_ERR_BACKEND;
+        message = e.what();
+      }
     }
     connection.reset();
     lock.lock();
