@@ -140,14 +140,15 @@ std::vector<std::string> read_nics(const TomlSection& s, std::string_view key, i
 }
 
 // [transport] nics: "auto" (verbs), or the rails' NICs, 2 to 16 different names (RDMA devices for
-// verbs, local addresses for tcp).
+// verbs, local addresses for tcp, either for fabric: an address, or a provider's domain).
 std::vector<std::string> read_rails(const TomlSection& s, std::optional<TransportKind> kind) {
   if (!s.has("nics")) return {};
-  const bool rails_kind = kind == TransportKind::verbs || kind == TransportKind::tcp;
+  const bool rails_kind =
+      kind == TransportKind::verbs || kind == TransportKind::tcp || kind == TransportKind::fabric;
   if (!rails_kind)
     s.fail("nics",
-           "rails are for kind = \"verbs\" or \"tcp\" (name the kind: each takes "
-           "different names, RDMA devices or local addresses)");
+           "rails are for kind = \"verbs\", \"tcp\" or \"fabric\" (name the kind: each takes "
+           "different names, RDMA devices, local addresses, or either)");
   if (s.raw()->get("nics")->is_string()) {
     if (s.string("nics", "") != "auto" || kind != TransportKind::verbs)
       s.fail("nics",

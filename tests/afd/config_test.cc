@@ -67,12 +67,18 @@ TEST(ConfigTest, RailsTakeTheirNicsToEveryInstance) {
   EXPECT_EQ(automatic.transport.nics, std::vector<std::string>{"auto"});
   EXPECT_EQ(parse_config(to_toml(automatic), "effective.toml"), automatic) << to_toml(automatic);
   EXPECT_TRUE(parse_config("", "job.toml").transport.nics.empty());
+  JobConfig fabric = parse_config(
+      "[transport]\nkind = \"fabric\"\nnics = [\"10.0.0.1\", \"rdmap16s27-rdm\"]\n", "job.toml");
+  EXPECT_EQ(fabric.transport.nics, (std::vector<std::string>{"10.0.0.1", "rdmap16s27-rdm"}));
 }
 
 TEST(ConfigTest, RailsThatCannotBeAreRefusedByName) {
   EXPECT_EQ(error_of("[transport]\nnics = [\"a\", \"b\"]\n"),
-            "job.toml:2:1: [transport] nics: rails are for kind = \"verbs\" or \"tcp\" (name the "
-            "kind: each takes different names, RDMA devices or local addresses)");
+            "job.toml:2:1: [transport] nics: rails are for kind = \"verbs\", \"tcp\" or "
+            "\"fabric\" (name the kind: each takes different names, RDMA devices, local "
+            "addresses, or either)");
+  EXPECT_NE(error_of("[transport]\nkind = \"ipc\"\nnics = [\"a\", \"b\"]\n").find("rails are for"),
+            std::string::npos);
   EXPECT_EQ(error_of("[transport]\nkind = \"tcp\"\nnics = [\"10.0.0.1\"]\n"),
             "job.toml:3:1: [transport] nics: 2 to 16 different NICs make rails, got [10.0.0.1]");
   EXPECT_EQ(error_of("[transport]\nkind = \"verbs\"\nnics = [\"m0\", \"m0\"]\n"),

@@ -55,7 +55,7 @@ struct Stranger {
   std::atomic<bool> stop{false};
   std::thread progress;
 
-  explicit Stranger(const std::string& provider) : endpoint(provider, "127.0.0.1") {
+  explicit Stranger(const std::string& provider) : endpoint(provider, "127.0.0.1", "") {
     progress = std::thread([this] {
       while (!stop) {
         fi_cq_data_entry entry;

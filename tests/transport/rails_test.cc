@@ -1,12 +1,15 @@
 // Rails (TransportOptions::rails) beyond the transport suite, which runs whole over two rails:
 // that a striped write really crosses both, and that a rail that fails in the middle of a stream
 // of notified writes loses none of them and raises no error, every notification arriving in
-// order after its bytes. Both ends in this process, over:
+// order after its bytes; and that such a rail is connected again after its cooldown and carries
+// stripes again. Both ends in this process, over:
 //  - tcp on 127.0.0.1 and 127.0.0.2: the second rail's connection cut by the kernel (`ss -K`, as
 //    a NIC reset would: the sockets abort), which needs root and a kernel with socket destruction
 //    (CONFIG_INET_DIAG_DESTROY), as CI has;
-//  - verbs on the rxe VM's rxe0 and rxe1: the second taken down with `ip link set veth2 down`
-//    (and up again after); skipped where those devices are not.
+//  - libfabric's tcp provider on the same two addresses, cut the same way;
+//  - verbs on the rxe VM's rxe0 and rxe1, and libfabric's verbs;ofi_rxm on the same two (named by
+//    their domains): the second taken down with `ip link set veth2 down` (and up again after);
+//    skipped where those devices are not.
 #include "rails/rails_wire.hpp"
 
 #include <hetmesh/core/log.hpp>
@@ -18,10 +21,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <regex>
@@ -42,10 +48,17 @@ constexpr int kCutAfter = 12;  // writes verified before the second rail is cut
 struct Rails {
   TransportKind kind;
   std::vector<std::string> nics;
+  std::string provider = "auto";  // fabric
+  // The rxe VM's two RDMA devices, whose second is cut by its link and counts its packets.
+  bool rxe() const { return nics.at(1) == "rxe1"; }
 };
 
 std::string rails_name(const testing::TestParamInfo<Rails>& info) {
-  return to_string(info.param.kind);
+  if (info.param.kind != TransportKind::fabric) return to_string(info.param.kind);
+  std::string provider = info.param.provider;  // "verbs;ofi_rxm" -> "verbs_ofi_rxm"
+  for (char& c : provider)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return "fabric_" + provider;
 }
 
 bool required(TransportKind kind) {
@@ -64,6 +77,7 @@ struct End {
     TransportOptions options;
     options.kind = rails.kind;
     options.rails = rails.nics;
+    options.fabric_provider = rails.provider;
     options.io_timeout = 10s;
     transport = Transport::create(options);
     region = transport->register_memory(device, memory.data(), kSlots * kWriteBytes);
@@ -89,14 +103,20 @@ std::string second_rail_port(const End& end) {
 
 std::string binary(const char* name);
 
-// `ss` over the second rail's connection (the one that dialed b's listener or a's).
-ProcessResult ss(const std::vector<std::string>& args, const std::string& port_a,
-                 const std::string& port_b) {
+// An `ss` filter of the second rail's tcp connections: tcp's is the one that dialed b's listener or
+// a's; libfabric's tcp provider opens its own, from and to the rail's address.
+std::vector<std::string> second_rail_filter(const End& a, const End& b, const Rails& rails) {
+  if (rails.kind == TransportKind::fabric)
+    return {"(", "src", rails.nics.at(1), "or", "dst", rails.nics.at(1), ")"};
+  const std::string pa = ":" + second_rail_port(a), pb = ":" + second_rail_port(b);
+  return {"(",     "sport", "=", pa,   "or",    "dport", "=", pa, "or",
+          "sport", "=",     pb,  "or", "dport", "=",     pb,  ")"};
+}
+
+ProcessResult ss(const std::vector<std::string>& args, const std::vector<std::string>& filter) {
   std::vector<std::string> argv{binary("ss")};
   argv.insert(argv.end(), args.begin(), args.end());
-  const std::string a = ":" + port_a, b = ":" + port_b;
-  argv.insert(argv.end(), {"(", "sport", "=", a, "or", "dport", "=", a, "or", "sport", "=", b, "or",
-                           "dport", "=", b, ")"});
+  argv.insert(argv.end(), filter.begin(), filter.end());
   return run_process(argv, 10s);
 }
 
@@ -118,6 +138,138 @@ int64_t rxe1_sent_packets() {
   return n;
 }
 
+// About how many bytes the second rail carried so far: rxe1's packets (its RoCE MTU here is
+// 4096), or the most a tcp connection of the second rail received (its connections now).
+uint64_t second_rail_bytes(const End& a, const End& b, const Rails& rails) {
+  if (rails.rxe()) return static_cast<uint64_t>(rxe1_sent_packets()) * 4096;
+  ProcessResult out = ss({"-tinH"}, second_rail_filter(a, b, rails));
+  EXPECT_EQ(out.exit_code, 0) << out.describe();
+  uint64_t most = 0;
+  std::smatch m;
+  for (std::string text = out.out;
+       std::regex_search(text, m, std::regex(R"(bytes_received:(\d+))")); text = m.suffix())
+    most = std::max<uint64_t>(most, std::stoull(m[1]));
+  return most;
+}
+
+// Writes slot k of a into b's (a striped write), and waits for its notification; says what went
+// wrong, or nothing.
+std::string write_one(End& a, End& b, int k) {
+  for (uint64_t i = 0; i < kWriteBytes; ++i)
+    a.slot(k)[i] = pattern(k, i);
+  const uint64_t at = (k % kSlots) * kWriteBytes;
+  a.connection->write(*a.region, at, *a.peer, at, kWriteBytes, static_cast<uint32_t>(k),
+                      static_cast<uint64_t>(k));
+  std::vector<TransportEvent> events;
+  bool notified = false, done = false;
+  for (auto until = Clock::now() + 60s; !(notified && done) && Clock::now() < until;) {
+    events.clear();
+    b.transport->poll(events, 10ms);
+    for (const auto& e : events) {
+      if (e.type == TransportEvent::Type::peer_lost) return "b lost its peer: " + e.message;
+      notified |= e.type == TransportEvent::Type::notification && e.value == uint32_t(k);
+    }
+    events.clear();
+    a.transport->poll(events, 0ms);
+    for (const auto& e : events) {
+      if (e.type == TransportEvent::Type::peer_lost) return "a lost its peer: " + e.message;
+      if (e.type == TransportEvent::Type::write_done && e.status != HM_OK)
+        return fmt::format("write {} failed: {}", k, e.message);
+      done |= e.type == TransportEvent::Type::write_done && e.cookie == uint64_t(k);
+    }
+  }
+  if (!notified || !done) return fmt::format("write {}: not notified and done within 60 s", k);
+  for (uint64_t i = 0; i < kWriteBytes; i += 509)
+    if (b.slot(k)[i] != pattern(k, i)) return fmt::format("write {} landed wrong at {}", k, i);
+  return "";
+}
+
+// The log lines of a test, from every thread.
+class Said {
+ public:
+  Said()
+      : previous_(set_log_sink([this](LogLevel level, std::string_view line) {
+          std::lock_guard lock(mutex_);
+          if (level <= LogLevel::warn) lines_.emplace_back(line);
+        })) {}
+  ~Said() { set_log_sink(previous_); }
+  // How many lines said `text`.
+  int count(const std::string& text) {
+    std::lock_guard lock(mutex_);
+    return static_cast<int>(std::count_if(lines_.begin(), lines_.end(), [&](const auto& line) {
+      return line.find(text) != std::string::npos;
+    }));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> lines_;
+  LogSink previous_;
+};
+
+// Notified 4 MiB writes from a to b, at most kSlots ahead of what b verified (a slot is
+// rewritten only once b has read it, as the AFD engines' round trips do), each checked where it
+// lands, in order.
+class Stream {
+ public:
+  Stream(End& a, End& b) : a_(a), b_(b) {}
+  // Streams until `enough()` or `until`; false at the deadline.
+  bool run(const std::function<bool()>& enough, Clock::time_point until) {
+    while (!enough()) {
+      if (Clock::now() >= until) return false;
+      step();
+    }
+    return true;
+  }
+  // Until every write issued is verified and done.
+  bool drain(Clock::time_point until) {
+    stop_issuing_ = true;
+    const bool drained = run([&] { return verified == issued && done == issued; }, until);
+    stop_issuing_ = false;
+    return drained;
+  }
+  int issued = 0, verified = 0, done = 0;
+  std::vector<std::string> failures;
+  bool in_order = true;
+
+ private:
+  void step() {
+    while (!stop_issuing_ && issued < verified + kSlots) {
+      for (uint64_t i = 0; i < kWriteBytes; ++i)
+        a_.slot(issued)[i] = pattern(issued, i);
+      const uint64_t at = (issued % kSlots) * kWriteBytes;
+      a_.connection->write(*a_.region, at, *a_.peer, at, kWriteBytes, static_cast<uint32_t>(issued),
+                           static_cast<uint64_t>(issued));
+      ++issued;
+    }
+    events_.clear();
+    b_.transport->poll(events_, 10ms);
+    for (const auto& e : events_) {
+      if (e.type == TransportEvent::Type::peer_lost) failures.push_back("b: " + e.message);
+      if (e.type != TransportEvent::Type::notification) continue;
+      const int k = static_cast<int>(e.value);
+      in_order = in_order && k == verified;
+      bool same = true;
+      for (uint64_t i = 0; i < kWriteBytes && same; i += 509)
+        same = b_.slot(k)[i] == pattern(k, i);
+      if (!same) failures.push_back(fmt::format("write {} landed wrong", k));
+      ++verified;
+    }
+    events_.clear();
+    a_.transport->poll(events_, 0ms);
+    for (const auto& e : events_) {
+      if (e.type == TransportEvent::Type::write_done && e.status != HM_OK)
+        failures.push_back(fmt::format("write {} failed: {}", e.cookie, e.message));
+      if (e.type == TransportEvent::Type::write_done) ++done;
+      if (e.type == TransportEvent::Type::peer_lost) failures.push_back("a: " + e.message);
+    }
+  }
+  End& a_;
+  End& b_;
+  std::vector<TransportEvent> events_;
+  bool stop_issuing_ = false;
+};
+
 class RailsTest : public testing::TestWithParam<Rails> {
  protected:
   void SetUp() override {
@@ -131,28 +283,37 @@ class RailsTest : public testing::TestWithParam<Rails> {
     }
     connect(*a_, *b_);
   }
-  // Takes the second rail down: the kernel aborts its tcp connection, or its veth goes down
-  // (brought up again in TearDown, for the tests after).
-  void cut_second_rail() {
-    ProcessResult r;
-    if (GetParam().kind == TransportKind::tcp) {
-      r = ss({"-K"}, second_rail_port(*a_), second_rail_port(*b_));
-    } else {
-      r = run_process({binary("ip"), "link", "set", "veth2", "down"}, 10s);
+  // Takes the second rail down: the kernel aborts its tcp connections (tcp, fabric's tcp
+  // provider), or its veth goes down (verbs; brought up again by bring_second_rail_up or
+  // TearDown). The stream goes on while the command runs, so that the cut finds stripes in flight.
+  void cut_second_rail(Stream& stream) {
+    std::vector<std::string> argv{binary("ip"), "link", "set", "veth2", "down"};
+    if (GetParam().rxe()) {
       link_down_ = true;
+    } else {
+      argv = {binary("ss"), "-K"};
+      for (const std::string& token : second_rail_filter(*a_, *b_, GetParam()))
+        argv.push_back(token);
     }
+    auto cut = std::async(std::launch::async, [=] { return run_process(argv, 10s); });
+    stream.run([&] { return cut.wait_for(0s) == std::future_status::ready; }, Clock::now() + 60s);
+    ProcessResult r = cut.get();
     ASSERT_EQ(r.exit_code, 0) << r.describe() << r.err;
   }
-  void TearDown() override {
-    if (link_down_) run_process({binary("ip"), "link", "set", "veth2", "up"}, 10s);
+  void bring_second_rail_up() {
+    if (!link_down_) return;
+    ProcessResult r = run_process({binary("ip"), "link", "set", "veth2", "up"}, 10s);
+    EXPECT_EQ(r.exit_code, 0) << r.describe() << r.err;
+    link_down_ = false;
   }
+  void TearDown() override { bring_second_rail_up(); }
   std::unique_ptr<End> a_, b_;
   bool link_down_ = false;
 };
 
 TEST_P(RailsTest, AStripedWriteCrossesBothRails) {
   End &a = *a_, &b = *b_;
-  const int64_t sent_before = rxe1_sent_packets();
+  const uint64_t before = second_rail_bytes(a, b, GetParam());
   for (uint64_t i = 0; i < kWriteBytes; ++i)
     a.slot(0)[i] = pattern(0, i);
   a.connection->write(*a.region, 0, *a.peer, 0, kWriteBytes, 7u, 1);
@@ -167,96 +328,90 @@ TEST_P(RailsTest, AStripedWriteCrossesBothRails) {
   ASSERT_TRUE(notified);
   EXPECT_EQ(std::memcmp(a.slot(0), b.slot(0), kWriteBytes), 0);
   // The second rail carried about half of it.
-  if (GetParam().kind == TransportKind::verbs) {
-    // rxe's RoCE MTU here is 4096: 2 MiB is 512 packets.
-    EXPECT_GE(rxe1_sent_packets() - sent_before, 500) << "rxe1 sent too few packets";
-    return;
-  }
-  ProcessResult out = ss({"-tinH"}, second_rail_port(a), second_rail_port(b));
-  ASSERT_EQ(out.exit_code, 0) << out.describe();
-  uint64_t most = 0;
-  std::smatch m;
-  for (std::string text = out.out;
-       std::regex_search(text, m, std::regex(R"(bytes_received:(\d+))")); text = m.suffix())
-    most = std::max<uint64_t>(most, std::stoull(m[1]));
-  EXPECT_GE(most, kWriteBytes / 2 - 64 * 1024) << out.out;
-  EXPECT_LT(most, kWriteBytes) << out.out;
+  const uint64_t carried = second_rail_bytes(a, b, GetParam()) - before;
+  EXPECT_GE(carried, kWriteBytes / 2 - 64 * 1024);
+  EXPECT_LT(carried, kWriteBytes);
 }
 
 TEST_P(RailsTest, ARailCutMidStreamLosesNoWriteAndRaisesNoError) {
   End &a = *a_, &b = *b_;
-  std::mutex lines_mutex;
-  std::vector<std::string> warnings;
-  LogSink previous = set_log_sink([&](LogLevel level, std::string_view line) {
-    std::lock_guard lock(lines_mutex);
-    if (level <= LogLevel::warn) warnings.emplace_back(line);
-  });
-  int issued = 0, verified = 0, done = 0;
-  std::vector<std::string> failures;
-  std::vector<uint32_t> order;
-  Clock::time_point cut_at{}, recovered_at{};
-  std::vector<TransportEvent> events;
-  for (auto until = Clock::now() + 240s; verified < kWrites && Clock::now() < until;) {
-    // At most kSlots writes ahead of what b verified: a slot is rewritten only once read.
-    while (issued < kWrites && issued < verified + kSlots) {
-      for (uint64_t i = 0; i < kWriteBytes; ++i)
-        a.slot(issued)[i] = pattern(issued, i);
-      const uint64_t at = (issued % kSlots) * kWriteBytes;
-      a.connection->write(*a.region, at, *a.peer, at, kWriteBytes, static_cast<uint32_t>(issued),
-                          static_cast<uint64_t>(issued));
-      ++issued;
-    }
-    events.clear();
-    b.transport->poll(events, 10ms);
-    for (const auto& e : events) {
-      if (e.type == TransportEvent::Type::peer_lost) failures.push_back("b: " + e.message);
-      if (e.type != TransportEvent::Type::notification) continue;
-      order.push_back(e.value);
-      const int k = static_cast<int>(e.value);
-      bool same = true;
-      for (uint64_t i = 0; i < kWriteBytes && same; i += 509)
-        same = b.slot(k)[i] == pattern(k, i);
-      if (!same) failures.push_back(fmt::format("write {} landed wrong", k));
-      ++verified;
-      if (cut_at != Clock::time_point{} && recovered_at == Clock::time_point{})
-        recovered_at = Clock::now();
-    }
-    events.clear();
-    a.transport->poll(events, 0ms);
-    for (const auto& e : events) {
-      if (e.type == TransportEvent::Type::write_done && e.status != HM_OK)
-        failures.push_back(fmt::format("write {} failed: {}", e.cookie, e.message));
-      if (e.type == TransportEvent::Type::write_done) ++done;
-      if (e.type == TransportEvent::Type::peer_lost) failures.push_back("a: " + e.message);
-    }
-    if (verified >= kCutAfter && cut_at == Clock::time_point{}) {
-      cut_second_rail();
-      cut_at = Clock::now();
-    }
-  }
-  set_log_sink(previous);
-  EXPECT_EQ(failures, std::vector<std::string>{});
-  ASSERT_EQ(verified, kWrites);
-  for (int k = 0; k < kWrites; ++k)
-    EXPECT_EQ(order[k], static_cast<uint32_t>(k)) << "notifications out of order";
+  Said said;
+  Stream stream(a, b);
+  const auto until = Clock::now() + 240s;
+  ASSERT_TRUE(stream.run([&] { return stream.verified >= kCutAfter; }, until));
+  cut_second_rail(stream);
+  const auto cut_at = Clock::now();
+  const int verified_at_cut = stream.verified;
+  ASSERT_TRUE(stream.run([&] { return stream.verified > verified_at_cut; }, until));
+  const auto recovered_at = Clock::now();
+  ASSERT_TRUE(stream.run([&] { return stream.verified >= kWrites; }, until));
+  ASSERT_TRUE(stream.drain(until));
+  EXPECT_EQ(stream.failures, std::vector<std::string>{});
+  EXPECT_TRUE(stream.in_order) << "notifications out of order";
   EXPECT_TRUE(a.connection->alive());
-  bool said = false;
   const std::string down = fmt::format("rail 1 ({}) is down", GetParam().nics[1]);
-  for (const std::string& line : warnings)
-    said |= line.find(down) != std::string::npos;
-  EXPECT_TRUE(said) << "the cut never reached the rails: nothing said " << down;
-  ASSERT_NE(recovered_at, Clock::time_point{});
+  EXPECT_GE(said.count(down), 1) << "the cut never reached the rails: nothing said " << down;
   fmt::print(
       "rails over {}: rail 1 cut after {} writes; the next write landed {:.1f} ms later; "
       "{} of {} writes done\n",
-      to_string(GetParam().kind), kCutAfter,
-      std::chrono::duration<double, std::milli>(recovered_at - cut_at).count(), done, kWrites);
+      to_string(GetParam().kind), verified_at_cut,
+      std::chrono::duration<double, std::milli>(recovered_at - cut_at).count(), stream.done,
+      stream.issued);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, RailsTest,
-                         testing::Values(Rails{TransportKind::tcp, {"127.0.0.1", "127.0.0.2"}},
-                                         Rails{TransportKind::verbs, {"rxe0", "rxe1"}}),
-                         rails_name);
+// A rail taken out is connected again by both ends after its cooldown, and carries half of each
+// striped write again; a stream of writes goes on throughout, none lost, failed or out of order.
+TEST_P(RailsTest, ACutRailIsTriedAgainAndCarriesStripesOnceBack) {
+  if (GetParam().provider == "verbs;ofi_rxm")
+    GTEST_SKIP() << "not yet over verbs;ofi_rxm: its rail is connected again, but rxm keeps its "
+                    "failed connection to the peer's address, so the rail fails again and is "
+                    "taken out again (no write lost)";
+  End &a = *a_, &b = *b_;
+  Said said;
+  Stream stream(a, b);
+  const std::string rail = fmt::format("rail 1 ({})", GetParam().nics[1]);
+  const auto until = Clock::now() + 240s;
+  ASSERT_TRUE(stream.run([&] { return stream.verified >= kSlots; }, until));
+  cut_second_rail(stream);
+  const auto cut_at = Clock::now();
+  // Until both ends took the rail out (a's writes find it, or its connection's end).
+  ASSERT_TRUE(stream.run([&] { return said.count(rail + " is down") >= 2; }, until))
+      << "both ends should have taken the rail out: " << said.count(rail + " is down");
+  bring_second_rail_up();
+  // Until both ends have it back, and a few writes more.
+  ASSERT_TRUE(stream.run([&] { return said.count(rail + " is back") >= 2; }, until))
+      << "both ends should have connected the rail again: " << said.count(rail + " is back");
+  const auto back_at = Clock::now();
+  const int verified_back = stream.verified;
+  ASSERT_TRUE(stream.run([&] { return stream.verified >= verified_back + 2 * kSlots; }, until));
+  ASSERT_TRUE(stream.drain(until));
+  EXPECT_EQ(stream.failures, std::vector<std::string>{});
+  EXPECT_TRUE(stream.in_order) << "notifications out of order";
+  // One write more, alone: the rail carries its half again.
+  const uint64_t before = second_rail_bytes(a, b, GetParam());
+  ASSERT_EQ(write_one(a, b, stream.issued), "");
+  const uint64_t carried = second_rail_bytes(a, b, GetParam()) - before;
+  EXPECT_GE(carried, kWriteBytes / 2 - 64 * 1024) << "the rail came back but carried too little";
+  // Once back, the rail's new connection kept its accounts (a count off by one would take it
+  // down again as a malformed acknowledgement).
+  EXPECT_EQ(said.count(rail + " is down"), 2);
+  EXPECT_EQ(said.count("stripes of the"), 0);
+  EXPECT_TRUE(a.connection->alive());
+  EXPECT_TRUE(b.connection->alive());
+  fmt::print(
+      "rails over {}: rail 1 cut, then back on both ends {:.0f} ms after the cut ({} "
+      "writes, none lost)\n",
+      to_string(GetParam().kind),
+      std::chrono::duration<double, std::milli>(back_at - cut_at).count(), stream.issued + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, RailsTest,
+    testing::Values(Rails{TransportKind::tcp, {"127.0.0.1", "127.0.0.2"}},
+                    Rails{TransportKind::verbs, {"rxe0", "rxe1"}},
+                    Rails{TransportKind::fabric, {"127.0.0.1", "127.0.0.2"}, "tcp"},
+                    Rails{TransportKind::fabric, {"rxe0", "rxe1"}, "verbs;ofi_rxm"}),
+    rails_name);
 
 TEST(Rails, APeerWithoutRailsIsRefusedByName) {
   End a(Rails{TransportKind::tcp, {"127.0.0.1", "127.0.0.2"}});

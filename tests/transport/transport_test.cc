@@ -88,7 +88,8 @@ std::string describe(const Param& p) {
     std::string provider = p.provider;  // "verbs;ofi_rxm" -> "verbs_ofi_rxm"
     for (char& c : provider)
       if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-    return fmt::format("fabric_{}_{}_to_{}", provider, p.local, p.remote);
+    return fmt::format("fabric_{}{}_{}_to_{}", provider, p.rails.empty() ? "" : "_rails", p.local,
+                       p.remote);
   }
   if (!p.peer_plugin.empty())
     return fmt::format("{}_{}_to_{}_ring", to_string(p.kind), p.local, p.remote);
@@ -291,6 +292,10 @@ std::vector<Param> all_params() {
         {TransportKind::tcp, local, remote, "", {}, "", "auto", "127.0.0.1,127.0.0.2"});
   for (const char* memory : {"cpu", "asic_stub"})
     params.push_back({TransportKind::verbs, memory, memory, "", {}, "", "auto", "rxe0,rxe1"});
+  // And libfabric's tcp provider over two loopback addresses.
+  for (auto [local, remote] : {std::pair{"cpu", "cpu"}, std::pair{"asic_stub", "cpu"}})
+    params.push_back(
+        {TransportKind::fabric, local, remote, "", {}, "", "tcp", "127.0.0.1,127.0.0.2"});
   return params;
 }
 

@@ -48,7 +48,8 @@ bool wildcard(const std::string& host) {
 
 // The providers that offer what hetmesh needs, for `provider` ("auto": any), bound to `host`
 // where that works. nullptr with `why` set when none does.
-fi_info* query(const std::string& provider, const std::string& host, std::string& why) {
+fi_info* query(const std::string& provider, const std::string& host, const std::string& domain,
+               std::string& why) {
   const FabricLibrary& lib = fabric_library();
   fi_info* hints = lib.dupinfo(nullptr);
   if (hints == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "fabric: fi_allocinfo");
@@ -60,6 +61,7 @@ fi_info* query(const std::string& provider, const std::string& host, std::string
   hints->tx_attr->msg_order = FI_ORDER_SAS;
   hints->rx_attr->msg_order = FI_ORDER_SAS;
   if (provider != "auto") hints->fabric_attr->prov_name = strdup(provider.c_str());
+  if (!domain.empty()) hints->domain_attr->name = strdup(domain.c_str());
   fi_info* info = nullptr;
   int ret = -FI_ENODATA;
   // Bound to the listen address first (a loopback job stays on loopback), else wherever the
@@ -81,15 +83,17 @@ bool ordered(const fi_info& info) {
          (info.rx_attr->msg_order & kNeeded) == kNeeded;
 }
 
-FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& host) {
+FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& host,
+                               const std::string& domain_name) {
   std::string why;
-  fi_info* list = query(provider, host, why);
+  fi_info* list = query(provider, host, domain_name, why);
   if (list == nullptr)
     throw Error(HM_ERR_NOT_SUPPORTED,
-                fmt::format("fabric: no libfabric provider {} offers reliable datagrams with "
+                fmt::format("fabric: no libfabric provider {}{} offers reliable datagrams with "
                             "messages and RMA writes here (fi_getinfo: {}; `fi_info -l` lists "
-                            "the providers this libfabric has)",
-                            provider == "auto" ? "at all" : "'" + provider + "'", why));
+                            "the providers this libfabric has, `fi_info -v` their domains)",
+                            provider == "auto" ? "at all" : "'" + provider + "'",
+                            domain_name.empty() ? "" : " in domain '" + domain_name + "'", why));
   info_ = fabric_library().dupinfo(list);
   fabric_library().freeinfo(list);
   if (info_ == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "fabric: fi_dupinfo");
@@ -238,7 +242,7 @@ namespace hetmesh {
 
 std::vector<FabricProviderInfo> list_fabric_providers() {
   std::string why;
-  fi_info* list = detail::query("auto", "", why);
+  fi_info* list = detail::query("auto", "", "", why);
   std::vector<FabricProviderInfo> out;
   for (fi_info* i = list; i != nullptr; i = i->next) {
     // One line per provider and domain: libfabric repeats them for each address it has there.

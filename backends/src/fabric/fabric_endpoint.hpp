@@ -15,9 +15,10 @@
 namespace hetmesh::detail {
 
 // The providers (and domains) that offer reliable datagrams with messages and RMA writes, for
-// `provider` ("auto": any), bound to `host` where that works (not for ""). nullptr, with `why`
-// set, when none does; else a list for fi_freeinfo.
-fi_info* query(const std::string& provider, const std::string& host, std::string& why);
+// `provider` ("auto": any) and `domain` ("": any), bound to `host` where that works (not for "").
+// nullptr, with `why` set, when none does; else a list for fi_freeinfo.
+fi_info* query(const std::string& provider, const std::string& host, const std::string& domain,
+               std::string& why);
 
 // FI_ORDER_WAW and FI_ORDER_SAW both ways: FabricEndpoint::ordered().
 bool ordered(const fi_info& info);
@@ -42,9 +43,11 @@ class FabricMr {
 class FabricEndpoint {
  public:
   // Opens the provider named (`auto`: the first that offers reliable datagrams with messages and
-  // RMA), preferring a domain on `host`'s interface where the provider is address-based. Throws
-  // Error(HM_ERR_NOT_SUPPORTED) naming the provider and libfabric's answer when none fits.
-  FabricEndpoint(const std::string& provider, const std::string& host);
+  // RMA), in `domain` where one is named, else preferring a domain on `host`'s interface where the
+  // provider is address-based. Throws Error(HM_ERR_NOT_SUPPORTED) naming the provider and
+  // libfabric's answer when none fits.
+  FabricEndpoint(const std::string& provider, const std::string& host,
+                 const std::string& domain_name);
   ~FabricEndpoint();
   FabricEndpoint(const FabricEndpoint&) = delete;
   FabricEndpoint& operator=(const FabricEndpoint&) = delete;

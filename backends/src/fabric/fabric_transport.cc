@@ -99,7 +99,7 @@ RegionDescriptor FabricRegion::describe() const {
 FabricShared::FabricShared(const TransportOptions& options)
     : id(new_endpoint_id()),
       io_timeout(options.io_timeout),
-      endpoint(options.fabric_provider, options.listen_host),
+      endpoint(options.fabric_provider, options.listen_host, options.fabric_domain),
       sends(endpoint, kSlots, "the fabric transport's send buffers"),
       receives(endpoint, kSlots, "the fabric transport's receive buffers"),
       receive_ops(kSlots) {

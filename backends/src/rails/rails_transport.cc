@@ -3,7 +3,8 @@
 // over them. Each rail has two threads: a sender that makes the rail's writes and acknowledgements
 // one after another (a tcp write blocks until its bytes are sent, so rails move at once only from
 // threads of their own), and a poller that takes the rail's events and acts on them under the
-// core's mutex; the user's events go to one queue that poll() reads. The core is shared by the
+// core's mutex; the user's events go to one queue that poll() reads. One more thread, the
+// reviver, connects failed rails again after their cooldown. The core is shared by the
 // transport and its connections, so a connection that outlives the transport fails cleanly. No
 // rail's connection is closed (its destructor joins threads) with the mutex held: what is dropped
 // under it waits in `closing_` until the lock is let go.
@@ -16,6 +17,8 @@
 #include <hetmesh/core/thread.hpp>
 
 #include <fmt/format.h>
+
+#include <arpa/inet.h>
 
 #include <algorithm>
 #include <atomic>
@@ -50,6 +53,16 @@ constexpr size_t kFirst = 0;
 constexpr size_t kMaxOrphanBytes = 1 << 20;
 constexpr auto kPollSlice = 50ms;  // how soon a poller sees the transport end
 
+// A numeric IPv4 or IPv6 address (a fabric rail's name is one, or a domain's).
+bool is_ip_address(const std::string& name) {
+  in6_addr bytes;
+  std::string bare = name.size() > 2 && name.front() == '[' && name.back() == ']'
+                         ? name.substr(1, name.size() - 2)
+                         : name;
+  return inet_pton(AF_INET, bare.c_str(), &bytes) == 1 ||
+         inet_pton(AF_INET6, bare.c_str(), &bytes) == 1;
+}
+
 class RailsCore : public std::enable_shared_from_this<RailsCore> {
  public:
   explicit RailsCore(const TransportOptions& options);
@@ -80,11 +93,19 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
     std::deque<std::pair<std::weak_ptr<RailsLink>, RailsPost>> queue;
     std::condition_variable ready;
     std::thread sender, poller;
+    bool broken = false;  // its transport's poll failed: no connection of it is tried again
+  };
+  // A rail of a link to connect again, once `at` comes.
+  struct Revival {
+    std::weak_ptr<RailsLink> link;
+    size_t rail;
+    std::chrono::steady_clock::time_point at;
   };
   using Lock = std::unique_lock<std::mutex>;
 
   void send_loop(size_t rail);
   void poll_loop(size_t rail);
+  void revive_loop();
   // Lets go of the lock, then of the rails' connections dropped under it (close_outside: and
   // takes the lock again).
   void unlock_and_close(Lock& lock);
@@ -93,6 +114,18 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   void handle(size_t rail, TransportEvent& event);
   void acknowledged(RailsLink& link, size_t rail, std::span<const uint8_t> message);
   void rail_down(RailsLink& link, size_t rail, const std::string& why);
+  // A new connection of a rail that was down takes stripes from now on.
+  void rail_back(RailsLink& link, size_t rail, std::shared_ptr<Connection> connection);
+  // The peer's region on a rail's connection of now, imported there if not yet; null where the
+  // rail is down or the import failed.
+  std::shared_ptr<const RemoteRegion> remote_on(RailsLink& link, const RailsRemoteRegion& region,
+                                                size_t rail);
+  // The events of a rail's connection that came before it was known here, handled now.
+  void adopt_orphans(size_t rail, ConnectionId child);
+  // A rail's connection no link has any more: its late events are dropped, early ones forgotten.
+  void retire(size_t rail, ConnectionId child);
+  // Tries the rail again after its cooldown, which doubles for the try after.
+  void schedule_revival(RailsLink& link, size_t rail);
   // Fails every open write with `why`; with `tell`, the user hears peer_lost (else the user
   // dropped the connection).
   void lose(RailsLink& link, const std::string& why, bool tell);
@@ -119,6 +152,10 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   std::set<std::pair<size_t, ConnectionId>> retired_;  // rails' connections of links gone
   std::vector<std::shared_ptr<Connection>> closing_;   // closed once the lock is let go
   std::vector<std::unique_ptr<RailThreads>> threads_;
+  std::vector<Revival> revivals_;
+  std::multiset<EndpointDescriptor> connecting_;  // peers a connect() is under way to
+  std::condition_variable revive_ready_;
+  std::thread reviver_;
   bool stopping_ = false;
 };
 
@@ -170,10 +207,9 @@ class RailsTransport final : public Transport {
 };
 
 RailsCore::RailsCore(const TransportOptions& options) : options_(options) {
-  if (options.kind != TransportKind::tcp && options.kind != TransportKind::verbs)
+  if (options.kind == TransportKind::ipc)
     throw Error(HM_ERR_INVALID_ARGUMENT,
-                fmt::format("rails: the {} transport takes one NIC (rails are for tcp and verbs)",
-                            to_string(options.kind)));
+                "rails: the ipc transport takes no NIC (rails are for tcp, verbs and fabric)");
   if (options.rails.size() > kMaxRails)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("rails: {} NICs named, at most {}", options.rails.size(), kMaxRails));
@@ -182,8 +218,12 @@ RailsCore::RailsCore(const TransportOptions& options) : options_(options) {
     one.rails.clear();
     if (options.kind == TransportKind::tcp)
       one.listen_host = options.rails[r];
-    else
+    else if (options.kind == TransportKind::verbs)
       one.rdma_device = options.rails[r];
+    else if (is_ip_address(options.rails[r]))  // fabric: an address, or a domain's name
+      one.listen_host = options.rails[r];
+    else
+      one.fabric_domain = options.rails[r];
     try {
       rails_.push_back(Transport::create(one));
     } catch (const Error& e) {
@@ -200,6 +240,7 @@ RailsCore::RailsCore(const TransportOptions& options) : options_(options) {
       threads_[r]->sender = start_thread("hm-rail-send", [this, r] { send_loop(r); });
       threads_[r]->poller = start_thread("hm-rail-poll", [this, r] { poll_loop(r); });
     }
+    reviver_ = start_thread("hm-rail-revive", [this] { revive_loop(); });
   } catch (...) {
     stop();
     throw;
@@ -213,11 +254,13 @@ void RailsCore::stop() {
     stopping_ = true;
     for (auto& t : threads_)
       t->ready.notify_all();
+    revive_ready_.notify_all();
   }
   for (auto& t : threads_) {
     if (t->sender.joinable()) t->sender.join();
     if (t->poller.joinable()) t->poller.join();
   }
+  if (reviver_.joinable()) reviver_.join();
   Lock lock(mutex_);
   for (const auto& link : std::vector<std::shared_ptr<RailsLink>>(links_))
     lose(*link, "rails: the transport ended", /*tell=*/false);
@@ -261,6 +304,12 @@ std::shared_ptr<Connection> RailsCore::connect(const EndpointDescriptor& peer,
                             parts.size(), rails_.size()));
   auto link = std::make_shared<RailsLink>();
   link->id = next_id_++;
+  link->peer = peer;
+  link->peer_parts = parts;
+  {
+    Lock lock(mutex_);
+    connecting_.insert(peer);
+  }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   // In rail order on both sides, so that each rail's two ends meet.
   for (size_t r = 0; r < rails_.size(); ++r) {
@@ -273,13 +322,15 @@ std::shared_ptr<Connection> RailsCore::connect(const EndpointDescriptor& peer,
     } catch (const Error& e) {
       Lock lock(mutex_);
       for (size_t done = 0; done < link->rails.size(); ++done)  // their late events are no one's
-        retired_.insert({done, link->rails[done].connection->id()});
+        retire(done, link->rails[done].connection->id());
+      connecting_.erase(connecting_.find(peer));
       lock.unlock();
       throw Error(e.status(), fmt::format("rails: rail {} ({}): {}", r, rail.name, e.what()));
     }
     link->rails.push_back(std::move(rail));
   }
   Lock lock(mutex_);
+  connecting_.erase(connecting_.find(peer));
   if (stopping_) throw Error(kStatusPeerLost, "rails: connect: the transport ended");
   links_.push_back(link);
   std::vector<ConnectionId> ids;
@@ -288,19 +339,31 @@ std::shared_ptr<Connection> RailsCore::connect(const EndpointDescriptor& peer,
     by_child_[{r, ids[r]}] = link;
   }
   // What came before now, in order (handling it may take rails down, or the whole link).
-  for (size_t r = 0; r < rails_.size(); ++r) {
-    std::vector<TransportEvent> early;
-    std::erase_if(orphans_[r], [&](TransportEvent& e) {
-      if (e.connection != ids[r]) return false;
-      orphan_bytes_[r] -= e.payload.size() + e.message.size();
-      early.push_back(std::move(e));
-      return true;
-    });
-    for (auto& e : early)
-      handle(r, e);
-  }
+  for (size_t r = 0; r < rails_.size(); ++r)
+    adopt_orphans(r, ids[r]);
   unlock_and_close(lock);
   return std::make_shared<RailsConnection>(shared_from_this(), link);
+}
+
+void RailsCore::retire(size_t r, ConnectionId child) {
+  retired_.insert({r, child});
+  std::erase_if(orphans_[r], [&](const TransportEvent& e) {
+    if (e.connection != child) return false;
+    orphan_bytes_[r] -= e.payload.size() + e.message.size();
+    return true;
+  });
+}
+
+void RailsCore::adopt_orphans(size_t r, ConnectionId child) {
+  std::vector<TransportEvent> early;
+  std::erase_if(orphans_[r], [&](TransportEvent& e) {
+    if (e.connection != child) return false;
+    orphan_bytes_[r] -= e.payload.size() + e.message.size();
+    early.push_back(std::move(e));
+    return true;
+  });
+  for (auto& e : early)
+    handle(r, e);
 }
 
 bool RailsCore::alive(const RailsLink& link) {
@@ -316,16 +379,43 @@ std::shared_ptr<RemoteRegion> RailsCore::import_region(RailsLink& link, const Re
                 fmt::format("rails: a region of {} rails on a connection of {}", parts.size(),
                             link.rails.size()));
   if (link.lost) throw Error(kStatusPeerLost, "rails: import_region: the peer is lost");
-  std::vector<std::shared_ptr<RemoteRegion>> remote(parts.size());
+  std::vector<RailsRemoteRegion::Imported> remote(parts.size());
   for (size_t r = 0; r < parts.size(); ++r) {
-    if (!link.rails[r].connection) continue;  // down: never written again
-    remote[r] = link.rails[r].connection->import_region(parts[r]);
-    if (remote[r]->size() != remote[kFirst]->size())
+    if (!link.rails[r].connection) continue;  // down: imported if it comes back
+    remote[r] = {link.rails[r].generation, link.rails[r].connection->import_region(parts[r])};
+    if (remote[r].remote->size() != remote[kFirst].remote->size())
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("rails: the peer's region is {} bytes on rail 0 and {} on rail {}",
-                              remote[kFirst]->size(), remote[r]->size(), r));
+                              remote[kFirst].remote->size(), remote[r].remote->size(), r));
   }
-  return std::make_shared<RailsRemoteRegion>(remote[kFirst]->size(), std::move(remote));
+  const uint64_t size = remote[kFirst].remote->size();
+  return std::make_shared<RailsRemoteRegion>(size, std::move(parts), std::move(remote));
+}
+
+std::shared_ptr<const RemoteRegion> RailsCore::remote_on(RailsLink& link,
+                                                         const RailsRemoteRegion& region,
+                                                         size_t r) {
+  auto& rail = link.rails[r];
+  if (!rail.connection || !rail.ready) return nullptr;
+  auto& imported = region.rails[r];
+  if (imported.generation == rail.generation && (imported.remote || imported.failed))
+    return imported.remote;
+  imported = {rail.generation, nullptr, true};  // said once a generation
+  try {
+    auto remote = rail.connection->import_region(region.parts[r]);
+    if (remote->size() != region.size())
+      throw Error(HM_ERR_INVALID_ARGUMENT,
+                  fmt::format("the peer's region is {} bytes on rail 0 and {} here", region.size(),
+                              remote->size()));
+    imported = {rail.generation, std::move(remote), false};
+    return imported.remote;
+  } catch (const std::exception& e) {
+    log(LogLevel::warn,
+        "rails: connection {}: rail {} ({}): a region of the peer's: {}; its "
+        "writes take the other rails",
+        link.id, r, rail.name, e.what());
+    return nullptr;
+  }
 }
 
 uint64_t RailsCore::add_piece(RailsLink& link, RailsPiece piece) {
@@ -350,14 +440,17 @@ void RailsCore::write(const std::shared_ptr<RailsLink>& link, const Region& src,
   link->writes.push_back({cookie});
   std::shared_ptr<const RailsRegion> from = source->shared_from_this();
   std::shared_ptr<const RailsRemoteRegion> into = target->shared_from_this();
+  std::vector<std::shared_ptr<const RemoteRegion>> remote(link->rails.size());
+  remote[kFirst] = target->rails[kFirst].remote;
   auto piece = [&](size_t rail, uint64_t at, uint64_t n, std::optional<uint32_t> value) {
-    RailsPiece p{write, rail, from, src_offset + at, into, dst_offset + at, n, value};
+    RailsPiece p{write, rail, from, src_offset + at, into, remote[rail], dst_offset + at, n, value};
     return p;
   };
   // The other rails' stripes, each acknowledged by the peer; the first rail keeps the rest.
   std::vector<size_t> others;
-  for (size_t r = kFirst + 1; r < link->rails.size(); ++r)
-    if (link->rails[r].connection) others.push_back(r);
+  if (length >= kStripeMin)
+    for (size_t r = kFirst + 1; r < link->rails.size(); ++r)
+      if ((remote[r] = remote_on(*link, *target, r))) others.push_back(r);
   uint64_t at = 0;
   if (length >= kStripeMin && !others.empty()) {
     const uint64_t ways = others.size() + 1;
@@ -377,8 +470,9 @@ void RailsCore::write(const std::shared_ptr<RailsLink>& link, const Region& src,
   // of another rail issued before it (this write's among them); its bytes before the notifying
   // tail need not.
   bool unacked = false;
-  for (size_t r : others)
-    unacked = unacked || link->rails[r].acked < link->rails[r].issued;
+  for (size_t r = kFirst + 1; r < link->rails.size(); ++r)
+    unacked =
+        unacked || (link->rails[r].connection && link->rails[r].acked < link->rails[r].issued);
   if (notify && unacked) {
     const uint64_t tail = std::min(kNotifyTail, length - at);
     if (length - at > tail)
@@ -409,7 +503,7 @@ void RailsCore::drop(RailsLink& link) {
 
 void RailsCore::close_rail(RailsLink& link, size_t r) {
   if (auto& connection = link.rails[r].connection) {
-    retired_.insert({r, connection->id()});
+    retire(r, connection->id());
     by_child_.erase({r, connection->id()});
     closing_.push_back(std::move(connection));
   }
@@ -447,6 +541,7 @@ void RailsCore::send_loop(size_t r) {
       uint8_t count[8];
       std::memcpy(count, &link->rails[r].landed, sizeof count);
       link->rails[r].ack_queued = false;
+      const uint64_t generation = link->rails[r].generation;
       lock.unlock();
       try {
         connection->send_control(count);
@@ -456,7 +551,8 @@ void RailsCore::send_loop(size_t r) {
       }
       connection.reset();
       lock.lock();
-      if (status != HM_OK) rail_down(*link, r, message);
+      // (A connection that failed after the rail came back on a new one is not the rail's.)
+      if (status != HM_OK && link->rails[r].generation == generation) rail_down(*link, r, message);
       close_outside(lock);
       continue;
     }
@@ -470,8 +566,8 @@ void RailsCore::send_loop(size_t r) {
       const RailsPiece piece = p->second;
       lock.unlock();
       try {
-        connection->write(piece.src->rail(r), piece.src_offset, piece.dst->rail(r),
-                          piece.dst_offset, piece.length, piece.notify, post.piece);
+        connection->write(piece.src->rail(r), piece.src_offset, *piece.dst_rail, piece.dst_offset,
+                          piece.length, piece.notify, post.piece);
       } catch (const std::exception& e) {
         const auto* error = dynamic_cast<const Error*>(&e);
         status = error ? error->status() : HM_ERR_BACKEND;
@@ -502,6 +598,7 @@ void RailsCore::poll_loop(size_t r) {
       Lock lock(mutex_);
       log(LogLevel::error, "rails: rail {} ({}): poll: {}; the rail is taken out", r,
           options_.rails[r], e.what());
+      threads_[r]->broken = true;
       for (const auto& link : std::vector<std::shared_ptr<RailsLink>>(links_))
         if (r == kFirst)
           lose(*link, fmt::format("rails: rail 0 ({}): poll: {}", options_.rails[r], e.what()),
@@ -565,6 +662,16 @@ void RailsCore::handle(size_t r, TransportEvent& e) {
       return;
     case TransportEvent::Type::control:
       if (r == kFirst) break;
+      if (!rail.ready) {
+        rail.ready = true;
+        log(LogLevel::warn,
+            "rails: connection {}: rail {} ({}) is back after {} ms and takes "
+            "stripes again",
+            link->id, r, rail.name,
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                  rail.down_since)
+                .count());
+      }
       acknowledged(*link, r, e.payload);
       release_held(*link);
       return;
@@ -592,6 +699,7 @@ void RailsCore::acknowledged(RailsLink& link, size_t r, std::span<const uint8_t>
                           rail.posted, message.size()));
     return;
   }
+  if (count > rail.acked) rail.cooldown = kCooldown;  // it carries bytes: a failure is new
   for (; rail.acked < count; ++rail.acked) {
     const uint64_t id = rail.unacked.front();
     rail.unacked.pop_front();
@@ -602,21 +710,27 @@ void RailsCore::acknowledged(RailsLink& link, size_t r, std::span<const uint8_t>
 void RailsCore::rail_down(RailsLink& link, size_t r, const std::string& why) {
   auto& rail = link.rails[r];
   if (!rail.connection) return;
+  const bool again = !stopping_ && !threads_[r]->broken;
   log(LogLevel::warn,
       "rails: connection {}: rail {} ({}) is down: {}; {} stripe(s) not acknowledged go again on "
-      "rail 0, and the rail takes no more writes",
-      link.id, r, rail.name, why, rail.unacked.size());
+      "rail 0{}",
+      link.id, r, rail.name, why, rail.unacked.size(),
+      again ? fmt::format(", and the rail is tried again in {} ms", rail.cooldown.count())
+            : std::string(", and the rail takes no more writes"));
   close_rail(link, r);
+  rail.down_since = std::chrono::steady_clock::now();
+  if (again) schedule_revival(link, r);
   // Ahead of everything on the first rail, in their order: before any notification held there.
   for (auto id = rail.unacked.rbegin(); id != rail.unacked.rend(); ++id) {
     auto p = link.pieces.find(*id);
     if (p == link.pieces.end()) continue;
-    RailsPiece again = p->second;
-    again.rail = kFirst;
-    again.notify.reset();
-    again.acknowledged = again.writing = again.abandoned = false;
-    again.abandoned_status = HM_OK;
-    const uint64_t id_again = add_piece(link, std::move(again));
+    RailsPiece resent = p->second;
+    resent.rail = kFirst;
+    resent.dst_rail = resent.dst->rails[kFirst].remote;
+    resent.notify.reset();
+    resent.acknowledged = resent.writing = resent.abandoned = false;
+    resent.abandoned_status = HM_OK;
+    const uint64_t id_again = add_piece(link, std::move(resent));
     enqueue(kFirst, link, {id_again}, /*first=*/true);
     // The original is settled as done (after its copy counts, so its write stays open), once its
     // sender is back where it is inside the write (it may still read the memory).
@@ -625,6 +739,93 @@ void RailsCore::rail_down(RailsLink& link, size_t r, const std::string& why) {
   rail.unacked.clear();
   rail.acked = rail.posted = rail.issued;
   release_held(link);
+}
+
+void RailsCore::schedule_revival(RailsLink& link, size_t r) {
+  auto& rail = link.rails[r];
+  revivals_.push_back({link.weak_from_this(), r, std::chrono::steady_clock::now() + rail.cooldown});
+  rail.cooldown = std::min(rail.cooldown * 2, kCooldownMost);
+  revive_ready_.notify_one();
+}
+
+void RailsCore::revive_loop() {
+  Lock lock(mutex_);
+  while (!stopping_) {
+    auto due = std::min_element(revivals_.begin(), revivals_.end(),
+                                [](const Revival& x, const Revival& y) { return x.at < y.at; });
+    if (due == revivals_.end()) {
+      revive_ready_.wait(lock);
+      continue;
+    }
+    if (due->at > std::chrono::steady_clock::now()) {
+      revive_ready_.wait_until(lock, due->at);
+      continue;
+    }
+    const size_t r = due->rail;
+    std::shared_ptr<RailsLink> link = due->link.lock();
+    revivals_.erase(due);
+    if (!link || link->lost || link->rails[r].connection || threads_[r]->broken) continue;
+    // Each end connects its rail again on its own; with two connections to one peer, the two ends
+    // could pair one's rail with the other's, so such a rail stays down.
+    if (connecting_.contains(link->peer) ||
+        std::count_if(links_.begin(), links_.end(),
+                      [&](const auto& l) { return l->peer == link->peer; }) > 1) {
+      log(LogLevel::warn,
+          "rails: connection {}: rail {} ({}) is not tried again: another connection to the same "
+          "peer could take its place",
+          link->id, r, link->rails[r].name);
+      continue;
+    }
+    const std::vector<uint8_t> part = link->peer_parts[r];
+    lock.unlock();
+    std::shared_ptr<Connection> connection;
+    std::string why;
+    try {
+      connection = rails_[r]->connect(part, kReviveWindow);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    lock.lock();
+    auto& rail = link->rails[r];
+    const bool wanted = !stopping_ && !link->lost && !rail.connection && !threads_[r]->broken;
+    if (connection && wanted) {
+      rail_back(*link, r, std::move(connection));
+    } else if (connection) {
+      retire(r, connection->id());
+      closing_.push_back(std::move(connection));
+    } else if (wanted) {
+      log(LogLevel::info,
+          "rails: connection {}: rail {} ({}) is not back yet ({}); next try in {} ms", link->id, r,
+          rail.name, why, rail.cooldown.count());
+      schedule_revival(*link, r);
+    }
+    link.reset();
+    close_outside(lock);
+  }
+}
+
+void RailsCore::rail_back(RailsLink& link, size_t r, std::shared_ptr<Connection> connection) {
+  auto& rail = link.rails[r];
+  const ConnectionId child = connection->id();
+  rail.connection = std::move(connection);
+  ++rail.generation;
+  rail.issued = rail.posted = rail.acked = rail.landed = 0;
+  // Not striped over until the peer is heard on it; the peer hears this end at once.
+  rail.ready = false;
+  rail.ack_queued = true;
+  enqueue(r, link, {0, 0});
+  // Fences on this rail were of the connection before: every stripe they waited for went again on
+  // rail 0, ahead of them.
+  for (uint64_t id : link.held) {
+    auto p = link.pieces.find(id);
+    if (p != link.pieces.end() && r < p->second.fence.size()) p->second.fence[r] = 0;
+  }
+  by_child_[{r, child}] = link.weak_from_this();
+  log(LogLevel::info,
+      "rails: connection {}: rail {} ({}) is connected again; striped over once the peer is heard "
+      "on it",
+      link.id, r, rail.name);
+  adopt_orphans(r, child);
 }
 
 void RailsCore::lose(RailsLink& link, const std::string& why, bool tell) {

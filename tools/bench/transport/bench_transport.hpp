@@ -51,7 +51,7 @@ struct BenchOptions {
   uint64_t staging_slot_kib = TransportOptions{}.staging_slot_bytes >> 10;
   std::string rdma_device;         // verbs: the RDMA device ("" = the first active one)
   std::string provider = "auto";   // fabric: the libfabric provider (TransportOptions)
-  std::vector<std::string> rails;  // tcp, verbs: the NICs to stripe over (TransportOptions)
+  std::vector<std::string> rails;  // tcp, verbs, fabric: the NICs to stripe over (TransportOptions)
   // The one plugin the peer loads (its file, as HETMESH_PLUGINS names one), "" = all of them.
   std::string peer_plugin;
   // Across hosts: this end serves at HOST:PORT (as ib_write_bw's server does), or connects to one.

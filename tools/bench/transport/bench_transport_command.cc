@@ -96,8 +96,8 @@ void add_bench_transport_command(CLI::App& bench) {
                   "fabric: the libfabric provider (tcp, shm, verbs;ofi_rxm, efa, auto)")
       ->capture_default_str();
   cmd->add_option("--rails", o->rails,
-                  "tcp, verbs: stripe over these NICs (local addresses or RDMA devices), e.g. "
-                  "rxe0,rxe1")
+                  "tcp, verbs, fabric: stripe over these NICs (local addresses, RDMA devices, or "
+                  "for fabric either: an address or a provider's domain), e.g. rxe0,rxe1")
       ->delimiter(',');
   cmd->add_option(
          "--memory", o->memory,

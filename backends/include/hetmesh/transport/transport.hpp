@@ -13,9 +13,10 @@
 // Ordering: the writes of one connection land at the peer in the order they were issued, so a
 // notification implies that every earlier write on that connection is visible too. Notifications
 // arrive in issue order. Control messages are ordered among themselves only. Over rails
-// (TransportOptions::rails) a notification still implies every earlier write is visible, and
-// writes separated by a notification land in order, but writes between two notifications may land
-// in any order: they must not overlap.
+// (TransportOptions::rails) a notification still implies every earlier write is visible, but the
+// writes themselves may land in any order (a stripe on one rail can overtake bytes on another):
+// a write must not overlap an earlier one not yet known to have landed (its write_done is not
+// enough over tcp, which completes once sent; the peer's answer to its notification is).
 //
 // Errors: setup calls throw hetmesh::Error. A dead or misbehaving peer becomes a peer_lost event
 // (and failed writes) within the transport's timeouts, never a hang or an abort. What a peer sent
@@ -77,15 +78,20 @@ struct TransportOptions {
   bool busy_poll = false;
   // Rails: several NICs of this host, each carrying its own connection to the peer's NIC of the
   // same index: RDMA devices for verbs (in place of rdma_device), local addresses for tcp (in
-  // place of listen_host). A write of at least 512 KiB is striped over every rail that is up
+  // place of listen_host), for fabric either (an address in place of listen_host, any other name
+  // in place of fabric_domain). A write of at least 512 KiB is striped over every rail that is up
   // and notifies after every stripe has landed; a smaller one takes the first rail, which also
   // carries every notification and control message (the ordering is weaker: see above). A rail
-  // other than the first that fails is taken out and its writes go again on the first. Empty, or
-  // one name: no rails. Both ends name as many. Not for ipc or fabric (one NIC each).
+  // other than the first that fails is taken out, its writes go again on the first, and both ends
+  // connect it again after a cooldown. Empty, or one name: no rails. Both ends name as many. Not
+  // for ipc.
   std::vector<std::string> rails;
   // fabric: the libfabric provider ("tcp", "shm", "verbs;ofi_rxm", "efa", ...; "auto" = the
   // first that offers reliable datagrams with messages and RMA writes). Both ends name the same.
   std::string fabric_provider = "auto";
+  // fabric: the provider's domain, where it has several (an RDMA device for verbs;ofi_rxm, an EFA
+  // device for efa); "" = the first, on listen_host's interface where the provider has addresses.
+  std::string fabric_domain;
   // ipc: the staging ring each side creates for the writes no single copy can make (between two
   // plugins' device memories, or memory without IPC): a write goes in slot-sized chunks, the
   // writer filling one slot while the reader empties another. 2..64 slots of 4 KiB..64 MiB. Big
