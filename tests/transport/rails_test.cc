@@ -29,6 +29,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iostream>
 #include <mutex>
 #include <regex>
 #include <string>
@@ -189,6 +190,7 @@ class Said {
  public:
   Said()
       : previous_(set_log_sink([this](LogLevel level, std::string_view line) {
+          if (level <= LogLevel::warn) std::cerr << line << "\n";  // shown with a failure
           std::lock_guard lock(mutex_);
           if (level <= LogLevel::warn) lines_.emplace_back(line);
         })) {}
@@ -291,9 +293,20 @@ class RailsTest : public testing::TestWithParam<Rails> {
     if (GetParam().rxe()) {
       link_down_ = true;
     } else {
-      argv = {binary("ss"), "-K"};
-      for (const std::string& token : second_rail_filter(*a_, *b_, GetParam()))
-        argv.push_back(token);
+      // Exactly the sockets there are now, each by its two addresses: a connection made again
+      // after the cut (ss may still be running under a loaded machine) must not be cut too.
+      ProcessResult now = ss({"-tnH"}, second_rail_filter(*a_, *b_, GetParam()));
+      ASSERT_EQ(now.exit_code, 0) << now.describe();
+      argv = {binary("ss"), "-K", "("};
+      std::smatch m;
+      for (std::string text = now.out + "\n";
+           std::regex_search(text, m, std::regex(R"((\S+:\d+)\s+(\S+:\d+)\s*\n)"));
+           text = m.suffix()) {
+        if (argv.size() > 3) argv.push_back("or");
+        argv.insert(argv.end(), {"(", "src", m[1], "and", "dst", m[2], ")"});
+      }
+      ASSERT_GT(argv.size(), 3u) << "no connection of the second rail to cut: " << now.out;
+      argv.push_back(")");
     }
     auto cut = std::async(std::launch::async, [=] { return run_process(argv, 10s); });
     stream.run([&] { return cut.wait_for(0s) == std::future_status::ready; }, Clock::now() + 60s);
