@@ -12,6 +12,8 @@
 //    skipped where those devices are not.
 #include "rails/rails_wire.hpp"
 
+#include <unistd.h>
+
 #include <hetmesh/core/log.hpp>
 #include <hetmesh/core/plugin.hpp>
 #include <hetmesh/core/subprocess.hpp>
@@ -32,6 +34,7 @@
 #include <iostream>
 #include <mutex>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -139,17 +142,30 @@ int64_t rxe1_sent_packets() {
   return n;
 }
 
+// Whether a line of `ss -p` names this process among the socket's users (a child, ss itself
+// among them, may hold it too: libfabric's sockets are inherited).
+bool owned_here(const std::string& line) {
+  return line.find(fmt::format("pid={},", ::getpid())) != std::string::npos;
+}
+
 // About how many bytes the second rail carried so far: rxe1's packets (its RoCE MTU here is
 // 4096), or the most a tcp connection of the second rail received (its connections now).
 uint64_t second_rail_bytes(const End& a, const End& b, const Rails& rails) {
   if (rails.rxe()) return static_cast<uint64_t>(rxe1_sent_packets()) * 4096;
-  ProcessResult out = ss({"-tinH"}, second_rail_filter(a, b, rails));
+  ProcessResult out = ss({"-tinpH"}, second_rail_filter(a, b, rails));
   EXPECT_EQ(out.exit_code, 0) << out.describe();
+  // This process's sockets only (another test may use the same address): a socket's line names
+  // its process, the indented line after it has its counters.
   uint64_t most = 0;
-  std::smatch m;
-  for (std::string text = out.out;
-       std::regex_search(text, m, std::regex(R"(bytes_received:(\d+))")); text = m.suffix())
-    most = std::max<uint64_t>(most, std::stoull(m[1]));
+  bool mine = false;
+  std::istringstream lines(out.out);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!line.empty() && !std::isspace(static_cast<unsigned char>(line[0])))
+      mine = owned_here(line);
+    else if (mine && std::regex_search(line, m, std::regex(R"(bytes_received:(\d+))")))
+      most = std::max<uint64_t>(most, std::stoull(m[1]));
+  }
   return most;
 }
 
@@ -293,15 +309,17 @@ class RailsTest : public testing::TestWithParam<Rails> {
     if (GetParam().rxe()) {
       link_down_ = true;
     } else {
-      // Exactly the sockets there are now, each by its two addresses: a connection made again
-      // after the cut (ss may still be running under a loaded machine) must not be cut too.
-      ProcessResult now = ss({"-tnH"}, second_rail_filter(*a_, *b_, GetParam()));
+      // Exactly this process's sockets there are now, each by its two addresses: not another
+      // test's on the same address (ctest runs tests side by side), nor a connection made again
+      // after the cut while ss still runs on a loaded machine.
+      ProcessResult now = ss({"-tnpH"}, second_rail_filter(*a_, *b_, GetParam()));
       ASSERT_EQ(now.exit_code, 0) << now.describe();
       argv = {binary("ss"), "-K", "("};
-      std::smatch m;
-      for (std::string text = now.out + "\n";
-           std::regex_search(text, m, std::regex(R"((\S+:\d+)\s+(\S+:\d+)\s*\n)"));
-           text = m.suffix()) {
+      const std::regex socket(R"((\S+:\d+)\s+(\S+:\d+)\s+users:)");
+      std::istringstream lines(now.out);
+      for (std::string line; std::getline(lines, line);) {
+        std::smatch m;
+        if (!std::regex_search(line, m, socket) || !owned_here(line)) continue;
         if (argv.size() > 3) argv.push_back("or");
         argv.insert(argv.end(), {"(", "src", m[1], "and", "dst", m[2], ")"});
       }
