@@ -128,7 +128,16 @@ void FabricLink::write(const Region& src, uint64_t src_offset, const RemoteRegio
     source->access().copy_out(src_offset, length, source->host() + src_offset);
   std::optional<uint32_t> slot;
   if (notify || target->staged) {
-    slot = shared_->sends.take(shared_->io_timeout, peer_id_);
+    try {
+      slot = shared_->sends.take(shared_->io_timeout, peer_id_);
+    } catch (const Error&) {
+      // The buffers may be held by this very peer, stopped: then its stall is the error (the
+      // progress thread, late under load, may not have seen it yet). Else another peer holds them.
+      std::lock_guard lock(shared_->progress_mutex);
+      check_stall_locked(Clock::now());
+      if (failed_) throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
+      throw;
+    }
     auto* header = reinterpret_cast<MessageHeader*>(shared_->sends.at(*slot));
     *header = MessageHeader{kMessageMagic,
                             kMessageVersion,
