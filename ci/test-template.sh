@@ -29,10 +29,30 @@ unset HETMESH_PLUGINS HETMESH_PLUGIN_PATH
 rm -rf "$work"
 mkdir -p "$work"
 
-echo "== configure, build and install $template"
+echo "== the SDK stands on the installed files alone"
+# Nothing installed for a plugin author points into the source tree this was built from, and every
+# relative link of the installed guides leads to an installed file.
+src=$(realpath -m "$(dirname "$0")/..")
+for dir in "$template" "$prefix/lib/cmake/hetmesh" "$prefix/share/doc/hetmesh" "$prefix/include/hetmesh"; do
+  if grep -rlF -e "$src/sdk" -e "$src/docs" -e "$src/cmake" "$dir"; then
+    die "the files above, installed in $dir, name the source tree $src"
+  fi
+done
+for md in "$prefix"/share/doc/hetmesh/*.md "$template/README.md"; do
+  while read -r target; do
+    target=${target%%#*}
+    [[ -z $target || $target == *://* ]] && continue
+    [[ -e "$(dirname "$md")/$target" ]] || die "$md links to $target, which is not installed"
+  done < <(grep -o '\]([^) ]*)' "$md" | sed 's/^](//; s/)$//')
+done
+grep -q 'share/doc/hetmesh/writing-a-plugin.md' "$template/README.md" ||
+  die "the template's README does not name the installed guide"
+
+echo "== configure, build and install $template (with no fmt or toml++ to find: a plugin needs neither)"
 cmake -S "$template" -B "$work/build" -G Ninja \
   -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_INSTALL_PREFIX="$work/install" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_fmt=ON -DCMAKE_DISABLE_FIND_PACKAGE_tomlplusplus=ON \
   -DCMAKE_CXX_FLAGS=-Werror
 cmake --build "$work/build"
 cmake --install "$work/build"
@@ -76,6 +96,11 @@ TOML
 (cd "$work" && "$prefix/bin/hetmesh" demo --config "$work/mychip-job.toml") | tee "$work/demo.txt"
 grep -q '^verified: ' "$work/demo.txt" || die "the demo with F on mychip:0 was not verified"
 
+echo "== hetmesh bench transport --plugin: the template's memory between two processes"
+"$prefix/bin/hetmesh" bench transport --transport ipc --plugin "$so" --memory mychip \
+  --sizes 4K 64K --iterations 20 --json "$work/bench-mychip.json" | tee "$work/bench.txt"
+grep -q 'mychip -> mychip memory' "$work/bench.txt" || die "bench transport did not measure mychip's memory"
+
 # ---- the rest of the install ---------------------------------------------------------------------
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 echo "== pkg-config hetmesh-sdk: a plugin source compiles with its flags alone"
@@ -97,6 +122,27 @@ APP
 c++ -Werror "$work/app.cc" -o "$work/app" $(pkg-config --cflags --libs hetmesh) -Wl,-rpath,"$prefix/lib"
 "$work/app" | tee "$work/app.txt"
 grep -qx 'cpu:0' "$work/app.txt" || die "the application built with pkg-config found no cpu:0"
+
+echo "== find_package(hetmesh COMPONENTS libraries): an application links the core library"
+mkdir -p "$work/app-cmake"
+cp "$work/app.cc" "$work/app-cmake/app.cc"
+cat >"$work/app-cmake/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(hetmesh_app LANGUAGES CXX)
+find_package(hetmesh REQUIRED COMPONENTS libraries)
+add_executable(app app.cc)
+target_link_libraries(app PRIVATE hetmesh::hetmesh)
+CMAKE
+cmake -S "$work/app-cmake" -B "$work/app-cmake/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_BUILD_RPATH="$prefix/lib" -DCMAKE_CXX_FLAGS=-Werror >/dev/null
+cmake --build "$work/app-cmake/build" >/dev/null
+"$work/app-cmake/build/app" | grep -qx 'cpu:0' || die "the application built with find_package found no cpu:0"
+if cmake -S "$work/app-cmake" -B "$work/app-cmake/no-fmt" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_fmt=ON >"$work/app-cmake/no-fmt.txt" 2>&1; then
+  die "COMPONENTS libraries was found without fmt"
+fi
+grep -q "need fmt and toml++" "$work/app-cmake/no-fmt.txt" ||
+  die "COMPONENTS libraries without fmt does not say what is missing: $(cat "$work/app-cmake/no-fmt.txt")"
 
 echo "== example configs and docs"
 [[ -f $prefix/share/hetmesh/examples/configs/2a2f-cpu-tcp.toml ]] || die "the example configs are not installed"

@@ -425,6 +425,9 @@ struct FfnEngine::State final : PeerHandler {
     try {
       if (job.message) return send_next_frame(*this, a, Role::attention);
       if (!wait_ready(ReadyWait{job.after_event ? &ready_events[s] : nullptr}, stopping)) return;
+      // The compute ends when its stream's work is seen done, not when respond() queued it (a
+      // device's kernels run after their enqueue returns).
+      const int64_t compute_end = job.after_event ? now_ns() : job.compute_end;
       WireHeader* h = reinterpret_cast<WireHeader*>(f2a_headers.data()) + s;
       int64_t received, batch_ready;
       uint32_t messages;
@@ -459,7 +462,7 @@ struct FfnEngine::State final : PeerHandler {
       h->stamps[kReceived] = static_cast<uint64_t>(received);
       h->stamps[kBatchReady] = static_cast<uint64_t>(batch_ready);
       h->stamps[kComputeStart] = static_cast<uint64_t>(job.compute_start);
-      h->stamps[kComputeEnd] = static_cast<uint64_t>(job.compute_end);
+      h->stamps[kComputeEnd] = static_cast<uint64_t>(compute_end);
       h->stamps[kPosted] = static_cast<uint64_t>(now_ns());
       // A's slot for (mb, this F).
       uint64_t remote_slot = static_cast<uint64_t>(mb * spec.ffn + spec.rank);

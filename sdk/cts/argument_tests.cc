@@ -105,8 +105,10 @@ TEST_P(DeviceTest, IpcSlotsRejectBadArguments) {
   void* ptr = nullptr;
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_open(index(), nullptr, &ptr));
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_open(index(), &handle, nullptr));
-  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
-                   api().ipc_open(device().plugin().device_count(), &handle, &ptr));
+  for (int32_t bad : {device().plugin().device_count(), -1}) {
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_open(bad, &handle, &ptr));
+    if (ptr != nullptr) api().ipc_close(ptr);
+  }
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
                    api().ipc_close(static_cast<uint8_t*>(buffer.data()) + 64));
 }

@@ -62,20 +62,30 @@ TEST_P(DeviceTest, AcceptsLargerStructSize) {
   EXPECT_STREQ(bigger.props.name, device().properties().name);
 }
 
+// Every slot that takes a device index refuses the count itself (what an off-by-one `device >
+// count` lets through) and a negative index. (ipc_open's are checked with a real handle in
+// IpcSlotsRejectBadArguments.)
 TEST_P(DeviceTest, RejectsInvalidDeviceIndex) {
   HM_RULE("HM-R12");
-  int32_t count = device().plugin().device_count();
-  hm_device_properties props{};
-  props.struct_size = sizeof props;
-  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().device_properties(count, &props));
-  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().device_properties(-1, &props));
-  void* ptr = nullptr;
-  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT,
-                   api().mem_alloc(count, 64, HM_MEM_DEVICE, &ptr));
-  hm_stream stream = nullptr;
-  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().stream_create(count, 0, &stream));
-  hm_event event = nullptr;
-  HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(-1, 0, &event));
+  const int32_t count = device().plugin().device_count();
+  for (int32_t bad : {count, -1}) {
+    SCOPED_TRACE("device index " + std::to_string(bad) + " of " + std::to_string(count) +
+                 " devices");
+    hm_device_properties props{};
+    props.struct_size = sizeof props;
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().device_properties(bad, &props));
+    for (int32_t kind : {HM_MEM_DEVICE, HM_MEM_PINNED_HOST}) {
+      void* ptr = nullptr;
+      HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().mem_alloc(bad, 64, kind, &ptr));
+      if (ptr != nullptr) api().mem_free(ptr);
+    }
+    hm_stream stream = nullptr;
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().stream_create(bad, 0, &stream));
+    if (stream != nullptr) api().stream_destroy(stream);
+    hm_event event = nullptr;
+    HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().event_create(bad, 0, &event));
+    if (event != nullptr) api().event_destroy(event);
+  }
 }
 
 TEST_P(DeviceTest, DeviceMemoryAllocFree) {

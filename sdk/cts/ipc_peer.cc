@@ -15,6 +15,7 @@ namespace {
 constexpr uint64_t kSize = (1 << 20) + 4096;
 constexpr uint32_t kExporterSeed = 1234;
 constexpr uint8_t kPeerFill = 0xc7;
+constexpr int kWrongMappingKind = 7;  // the peer's exit status when HM-R38 is broken
 
 }  // namespace
 
@@ -36,8 +37,10 @@ void expect_ipc_round_trip(const Device& exporter, const Device& importer,
   ProcessResult child =
       run_process({env().self, "--cts-ipc-peer", importer.plugin().path(),
                    std::to_string(importer.index()), to_hex(handle.bytes), std::to_string(kSize),
-                   std::to_string(kExporterSeed), std::to_string(how.peer_host_minor)},
+                   std::to_string(kExporterSeed), std::to_string(how.peer_host_minor),
+                   how.kind == MemoryKind::pinned_host ? "pinned" : "device"},
                   std::chrono::seconds(120));
+  if (child.exit_code == kWrongMappingKind) HM_RULE("HM-R38");
   ASSERT_EQ(child.exit_code, 0) << "IPC peer process failed (" << child.describe()
                                 << "): " << child.out << child.err;
 
@@ -50,8 +53,9 @@ void expect_ipc_round_trip(const Device& exporter, const Device& importer,
 }
 
 int run_ipc_peer(int argc, char** argv) {
-  if (argc != 8) {
-    std::printf("usage: --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED HOST_MINOR\n");
+  if (argc != 9) {
+    std::printf(
+        "usage: --cts-ipc-peer PLUGIN DEVICE HANDLE_HEX SIZE SEED HOST_MINOR pinned|device\n");
     return 2;
   }
   try {
@@ -87,12 +91,18 @@ int run_ipc_peer(int argc, char** argv) {
           info.kind, info.base, mapping.data());
       return 4;
     }
-    if (host_pointer && host_minor < 1) {
+    // HM-R38: a peer's pinned memory is a host pointer for a host that knows the kind, and
+    // device memory never is.
+    const bool pinned = std::strcmp(argv[8], "pinned") == 0;
+    const int32_t expected = pinned && host_minor >= 1 ? HM_MEM_IPC_MAPPED_HOST : HM_MEM_IPC_MAPPED;
+    if (info.kind != expected) {
       std::printf(
-          "HM-R38: pointer_query reported HM_MEM_IPC_MAPPED_HOST (minor 1) to a host that "
-          "announced ABI minor %u\n",
-          host_minor);
-      return 4;
+          "HM-R38: pointer_query reported %s for a peer's %s memory opened by a host of ABI "
+          "minor %u; expected %s\n",
+          host_pointer ? "HM_MEM_IPC_MAPPED_HOST" : "HM_MEM_IPC_MAPPED",
+          pinned ? "pinned host" : "device", host_minor,
+          expected == HM_MEM_IPC_MAPPED_HOST ? "HM_MEM_IPC_MAPPED_HOST" : "HM_MEM_IPC_MAPPED");
+      return kWrongMappingKind;
     }
     if (info.size != size) {
       std::printf(

@@ -1,11 +1,12 @@
 // hetmesh-cts: runs the conformance suite over every device the loader finds (or the plugins
 // named with --plugin), applies each plugin's known-failure list, writes JUnit XML and prints a
-// summary. Exit status 0 means conformant: no unexpected failure and no unexpected pass. The tests
-// run in a child process under a deadline each (supervise.hpp): a plugin that hangs or crashes a
-// test fails that test, and the run goes on.
+// summary. Exit status 0 means conformant: no unexpected failure, no unexpected pass, no test left
+// unrun. The tests run in a child process under a deadline each and a budget for the run
+// (supervise.hpp): a plugin that hangs or crashes a test fails that test, and the run goes on.
 #include "cts.hpp"
 #include "entry_probe.hpp"
 #include "ipc_peer.hpp"
+#include "printer.hpp"
 #include "report.hpp"
 #include "supervise.hpp"
 
@@ -24,6 +25,9 @@ const char kUsage[] = R"(usage: hetmesh-cts [options] [gtest options]
                        <plugin .so path>.cts-expected file
   --junit FILE         write JUnit XML here
   --test-timeout S     fail a test that runs longer than S seconds, and go on (default 120)
+  --max-hangs N        run no more tests of a plugin whose tests hung N times (default 3)
+  --budget S           run no more tests once the run took S seconds (default 1800): each
+                       test left is NOT RUN, and the verdict NOT CONFORMANT
   --extension NAME     also check the named extension's table where a plugin answers it
                        (repeatable; hetmesh's own plugins' extensions are always checked)
   --gtest_filter=...   and the other GoogleTest options select and repeat tests
@@ -37,11 +41,25 @@ struct Options {
   std::vector<std::string> expectation_files;
   std::vector<std::string> extensions;
   std::string junit;
-  int test_timeout_s = 120;
+  hetmesh::cts::Limits limits;
+  std::string tests_file;               // in the supervised child: the tests it runs
   int report_fd = -1;                   // in the supervised child: where its reports go
   std::vector<std::string> child_args;  // what a child gets: --plugin and GoogleTest's options
   bool unsupervised = false;            // listing or help: GoogleTest answers, nothing runs
 };
+
+int positive(const std::string& option, const std::string& text) {
+  size_t used = 0;
+  int number = 0;
+  try {
+    number = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || number <= 0)
+    throw std::runtime_error(option + " takes a whole number above 0, not '" + text + "'");
+  return number;
+}
 
 // Takes our options out of argv, leaving GoogleTest's.
 bool parse(int& argc, char** argv, Options* options) {
@@ -66,13 +84,17 @@ bool parse(int& argc, char** argv, Options* options) {
                                  {"--extension", options->extensions.back()});
     } else if (arg == "--junit") {
       value(nullptr, &options->junit);
-    } else if (arg == "--test-timeout") {
-      std::string seconds;
-      value(nullptr, &seconds);
-      options->test_timeout_s = std::stoi(seconds);
-      if (options->test_timeout_s <= 0) throw std::runtime_error("--test-timeout must be > 0");
+    } else if (arg == "--test-timeout" || arg == "--budget" || arg == "--max-hangs") {
+      std::string text;
+      value(nullptr, &text);
+      int number = positive(arg, text);
+      if (arg == "--test-timeout") options->limits.per_test = std::chrono::seconds(number);
+      if (arg == "--budget") options->limits.budget = std::chrono::seconds(number);
+      if (arg == "--max-hangs") options->limits.max_hangs = number;
     } else if (arg.rfind("--cts-report-fd=", 0) == 0) {
       options->report_fd = std::stoi(arg.substr(16));
+    } else if (arg.rfind("--cts-tests-file=", 0) == 0) {
+      options->tests_file = arg.substr(17);
     } else {
       if (arg == "-h" || arg == "--help") std::fputs(kUsage, stdout);
       if (arg == "-h" || arg == "--help" || arg.rfind("--gtest_list_tests", 0) == 0)
@@ -126,6 +148,8 @@ int main(int argc, char** argv) {
   std::vector<cts::TestRecord> records;
   if (options.report_fd >= 0 || options.unsupervised) {  // the child, or GoogleTest's own answers
     testing::InitGoogleTest(&argc, argv);
+    if (!options.tests_file.empty()) cts::run_only_tests_listed_in(options.tests_file);
+    if (options.report_fd >= 0) cts::use_brief_printer();
     auto* recorder = new cts::Recorder;  // owned by gtest's listener list
     testing::UnitTest::GetInstance()->listeners().Append(recorder);
     if (options.report_fd >= 0) cts::report_to(options.report_fd);
@@ -133,8 +157,7 @@ int main(int argc, char** argv) {
     if (options.report_fd >= 0 || options.unsupervised) return gtest_status;
   }
   try {
-    records = cts::run_supervised(env.self, options.child_args,
-                                  std::chrono::seconds(options.test_timeout_s));
+    records = cts::run_supervised(env.self, options.child_args, options.limits);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hetmesh-cts: cannot run the tests: %s\n", e.what());
     return 2;

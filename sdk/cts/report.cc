@@ -7,6 +7,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -35,6 +36,12 @@ void add_unique(std::vector<std::string>* list, const std::string& item) {
 }
 
 }  // namespace
+
+std::string source_file(const char* path) {
+  if (path == nullptr) return "?";
+  const char* slash = std::strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
 
 void check_rule(const char* id) {
   {
@@ -66,7 +73,7 @@ void Recorder::OnTestPartResult(const testing::TestPartResult& part) {
     if (part.failed()) add_unique(&pending_failed_rules_, rule.empty() ? "no rule" : rule);
     pending_message_ +=
         fmt::format("{}{}:{}: {}", rule.empty() ? "" : "[" + rule + "] ",
-                    part.file_name() ? part.file_name() : "?", part.line_number(), part.message());
+                    source_file(part.file_name()), part.line_number(), part.message());
   }
 }
 
@@ -130,6 +137,25 @@ const std::string* Expectations::match(const std::string& full_name) const {
   return nullptr;
 }
 
+std::string device_part(const std::string& name) {
+  size_t slash = name.rfind('/');
+  return slash == std::string::npos ? "" : name.substr(slash + 1);
+}
+
+std::string Verdict::may_follow(const TestRecord& r) const {
+  if (is_foundation(r.full_name())) return "";
+  // A pair's devices ("cpu_0__asic_stub_1") each may carry a failed copy.
+  std::string devices = device_part(r.name);
+  for (size_t start = 0; start < devices.size();) {
+    size_t end = std::min(devices.find("__", start), devices.size());
+    auto it = first_foundation_failure.find(devices.substr(start, end - start));
+    if (it != first_foundation_failure.end() && !it->second.empty())
+      return fmt::format("  (may follow from {})", it->second);
+    start = end + 2;
+  }
+  return "";
+}
+
 std::vector<std::string> plugins_in_test(const std::string& name) {
   std::vector<std::string> plugins;
   size_t slash = name.rfind('/');
@@ -149,6 +175,11 @@ std::vector<std::string> plugins_in_test(const std::string& name) {
   return plugins;
 }
 
+bool is_foundation(const std::string& full_name) {
+  return full_name.rfind("Device/DeviceTest.Copy", 0) == 0 ||
+         full_name.rfind("Device/DeviceTest.Fill", 0) == 0;
+}
+
 int Verdict::count(Outcome o) const {
   return static_cast<int>(std::count(outcomes.begin(), outcomes.end(), o));
 }
@@ -157,7 +188,8 @@ Verdict judge(const std::vector<TestRecord>& records, const Expectations& expect
   Verdict v;
   for (const TestRecord& r : records) {
     const std::string* listed = expectations.match(r.full_name());
-    Outcome o = r.result == TestRecord::skipped  ? Outcome::skip
+    Outcome o = r.result == TestRecord::skipped   ? Outcome::skip
+                : r.result == TestRecord::not_run ? Outcome::not_run
                 : r.result == TestRecord::failed ? (listed ? Outcome::expected_fail : Outcome::fail)
                 : listed                         ? Outcome::unexpected_pass
                                                  : Outcome::pass;
@@ -166,7 +198,12 @@ Verdict judge(const std::vector<TestRecord>& records, const Expectations& expect
     auto plugins = plugins_in_test(r.full_name());
     std::string group = plugins.empty() ? "loader" : plugins.size() > 1 ? "pairs" : plugins[0];
     v.by_group[group][o]++;
-    if (r.rules.empty()) v.unruled.push_back(r.full_name());
+    if (r.rules.empty() && o != Outcome::not_run) v.unruled.push_back(r.full_name());
+    // A failure on a device whose copy or fill test failed before may be that one's.
+    if (o == Outcome::fail || o == Outcome::expected_fail) {
+      std::string& first = v.first_foundation_failure[device_part(r.name)];
+      if (is_foundation(r.full_name()) && first.empty()) first = r.full_name();
+    }
   }
   return v;
 }
@@ -215,12 +252,12 @@ void write_junit(const std::string& path, const std::vector<TestRecord>& records
   out << fmt::format("<testsuites name=\"hetmesh-cts\" tests=\"{}\" failures=\"{}\">\n",
                      records.size() + verdict.refused_requested.size(),
                      verdict.count(Outcome::fail) + verdict.count(Outcome::unexpected_pass) +
-                         verdict.refused_requested.size());
+                         verdict.count(Outcome::not_run) + verdict.refused_requested.size());
   for (const auto& [suite, indices] : suites) {
     int failures = 0, skipped = 0;
     for (size_t i : indices) {
       Outcome o = verdict.outcomes[i];
-      failures += o == Outcome::fail || o == Outcome::unexpected_pass;
+      failures += o == Outcome::fail || o == Outcome::unexpected_pass || o == Outcome::not_run;
       skipped += o == Outcome::skip || o == Outcome::expected_fail;
     }
     out << fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n",
@@ -242,8 +279,12 @@ void write_junit(const std::string& path, const std::vector<TestRecord>& records
           out << fmt::format("      <system-out>{}</system-out>\n", xml_escape(r.message));
           break;
         case Outcome::fail:
-          out << fmt::format(">\n      <failure message=\"failed {}\">{}</failure>\n",
-                             xml_escape(r.rule_tag()), xml_escape(r.message));
+          out << fmt::format(">\n      <failure message=\"failed {}{}\">{}</failure>\n",
+                             xml_escape(r.rule_tag()), xml_escape(verdict.may_follow(r)),
+                             xml_escape(r.message));
+          break;
+        case Outcome::not_run:
+          out << fmt::format(">\n      <failure message=\"{}\"/>\n", xml_escape(r.message));
           break;
         case Outcome::unexpected_pass:
           out << fmt::format(
@@ -288,22 +329,25 @@ void print_summary(const Environment& env, const std::vector<TestRecord>& record
                      requested_plugins.end();
     fmt::print("{} {}\n  {}\n", requested ? "REFUSED (requested):" : "refused:", r.path, r.reason);
   }
-  fmt::print("\n{:<14} {:>6} {:>6} {:>14} {:>6} {:>16}\n", "group", "pass", "skip", "expected-fail",
-             "FAIL", "UNEXPECTED-PASS");
+  fmt::print("\n{:<14} {:>6} {:>6} {:>14} {:>6} {:>16} {:>8}\n", "group", "pass", "skip",
+             "expected-fail", "FAIL", "UNEXPECTED-PASS", "NOT-RUN");
   for (const auto& [group, counts] : verdict.by_group) {
     auto n = [&](Outcome o) { return counts.count(o) ? counts.at(o) : 0; };
-    fmt::print("{:<14} {:>6} {:>6} {:>14} {:>6} {:>16}\n", group, n(Outcome::pass),
+    fmt::print("{:<14} {:>6} {:>6} {:>14} {:>6} {:>16} {:>8}\n", group, n(Outcome::pass),
                n(Outcome::skip), n(Outcome::expected_fail), n(Outcome::fail),
-               n(Outcome::unexpected_pass));
+               n(Outcome::unexpected_pass), n(Outcome::not_run));
   }
-  fmt::print("{:<14} {:>6} {:>6} {:>14} {:>6} {:>16}\n", "total", verdict.count(Outcome::pass),
-             verdict.count(Outcome::skip), verdict.count(Outcome::expected_fail),
-             verdict.count(Outcome::fail), verdict.count(Outcome::unexpected_pass));
+  fmt::print("{:<14} {:>6} {:>6} {:>14} {:>6} {:>16} {:>8}\n", "total",
+             verdict.count(Outcome::pass), verdict.count(Outcome::skip),
+             verdict.count(Outcome::expected_fail), verdict.count(Outcome::fail),
+             verdict.count(Outcome::unexpected_pass), verdict.count(Outcome::not_run));
   // Each line names the test, then the ABI rules (device_plugin.h) its failing checks verify.
   for (size_t i = 0; i < verdict.outcomes.size(); ++i) {
     const TestRecord& r = records[i];
     if (verdict.outcomes[i] == Outcome::fail)
-      fmt::print("FAILED            {} {}\n", r.full_name(), r.rule_tag());
+      fmt::print("FAILED            {} {}{}\n", r.full_name(), r.rule_tag(), verdict.may_follow(r));
+    if (verdict.outcomes[i] == Outcome::not_run)
+      fmt::print("NOT RUN           {}: {}\n", r.full_name(), r.message);
     if (verdict.outcomes[i] == Outcome::unexpected_pass)
       fmt::print("UNEXPECTED PASS   {} {} ({}): remove it from the known-failure list\n",
                  r.full_name(), r.rule_tag(), verdict.notes[i]);

@@ -13,8 +13,10 @@ namespace hetmesh::cts {
 struct TestRecord {
   std::string suite;  // "Device/DeviceTest"
   std::string name;   // "CopyRoundTrips/cpu_0"
-  enum Result { passed, skipped, failed } result = passed;
-  std::string message;  // failure or skip text, each failure led by its rule: "[HM-R12] ..."
+  // not_run: the supervisor did not run it (its plugin hung too often, or the budget ran out).
+  enum Result { passed, skipped, failed, not_run } result = passed;
+  std::string
+      message;  // failure, skip or not-run text, each failure led by its rule: "[HM-R12] ..."
   double seconds = 0;
   std::vector<std::string> rules;         // every rule the test named (HM_RULE), in order
   std::vector<std::string> failed_rules;  // the rules of its failing checks
@@ -53,7 +55,7 @@ class Expectations {
   std::vector<Entry> entries_;
 };
 
-enum class Outcome { pass, skip, expected_fail, fail, unexpected_pass };
+enum class Outcome { pass, skip, expected_fail, fail, unexpected_pass, not_run };
 
 struct Verdict {
   std::vector<Outcome> outcomes;                           // parallel to the records
@@ -63,15 +65,27 @@ struct Verdict {
   // Plugins named with --plugin that the loader refused ("path: reason"): nothing of theirs was
   // tested, so the run cannot vouch for them.
   std::vector<std::string> refused_requested;
+  // Per device parameter ("planted_0"), the first copy or fill test of it that failed.
+  std::map<std::string, std::string> first_foundation_failure;
   int count(Outcome o) const;
+  // "  (may follow from <test>)" for a failure on a device whose copy or fill test failed, or "".
+  std::string may_follow(const TestRecord& r) const;
   bool conformant() const {
-    return count(Outcome::fail) == 0 && count(Outcome::unexpected_pass) == 0 && unruled.empty() &&
-           refused_requested.empty();
+    return count(Outcome::fail) == 0 && count(Outcome::unexpected_pass) == 0 &&
+           count(Outcome::not_run) == 0 && unruled.empty() && refused_requested.empty();
   }
 };
 
 // Plugins a test involves, from its parameter suffix ("cpu_0__asic_stub_1" -> cpu, asic_stub).
 std::vector<std::string> plugins_in_test(const std::string& name);
+// The copy and fill tests (HM-R25), which run first: most other tests check their results through
+// copies, so a device's later failures may follow from a failed one, and the summary says so.
+bool is_foundation(const std::string& full_name);
+
+// A test's parameter: "cpu_0", "cpu_0__asic_stub_1", or "" for an unparameterised test.
+std::string device_part(const std::string& name);
+// The file name of a source path, without the build machine's folders.
+std::string source_file(const char* path);
 
 Verdict judge(const std::vector<TestRecord>& records, const Expectations& expectations);
 void write_junit(const std::string& path, const std::vector<TestRecord>& records,

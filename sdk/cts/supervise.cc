@@ -1,19 +1,28 @@
 // The supervised run (supervise.hpp): a child hetmesh-cts per stretch of tests, a deadline per
-// test.
+// test, a budget for the run.
 #include "supervise.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <hetmesh/core/subprocess.hpp>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 
 namespace hetmesh::cts {
 namespace {
@@ -52,19 +61,25 @@ TestRecord record_from(const json& j) {
   return r;
 }
 
-// A failed record for the test the child was in when it hung or died.
-TestRecord lost_test(const std::string& full_name, const std::vector<std::string>& rules,
-                     const std::string& what, double seconds) {
+TestRecord named_record(const std::string& full_name, TestRecord::Result result,
+                        std::string message) {
   TestRecord r;
   size_t dot = full_name.find('.');
   r.suite = full_name.substr(0, dot);
   r.name = dot == std::string::npos ? "" : full_name.substr(dot + 1);
-  r.result = TestRecord::failed;
+  r.result = result;
+  r.message = std::move(message);
+  return r;
+}
+
+// A failed record for the test the child was in when it hung or died.
+TestRecord lost_test(const std::string& full_name, const std::vector<std::string>& rules,
+                     const std::string& what, double seconds) {
+  TestRecord r = named_record(full_name, TestRecord::failed, "");
   r.seconds = seconds;
   r.rules = rules;
   if (!rules.empty()) r.failed_rules = {rules.back()};
-  r.message = fmt::format("{}{}; the kit went on with the next test",
-                          rules.empty() ? "" : "[" + rules.back() + "] ", what);
+  r.message = fmt::format("{}{}", rules.empty() ? "" : "[" + rules.back() + "] ", what);
   return r;
 }
 
@@ -72,6 +87,23 @@ std::string describe_status(int status) {
   if (WIFSIGNALED(status))
     return fmt::format("signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return fmt::format("exit status {}", WEXITSTATUS(status));
+}
+
+// The running child's process group, for the handler of a signal that ends this process.
+volatile sig_atomic_t g_child_group = 0;
+
+void end_with_the_child(int signal) {
+  if (g_child_group > 0) ::kill(-g_child_group, SIGKILL);
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+}
+
+void end_children_with_this_process() {
+  struct sigaction action {};
+  action.sa_handler = end_with_the_child;
+  sigemptyset(&action.sa_mask);
+  for (int signal : {SIGTERM, SIGINT, SIGHUP})
+    ::sigaction(signal, &action, nullptr);
 }
 
 struct Child {
@@ -90,20 +122,57 @@ Child start(const std::string& self, const std::vector<std::string>& args) {
   for (auto& w : words)
     argv.push_back(w.data());
   argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
     ::setpgid(0, 0);  // its own group: a hang is ended with everything it started
+    // A kit killed outright (SIGKILL) takes its child along.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
     if (::dup2(pipe_fds[1], 3) < 0) ::_exit(127);
     ::execv(self.c_str(), argv.data());
     ::_exit(127);
   }
   ::setpgid(pid, pid);
+  g_child_group = pid;
   ::close(pipe_fds[1]);
   return {pid, pipe_fds[0]};
 }
 
+// The full names GoogleTest lists for `args`, in the order it runs them.
+std::vector<std::string> list_tests(const std::string& self, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {self};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--gtest_list_tests");
+  ProcessResult listed = run_process(argv, std::chrono::minutes(2));
+  if (listed.exit_code != 0)
+    throw std::runtime_error(fmt::format("listing the tests failed ({}): {}", listed.describe(),
+                                         listed.out + listed.err));
+  std::vector<std::string> names;
+  std::istringstream in(listed.out);
+  std::string suite;
+  for (std::string line; std::getline(in, line);) {
+    line = line.substr(0, line.find("  #"));  // a parameter's description
+    if (line.empty()) continue;
+    if (line[0] != ' ') {
+      suite = line.back() == '.' ? line.substr(0, line.size() - 1) : "";
+    } else if (!suite.empty()) {
+      line.erase(0, line.find_first_not_of(' '));
+      names.push_back(suite + "." + line);
+    }
+  }
+  return names;
+}
+
 }  // namespace
+
+void run_only_tests_listed_in(const std::string& path) {
+  std::ifstream in(path);
+  std::string filter;
+  for (std::string name; std::getline(in, name);)
+    if (!name.empty()) filter += (filter.empty() ? "" : ":") + name;
+  GTEST_FLAG_SET(filter, filter.empty() ? std::string("-*") : filter);
+}
 
 void report_to(int fd) {
   g_report_fd = fd;
@@ -129,94 +198,150 @@ void report_record(const TestRecord& r) {
 }
 
 std::vector<TestRecord> run_supervised(const std::string& self,
-                                       const std::vector<std::string>& args,
-                                       std::chrono::seconds deadline) {
-  // The user's filter (or all), less the tests already run, for each new child.
-  std::string positive = "*";
+                                       const std::vector<std::string>& args, const Limits& limits) {
+  end_children_with_this_process();
+  const auto run_started = Clock::now();
+  // The copy and fill tests first (report.hpp's is_foundation), then the rest, each in the order
+  // GoogleTest lists them.
+  std::vector<std::string> listed = list_tests(self, args);
   std::vector<std::string> rest;
-  for (const auto& a : args) {
-    if (a.rfind("--gtest_filter=", 0) == 0)
-      positive = a.substr(15);
-    else
-      rest.push_back(a);
-  }
-  std::string negative;
-  if (auto minus = positive.find('-'); minus != std::string::npos) {
-    negative = positive.substr(minus + 1);
-    positive = positive.substr(0, minus);
-    if (positive.empty()) positive = "*";
-  }
+  for (const auto& a : args)
+    if (a.rfind("--gtest_filter=", 0) != 0) rest.push_back(a);
+  std::vector<std::vector<std::string>> phases(2);
+  for (const auto& name : listed)
+    phases[is_foundation(name) ? 0 : 1].push_back(name);
+
+  const std::string list_file =
+      (std::filesystem::temp_directory_path() / fmt::format("hetmesh-cts-{}.tests", ::getpid()))
+          .string();
   std::vector<TestRecord> records;
-  std::vector<std::string> done;
-  for (;;) {
-    std::vector<std::string> child_args = rest;
-    std::string excluded = negative;
-    for (const auto& name : done)
-      excluded += (excluded.empty() ? "" : ":") + name;
-    child_args.push_back("--gtest_filter=" + positive + (excluded.empty() ? "" : "-" + excluded));
-    Child child = start(self, child_args);
-    std::string buffer, current;
-    std::vector<std::string> rules;
-    auto started = Clock::now();
-    bool hung = false;
+  std::set<std::string> done;
+  std::map<std::string, int> hangs;             // per plugin
+  std::map<std::string, std::string> given_up;  // plugin -> why
+  bool budget_spent = false;
+  // A test not to run any more, and why; "" while it may run.
+  auto barred = [&](const std::string& name) -> std::string {
+    if (budget_spent)
+      return fmt::format("not run: the run's budget of {} s was spent (--budget)",
+                         limits.budget.count());
+    for (const auto& plugin : plugins_in_test(name))
+      if (auto it = given_up.find(plugin); it != given_up.end()) return it->second;
+    return "";
+  };
+  for (const auto& phase : phases) {
     for (;;) {
-      int wait_ms = -1;
-      if (!current.empty()) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(started + deadline -
-                                                                          Clock::now());
-        if (left.count() <= 0) {
-          hung = true;
-          break;
-        }
-        wait_ms = static_cast<int>(left.count());
-      }
-      pollfd p{child.fd, POLLIN, 0};
-      int ready = ::poll(&p, 1, wait_ms);
-      if (ready < 0 && errno == EINTR) continue;
-      if (ready == 0) continue;  // the deadline is checked above
-      char chunk[65536];
-      ssize_t n = ::read(child.fd, chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // the child ended (or died)
-      buffer.append(chunk, static_cast<size_t>(n));
-      for (size_t end; (end = buffer.find('\n')) != std::string::npos;) {
-        std::string line = buffer.substr(0, end);
-        buffer.erase(0, end + 1);
-        if (line.rfind("S ", 0) == 0) {
-          current = line.substr(2);
-          rules.clear();
-          started = Clock::now();
-        } else if (line.rfind("R ", 0) == 0) {
-          rules.push_back(line.substr(2));
-        } else if (line.rfind("E ", 0) == 0) {
-          records.push_back(record_from(json::parse(line.substr(2))));
-          done.push_back(records.back().full_name());
-          current.clear();
+      std::vector<std::string> pending;
+      for (const auto& name : phase) {
+        if (done.count(name)) continue;
+        if (std::string why = barred(name); !why.empty()) {
+          records.push_back(named_record(name, TestRecord::not_run, why));
+          done.insert(name);
+        } else {
+          pending.push_back(name);
         }
       }
+      if (pending.empty()) break;
+      {
+        std::ofstream out(list_file);
+        for (const auto& name : pending)
+          out << name << "\n";
+        if (!out) throw std::runtime_error("cannot write " + list_file);
+      }
+      std::vector<std::string> child_args = rest;
+      child_args.push_back("--cts-tests-file=" + list_file);
+      const size_t done_before = done.size();
+      Child child = start(self, child_args);
+      std::string buffer, current;
+      std::vector<std::string> rules;
+      auto started = Clock::now();
+      enum { ran, hung, out_of_budget } end = ran;
+      for (;;) {
+        int wait_ms = -1;
+        if (!current.empty()) {
+          const auto now = Clock::now();
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::min(started + limits.per_test, run_started + limits.budget) - now);
+          if (left.count() <= 0) {
+            end = now >= run_started + limits.budget ? out_of_budget : hung;
+            break;
+          }
+          wait_ms = static_cast<int>(left.count());
+        }
+        pollfd p{child.fd, POLLIN, 0};
+        int ready = ::poll(&p, 1, wait_ms);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready == 0) continue;  // the deadline is checked above
+        char chunk[65536];
+        ssize_t n = ::read(child.fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // the child ended (or died)
+        buffer.append(chunk, static_cast<size_t>(n));
+        for (size_t at; (at = buffer.find('\n')) != std::string::npos;) {
+          std::string line = buffer.substr(0, at);
+          buffer.erase(0, at + 1);
+          if (line.rfind("S ", 0) == 0) {
+            current = line.substr(2);
+            rules.clear();
+            started = Clock::now();
+          } else if (line.rfind("R ", 0) == 0) {
+            rules.push_back(line.substr(2));
+          } else if (line.rfind("E ", 0) == 0) {
+            records.push_back(record_from(json::parse(line.substr(2))));
+            done.insert(records.back().full_name());
+            current.clear();
+          }
+        }
+      }
+      if (end != ran) ::kill(-child.pid, SIGKILL);
+      ::close(child.fd);
+      int status = 0;
+      while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      if (end != ran) ::kill(-child.pid, SIGKILL);  // anything it left in its group
+      g_child_group = 0;
+      const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+      if (current.empty()) {
+        if (end == out_of_budget) budget_spent = true;
+        // A child that ends between tests with tests of its list left: a new one goes on, unless
+        // this one ran none (then no child can run them: the run's failure, not a plugin's).
+        if (done.size() == done_before) {
+          records.push_back(lost_test(
+              "hetmesh-cts.Run", {"HM-R1"},
+              "the kit's child ended with tests left to run: " + describe_status(status), seconds));
+          std::filesystem::remove(list_file);
+          return records;
+        }
+        continue;
+      }
+      std::string what;
+      if (end == hung) {
+        what = fmt::format("hung: not done within {} s (--test-timeout); killed",
+                           limits.per_test.count());
+      } else if (end == out_of_budget) {
+        what = fmt::format("not done when the run's budget of {} s was spent (--budget); killed",
+                           limits.budget.count());
+        budget_spent = true;
+      } else {
+        what = fmt::format("crashed the kit's process: {}", describe_status(status));
+      }
+      records.push_back(
+          lost_test(current, rules, what + "; the kit went on with the next test", seconds));
+      fmt::print(stderr, "hetmesh-cts: {}: {}\n", current, one_line(records.back().message));
+      done.insert(current);
+      if (end == hung) {
+        for (const auto& plugin : plugins_in_test(current))
+          if (++hangs[plugin] >= limits.max_hangs && !given_up.count(plugin)) {
+            given_up[plugin] = fmt::format(
+                "not run: plugin {} hung in {} tests (--max-hangs), so its other tests were not "
+                "run",
+                plugin, hangs[plugin]);
+            fmt::print(stderr, "hetmesh-cts: {}\n", given_up[plugin]);
+          }
+      }
     }
-    if (hung) ::kill(-child.pid, SIGKILL);
-    ::close(child.fd);
-    int status = 0;
-    while (::waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (hung) ::kill(-child.pid, SIGKILL);  // anything it left in its group
-    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-    if (current.empty()) {
-      if (!hung && (WIFSIGNALED(status) || WEXITSTATUS(status) != 0) && records.empty())
-        records.push_back(lost_test(
-            "hetmesh-cts.Run", {"HM-R1"},
-            "the kit's child ended before any test: " + describe_status(status), seconds));
-      return records;  // every test ran
-    }
-    records.push_back(lost_test(
-        current, rules,
-        hung ? fmt::format("hung: not done within {} s (--test-timeout); killed", deadline.count())
-             : fmt::format("crashed the kit's process: {}", describe_status(status)),
-        seconds));
-    fmt::print(stderr, "hetmesh-cts: {}: {}\n", current, one_line(records.back().message));
-    done.push_back(current);
   }
+  std::filesystem::remove(list_file);
+  return records;
 }
 
 }  // namespace hetmesh::cts

@@ -47,6 +47,35 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, bool held = false) {
   return 0;
 }
 
+// An F whose compute stream works `kSlowCompute` after respond() has queued it: "F compute" runs
+// until that work is done (what a device's kernels look like), not until respond() was called.
+constexpr auto kSlowCompute = std::chrono::milliseconds(300);
+
+int run_slow_ffn(const EngineSpec& spec, KeyValueStore& store) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  FfnEngine engine(spec, device, store);
+  Stream stream = device.create_stream();
+  while (auto batch = engine.get_batch(kTimeout)) {
+    int64_t start = now_ns();
+    for (const auto& part : batch->parts)
+      test::answer_plus_rank(spec, part);
+    stream.add_callback([](void*) { std::this_thread::sleep_for(kSlowCompute); }, nullptr);
+    engine.respond(*batch, &stream, start);
+  }
+  return 0;
+}
+
+// Prints the F's compute time of one round trip, as the trace has it.
+int run_compute_timer(const EngineSpec& spec, KeyValueStore& store) {
+  Device device = PluginRegistry::load().device("cpu:0");
+  AttentionEngine engine(spec, device, store);
+  RoundTrip trip = engine.wait(engine.push_pull(0, spec.tokens), kTimeout);
+  const auto& f = trip.ffn.at(0);
+  std::cout << "compute_ms " << (f.f_compute_end - f.f_compute_start) / 1'000'000 << std::endl;
+  engine.finish();
+  return 0;
+}
+
 // A pushes `rounds` rounds of every micro-batch and checks each F's answer. With `after`, it
 // first waits until the store key `after` exists; at the end it calls finish() (unless
 // `finish` is false) and sets "<rank>.done".
@@ -223,6 +252,10 @@ int child_main(int argc, char** argv) {
       spec.role = Role::ffn;
       return run_ffn(spec, *store, argc > 13 && std::string(argv[13]) == "held");
     }
+    if (role == "slow-ffn") {
+      spec.role = Role::ffn;
+      return run_slow_ffn(spec, *store);
+    }
     if (role == "rogue-ffn") {
       spec.role = Role::ffn;
       return argc < 14 ? 2 : run_rogue_ffn(spec, *store, argv[13]);
@@ -231,6 +264,7 @@ int child_main(int argc, char** argv) {
     if (argc < 14) return 2;
     if (role == "rogue") return run_rogue(spec, *store, argv[13]);
     if (role == "waiter") return run_stream_waiter(spec, *store, argv[13]);
+    if (role == "compute-timer") return run_compute_timer(spec, *store);
     return run_attention(spec, *store, std::stoi(argv[13]), argc > 14 ? argv[14] : "",
                          argc <= 15 || std::string(argv[15]) != "no-finish");
   } catch (const Error& e) {
@@ -375,6 +409,24 @@ TEST(AfdStreamWaitTest, AStreamWaitsForTheResultsAndIsLetGoAtTheEnd) {
     ffn.kill(SIGKILL);
     ffn.wait(kTimeout);
   }
+}
+
+// The trace's "F compute" ends when the F's stream has done the work respond() was given, which
+// here runs kSlowCompute after respond() returned (it used to end at the respond() call).
+TEST(AfdTraceTest, FComputeEndsWhenTheStreamsWorkIsDone) {
+  Job job;
+  ChildProcess& ffn = job.spawn("slow-ffn", 0, 1, 1, "all", TransportKind::ipc);
+  ChildProcess& timer = job.spawn("compute-timer", 0, 1, 1, "all", TransportKind::ipc, {"-"});
+  auto lines = lines_until_exit(timer);
+  EXPECT_EQ(timer.wait(kTimeout).exit_code, 0);
+  std::string output;
+  long compute_ms = -1;
+  for (const auto& l : lines) {
+    output += l + "\n";
+    if (l.rfind("compute_ms ", 0) == 0) compute_ms = std::stol(l.substr(11));
+  }
+  EXPECT_GE(compute_ms, kSlowCompute.count()) << output;
+  ffn.wait(kTimeout);
 }
 
 class AfdHeaderTest : public testing::TestWithParam<std::pair<std::string, std::string>> {};

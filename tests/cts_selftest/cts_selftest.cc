@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 namespace {
 
@@ -190,6 +192,111 @@ TEST(CtsSelfTest, TheBrokenAbiPluginsAreNotWarnedAbout) {
   EXPECT_NE(r.out.find("verdict: CONFORMANT"), std::string::npos) << r.out;
 }
 
+// Where every wait of a plugin hangs, the kit stops testing it after --max-hangs hung tests: the
+// rest of its tests are NOT RUN (a failure), instead of each costing --test-timeout.
+TEST(CtsSelfTest, APluginWhoseWaitsAllHangIsGivenUpAfterMaxHangs) {
+  hetmesh::ProcessResult r = hetmesh::run_process(
+      {"/usr/bin/env", "HM_TEST_PLANT=every_wait_hangs", HETMESH_CTS_PATH, "--plugin",
+       HETMESH_PLANTED_PLUGIN, "--test-timeout", "5", "--max-hangs", "2"},
+      std::chrono::minutes(5));
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << r.out << r.err;
+  std::regex hung("hung: not done within 5 s");
+  auto hangs =
+      std::distance(std::sregex_iterator(r.err.begin(), r.err.end(), hung), std::sregex_iterator());
+  EXPECT_EQ(hangs, 2) << r.err;
+  // The copy tests run first, so they are the ones that hang.
+  EXPECT_NE(r.out.find("FAILED            Device/DeviceTest.CopyRoundTripsAtOddSizesAndOffsets/"
+                       "planted_0 [HM-R25]"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("NOT RUN           Device/DeviceTest.StreamLifecycle/planted_0: not run: "
+                       "plugin planted hung in 2 tests (--max-hangs)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("verdict: NOT CONFORMANT"), std::string::npos) << r.out;
+}
+
+// A copy that drops its last byte fails most tests, since they check their results through
+// copies: the copy tests run first and name the fault, and every later failure on that device
+// says it may follow from them.
+TEST(CtsSelfTest, FailuresAfterABrokenCopySayTheyMayFollowFromIt) {
+  hetmesh::ProcessResult r =
+      hetmesh::run_process({"/usr/bin/env", "HM_TEST_PLANT=copy_drops_last_byte", HETMESH_CTS_PATH,
+                            "--plugin", HETMESH_PLANTED_PLUGIN, "--test-timeout", "60"},
+                           std::chrono::minutes(10));
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << r.out << r.err;
+  auto failed = lines_starting(r.out, "FAILED ");
+  ASSERT_GT(failed.size(), 2u) << r.out;
+  EXPECT_NE(failed.front().find("Device/DeviceTest.Copy"), std::string::npos)
+      << "the first failure is not a copy test's: " << failed.front();
+  int marked = 0;
+  for (const auto& line : failed) {
+    const std::string test = line.substr(18, line.find(' ', 18) - 18);
+    if (test.rfind("Device/DeviceTest.Copy", 0) == 0 ||
+        test.rfind("Device/DeviceTest.Fill", 0) == 0)
+      continue;
+    EXPECT_NE(line.find("(may follow from Device/DeviceTest.Copy"), std::string::npos) << line;
+    ++marked;
+  }
+  EXPECT_GT(marked, 0) << r.out;
+  std::smatch path;
+  EXPECT_FALSE(std::regex_search(r.out, path, std::regex(R"(/\w+\.cc:\d+)")))
+      << "a source file named with the build machine's folders: " << path.str();
+  EXPECT_EQ(r.out.find("Note: Google Test filter"), std::string::npos) << r.out;
+}
+
+// Once the run's budget is spent, the test running is stopped and nothing more runs.
+TEST(CtsSelfTest, TheBudgetEndsTheRun) {
+  hetmesh::ProcessResult r = hetmesh::run_process(
+      {"/usr/bin/env", "HM_TEST_PLANT=every_wait_hangs", HETMESH_CTS_PATH, "--plugin",
+       HETMESH_PLANTED_PLUGIN, "--test-timeout", "600", "--budget", "3"},
+      std::chrono::minutes(5));
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << r.out << r.err;
+  EXPECT_NE(r.out.find("NOT RUN           Device/DeviceTest.StreamLifecycle/planted_0: not run: "
+                       "the run's budget of 3 s was spent (--budget)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("verdict: NOT CONFORMANT"), std::string::npos) << r.out;
+}
+
+// A kit ended from outside (a CI job's timeout sends SIGTERM; SIGKILL leaves it no say) leaves
+// none of its processes: not the child running a hung test, nor what that child started.
+class KilledKit : public testing::TestWithParam<int> {};
+
+TEST_P(KilledKit, LeavesNoProcessBehind) {
+  const std::string mark =
+      "HM_TEST_KIT_MARK=" + std::to_string(getpid()) + "-" + std::to_string(GetParam());
+  hetmesh::ChildProcess kit({"/usr/bin/env", "HM_TEST_PLANT=every_wait_hangs", mark,
+                             HETMESH_CTS_PATH, "--plugin", HETMESH_PLANTED_PLUGIN, "--test-timeout",
+                             "600"});
+  // The first test's start: the copy test that hangs.
+  for (std::string line; line.find("[ RUN      ]") == std::string::npos;)
+    line = kit.read_line(std::chrono::minutes(2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kit.kill(GetParam());
+  hetmesh::ProcessResult ended = kit.wait(std::chrono::seconds(30));
+  EXPECT_FALSE(ended.timed_out);
+  std::vector<std::string> left;
+  for (int tries = 0; tries < 100; ++tries) {
+    left.clear();
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      std::ifstream environ(entry.path() / "environ");
+      std::string text((std::istreambuf_iterator<char>(environ)), {});
+      if (text.find(mark) != std::string::npos) left.push_back(entry.path().filename());
+    }
+    if (left.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " of the kit's processes still run, first pid "
+                            << left.front();
+}
+
+INSTANTIATE_TEST_SUITE_P(Kit, KilledKit, testing::Values(SIGTERM, SIGKILL),
+                         [](const testing::TestParamInfo<int>& param) {
+                           return param.param == SIGTERM ? std::string("SIGTERM")
+                                                         : std::string("SIGKILL");
+                         });
+
 // ---- planted bugs (planted_plugin.cc): asic_stub with one vendor mistake each ----
 
 struct Planted {
@@ -222,7 +329,12 @@ const Planted kPlanted[] = {
     {"ipc_interior_refused",
      "Device/DeviceTest.IpcHandleOfAnInteriorPointerOpensTheWholeAllocation/planted_0 [HM-R36]"},
     {"ipc_device_memory_as_host",
-     "Device/DeviceTest.IpcHandleOpensInAnotherProcess/planted_0 [HM-R37]"},
+     "Device/DeviceTest.IpcHandleOpensInAnotherProcess/planted_0 [HM-R38]"},
+    {"ipc_pinned_kind_of_minor_0",
+     "Device/DeviceTest.IpcHandleOfPinnedMemoryOpensInAnotherProcess/planted_0 [HM-R38]"},
+    {"device_index_at_count", "Device/DeviceTest.RejectsInvalidDeviceIndex/planted_0 [HM-R12]"},
+    {"copy_drops_last_byte",
+     "Device/DeviceTest.CopyRoundTripsAtOddSizesAndOffsets/planted_0 [HM-R25]"},
     {"ipc_host_kind_to_old_host",
      "Device/DeviceTest.IpcMappingIsReportedInTheHostsMinor/planted_0 [HM-R38]"},
     {"free_of_foreign_ok",
@@ -257,7 +369,7 @@ const Planted kPlanted[] = {
 hetmesh::ProcessResult run_planted(const std::string& bug) {
   hetmesh::ProcessResult r =
       hetmesh::run_process({"/usr/bin/env", "HM_TEST_PLANT=" + bug, HETMESH_CTS_PATH, "--plugin",
-                            HETMESH_PLANTED_PLUGIN, "--test-timeout", "60"},
+                            HETMESH_PLANTED_PLUGIN, "--test-timeout", "30"},
                            std::chrono::minutes(10));
   for (std::string* text : {&r.out, &r.err})
     for (size_t at; (at = text->find("[  SKIPPED ]")) != std::string::npos;)

@@ -64,6 +64,18 @@ hm_status event_destroy(hm_event event) {
   return g_base->event_destroy(event);
 }
 
+[[noreturn]] void hang_forever() {
+  for (;;)
+    std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+// The off-by-one: an index equal to the count passes the check and lands on the last device.
+int32_t last_device_at_count(int32_t device) {
+  int32_t count = 0;
+  g_base->device_count(&count);
+  return device == count && count > 0 ? count - 1 : device;
+}
+
 // A wait for a word on the host: what a plugin without stream memops hardware might do.
 struct PlainWait {
   const volatile uint32_t* word;
@@ -401,6 +413,44 @@ const Bug kBugs[] = {
        t.pointer_query = [](const void* ptr, hm_pointer_info* info) -> hm_status {
          hm_status s = g_base->pointer_query(ptr, info);
          if (s == HM_OK && info->kind == HM_MEM_UNKNOWN) std::raise(SIGSEGV);
+         return s;
+       };
+     }},
+    {"copy_drops_last_byte", "memcpy_async copies one byte less than asked (an off-by-one length)",
+     [](hm_device_plugin_api& t) {
+       t.memcpy_async = [](hm_stream s, void* dst, const void* src, uint64_t size) -> hm_status {
+         return g_base->memcpy_async(s, dst, src, size > 1 ? size - 1 : size);
+       };
+     }},
+    {"every_wait_hangs", "no wait ever returns (a driver whose completion interrupt never comes)",
+     [](hm_device_plugin_api& t) {
+       t.stream_synchronize = [](hm_stream, uint64_t) -> hm_status { hang_forever(); };
+       t.event_synchronize = [](hm_event, uint64_t) -> hm_status { hang_forever(); };
+     }},
+    {"device_index_at_count", "every slot that takes a device checks `device > count`, not `>=`",
+     [](hm_device_plugin_api& t) {
+       t.device_properties = [](int32_t device, hm_device_properties* props) -> hm_status {
+         return g_base->device_properties(last_device_at_count(device), props);
+       };
+       t.mem_alloc = [](int32_t device, uint64_t size, int32_t kind, void** ptr) -> hm_status {
+         return g_base->mem_alloc(last_device_at_count(device), size, kind, ptr);
+       };
+       t.stream_create = [](int32_t device, uint32_t flags, hm_stream* stream) -> hm_status {
+         return stream_create(last_device_at_count(device), flags, stream);
+       };
+       t.event_create = [](int32_t device, uint32_t flags, hm_event* event) -> hm_status {
+         return event_create(last_device_at_count(device), flags, event);
+       };
+       t.ipc_open = [](int32_t device, const hm_ipc_handle* handle, void** ptr) -> hm_status {
+         return g_base->ipc_open(last_device_at_count(device), handle, ptr);
+       };
+     }},
+    {"ipc_pinned_kind_of_minor_0",
+     "claims ABI minor 1 but maps a peer's pinned memory as minor 0 did (HM_MEM_IPC_MAPPED)",
+     [](hm_device_plugin_api& t) {
+       t.pointer_query = [](const void* ptr, hm_pointer_info* info) -> hm_status {
+         hm_status s = g_base->pointer_query(ptr, info);
+         if (s == HM_OK && info->kind == HM_MEM_IPC_MAPPED_HOST) info->kind = HM_MEM_IPC_MAPPED;
          return s;
        };
      }},

@@ -142,8 +142,12 @@ std::string demo_kernel_library_path(const Plugin& plugin) {
 
 std::unique_ptr<ExpertRunner> ExpertRunner::create(const Device& device, const TinyMoe& model,
                                                    int rank, int count) {
-  if (device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY))
-    return std::make_unique<HostRunner>(model, rank, count);
+  std::unique_ptr<ExpertRunner> runner;
+  if (device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY)) {
+    runner = std::make_unique<HostRunner>(model, rank, count);
+    runner->route = "on the host (the device's memory is host-addressable)";
+    return runner;
+  }
   const std::string path = demo_kernel_library_path(device.plugin());
   if (void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {
     // Never dlclose()d: a vendor runtime inside it must outlive every stream it used.
@@ -152,14 +156,18 @@ std::unique_ptr<ExpertRunner> ExpertRunner::create(const Device& device, const T
       throw Error(HM_ERR_NOT_SUPPORTED, fmt::format("{}: {} does not export {}", device.selector(),
                                                     path, HM_DEMO_EXPERTS_ENTRY_V1));
     log(LogLevel::info, "{}: experts run by {}", device.selector(), path);
-    return std::make_unique<KernelLibraryRunner>(device, path, experts, model, rank, count);
+    runner = std::make_unique<KernelLibraryRunner>(device, path, experts, model, rank, count);
+    runner->route = "by " + path;
+    return runner;
   }
   const char* why = dlerror();
   log(LogLevel::warn,
       "{}: experts run on the host through staging: the device's memory is not host-addressable "
       "and its plugin's kernel library did not load ({}); see hetmesh/demo_experts.h",
       device.selector(), why ? why : path.c_str());
-  return std::make_unique<StagedHostRunner>(model, rank, count);
+  runner = std::make_unique<StagedHostRunner>(model, rank, count);
+  runner->route = "on the host through staging (no kernel library: see the log)";
+  return runner;
 }
 
 }  // namespace hetmesh::demo

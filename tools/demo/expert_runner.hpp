@@ -19,6 +19,8 @@ class ExpertRunner {
   virtual ~ExpertRunner() = default;
   // Enqueues (or runs) layer `layer`'s experts on `part`, in order on `stream`.
   virtual void run(int layer, const afd::Batch::FromAttention& part, const Stream& stream) = 0;
+  // How the experts run, for the demo's report: "on the host", "by <kernel library>", ...
+  std::string route;
 };
 
 }  // namespace hetmesh::demo

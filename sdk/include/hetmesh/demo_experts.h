@@ -56,8 +56,11 @@ typedef struct hm_demo_expert_args {
  *
  * with x_t = tokens[t*hidden .. +hidden) read as a2f, out written as f2a, and `weights` holding
  * per expert e from first_expert on, W1 [ffn_dim][hidden] then W2 [hidden][ffn_dim], row-major
- * fp32. Sums run in index order in fp32 without fused multiply-adds: the demo checks the result
- * against its own host computation, to 1e-2 (bit for bit where the order is kept). */
+ * fp32. Sums run in index order in fp32 without fused multiply-adds: the demo checks its final
+ * hidden states against its own single-process computation to HM_DEMO_TOLERANCE, which only
+ * absorbs a compiler contracting a multiply-add differently (bit for bit where the order is kept).
+ */
+#define HM_DEMO_TOLERANCE 1e-4
 typedef struct hm_demo_experts_call {
   size_t struct_size;                 /* sizeof(hm_demo_experts_call) as the demo was built */
   const hm_device_plugin_api* plugin; /* the device's plugin, for its extensions (native streams) */

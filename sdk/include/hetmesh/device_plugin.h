@@ -150,9 +150,12 @@
  *         HM_ERR_NOT_SUPPORTED. ipc_close takes the base ipc_open returned. Opening one
  *         allocation again may return the same base; each ipc_open then needs its ipc_close, and
  *         the mapping lasts until the last.
- *  HM-R38 HM_MEM_IPC_MAPPED_HOST (since minor 1) is reported only to a host of minor >= 1, and only
- *         for a mapping that host code may read and write (a peer's pinned memory); an older host
- *         gets HM_MEM_IPC_MAPPED.
+ *  HM-R38 pointer_query reports an ipc_open mapping by the kind of memory exported: a peer's
+ *         pinned host memory is HM_MEM_IPC_MAPPED_HOST (since minor 1: host code may read and
+ *         write it) to a host of minor >= 1, and HM_MEM_IPC_MAPPED to an older host; a peer's
+ *         device memory is HM_MEM_IPC_MAPPED always, even where host code could address it
+ *         (HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY tells that). A plugin that claims minor 1
+ *         answers minor 1's kinds.
  *  HM-R39 dmabuf_export (HM_CAP_DMABUF_EXPORT) gives (fd, offset, length) for [ptr, ptr+size) of
  *         device memory: the importer maps [offset, offset+length) of fd, and the plugin owns the
  *         fd until dmabuf_release.

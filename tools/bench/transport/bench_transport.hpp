@@ -52,6 +52,8 @@ struct BenchOptions {
   std::string rdma_device;         // verbs: the RDMA device ("" = the first active one)
   std::string provider = "auto";   // fabric: the libfabric provider (TransportOptions)
   std::vector<std::string> rails;  // tcp, verbs, fabric: the NICs to stripe over (TransportOptions)
+  // Plugin files to load besides those found (--plugin: an out-of-tree plugin), at both ends.
+  std::vector<std::string> plugins;
   // The one plugin the peer loads (its file, as HETMESH_PLUGINS names one), "" = all of them.
   std::string peer_plugin;
   // Across hosts: this end serves at HOST:PORT (as ib_write_bw's server does), or connects to one.
@@ -59,6 +61,9 @@ struct BenchOptions {
   bool peer = false;
 };
 
+// The plugins found, and those named with --plugin; a named one that is refused is an error
+// naming why.
+PluginRegistry load_plugins(const BenchOptions& o);
 // "64K" for 65536: sizes as --sizes takes them.
 std::string human(uint64_t bytes);
 // A device selector from --memory: "cuda:1" as given, a bare plugin name means its device 0.

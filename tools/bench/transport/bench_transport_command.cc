@@ -126,6 +126,10 @@ void add_bench_transport_command(CLI::App& bench) {
   cmd->add_option("--staging-slot-kib", o->staging_slot_kib, "ipc: bytes of a staging slot, KiB")
       ->capture_default_str()
       ->check(CLI::Range(4, 64 << 10));
+  cmd->add_option("--plugin", o->plugins,
+                  "also load this plugin file, at both ends (repeatable): an out-of-tree plugin, "
+                  "then named by --memory")
+      ->allow_extra_args(false);
   cmd->add_option("--peer-plugin", o->peer_plugin,
                   "the only plugin the peer loads (an F with only its device's plugin): over ipc, "
                   "its writes into memory of a plugin it lacks go through its staging ring");

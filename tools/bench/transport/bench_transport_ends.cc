@@ -36,7 +36,7 @@ std::string device_selector(const std::string& memory) {
 
 End::End(const BenchOptions& o, const std::string& selector, uint64_t size,
          const std::string& listen_host)
-    : device(PluginRegistry::load().device(selector)), memory(device.allocate(size)) {
+    : device(load_plugins(o).device(selector)), memory(device.allocate(size)) {
   TransportOptions options;
   options.kind = parse_transport_kind(o.transport);
   options.listen_host = listen_host;
@@ -48,6 +48,18 @@ End::End(const BenchOptions& o, const std::string& selector, uint64_t size,
   options.staging_slot_bytes = o.staging_slot_kib << 10;
   transport = Transport::create(options);
   region = transport->register_memory(device, memory.data(), size);
+}
+
+PluginRegistry load_plugins(const BenchOptions& o) {
+  PluginLoadOptions load;
+  load.explicit_paths = o.plugins;
+  PluginRegistry registry = PluginRegistry::load(load);
+  for (const auto& refused : registry.refused())
+    for (const auto& file : o.plugins)
+      if (refused.path == file)
+        throw Error(HM_ERR_INVALID_ARGUMENT,
+                    fmt::format("--plugin {}: refused: {}", file, refused.reason));
+  return registry;
 }
 
 void send_text(Connection& c, const std::string& text) {
@@ -62,8 +74,10 @@ Pair pair_with_child(const BenchOptions& o, uint64_t max_size, const std::string
                                         "--transport",     o.transport,    "--memory",  peer_memory,
                                         "--sizes",         human(max_size)};
   if (o.busy_poll) peer_args.push_back("--busy-poll");
+  for (const auto& file : o.plugins)
+    peer_args.insert(peer_args.end(), {"--plugin", file});
   if (!o.peer_plugin.empty()) {
-    auto plugin = PluginRegistry::load().find(o.peer_plugin);
+    auto plugin = load_plugins(o).find(o.peer_plugin);
     if (!plugin)
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("--peer-plugin {}: no such plugin here (hetmesh info lists them)",

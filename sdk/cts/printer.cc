@@ -1,0 +1,62 @@
+#include "printer.hpp"
+
+#include "report.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+
+namespace hetmesh::cts {
+namespace {
+
+// Forwards every event to GoogleTest's printer but the two it would print unwanted text for.
+class BriefPrinter : public testing::TestEventListener {
+ public:
+  explicit BriefPrinter(testing::TestEventListener* inner) : inner_(inner) {}
+
+  void OnTestProgramStart(const testing::UnitTest& u) override { inner_->OnTestProgramStart(u); }
+  void OnTestIterationStart(const testing::UnitTest& u, int) override {
+    std::printf("[==========] Running %d tests.\n", u.test_to_run_count());
+    std::fflush(stdout);
+  }
+  void OnEnvironmentsSetUpStart(const testing::UnitTest& u) override {
+    inner_->OnEnvironmentsSetUpStart(u);
+  }
+  void OnEnvironmentsSetUpEnd(const testing::UnitTest& u) override {
+    inner_->OnEnvironmentsSetUpEnd(u);
+  }
+  void OnTestSuiteStart(const testing::TestSuite& s) override { inner_->OnTestSuiteStart(s); }
+  void OnTestStart(const testing::TestInfo& t) override { inner_->OnTestStart(t); }
+  void OnTestPartResult(const testing::TestPartResult& part) override {
+    if (part.type() == testing::TestPartResult::kSuccess) return;
+    std::printf("%s:%d: %s\n%s\n", source_file(part.file_name()).c_str(), part.line_number(),
+                part.skipped() ? "Skipped" : "Failure", part.message());
+    std::fflush(stdout);
+  }
+  void OnTestEnd(const testing::TestInfo& t) override { inner_->OnTestEnd(t); }
+  void OnTestSuiteEnd(const testing::TestSuite& s) override { inner_->OnTestSuiteEnd(s); }
+  void OnEnvironmentsTearDownStart(const testing::UnitTest& u) override {
+    inner_->OnEnvironmentsTearDownStart(u);
+  }
+  void OnEnvironmentsTearDownEnd(const testing::UnitTest& u) override {
+    inner_->OnEnvironmentsTearDownEnd(u);
+  }
+  void OnTestIterationEnd(const testing::UnitTest& u, int i) override {
+    inner_->OnTestIterationEnd(u, i);
+  }
+  void OnTestProgramEnd(const testing::UnitTest& u) override { inner_->OnTestProgramEnd(u); }
+
+ private:
+  std::unique_ptr<testing::TestEventListener> inner_;
+};
+
+}  // namespace
+
+void use_brief_printer() {
+  testing::TestEventListeners& listeners = testing::UnitTest::GetInstance()->listeners();
+  testing::TestEventListener* inner = listeners.Release(listeners.default_result_printer());
+  if (inner != nullptr) listeners.Append(new BriefPrinter(inner));  // owned by the list
+}
+
+}  // namespace hetmesh::cts
