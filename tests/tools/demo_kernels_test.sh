@@ -17,9 +17,13 @@ fail() {
 }
 
 echo "== the kernel library"
-out=$(HETMESH_LOG=info "$hetmesh" demo --config "$config" 2>&1) || fail "the demo failed: $out"
-grep -q "asic_stub:0: experts run by .*/libhetmesh-demo-asic_stub.so" <<<"$out" ||
-  fail "F on asic_stub:0 did not use libhetmesh-demo-asic_stub.so: $out"
+# At the default log level: the report says how each F ran its experts.
+out=$("$hetmesh" demo --config "$config" 2>&1) || fail "the demo failed: $out"
+grep -q "^ffn 0 on asic_stub:0: experts run by .*/libhetmesh-demo-asic_stub.so" <<<"$out" ||
+  fail "the report does not say F on asic_stub:0 used libhetmesh-demo-asic_stub.so: $out"
+grep -q "^ffn 1 on asic_stub:1: experts run by" <<<"$out" ||
+  fail "the report does not say how F 1 ran its experts: $out"
+grep -q "F on asic_stub:0, asic_stub:1," <<<"$out" || fail "the banner does not name both F devices: $out"
 grep -q "^verified:" <<<"$out" || fail "the result was not verified: $out"
 
 echo "== no kernel library: staged through the host"
@@ -28,6 +32,8 @@ out=$(HETMESH_DEMO_KERNELS=$scratch/empty "$hetmesh" demo --config "$config" 2>&
   fail "the staged demo failed: $out"
 grep -q "asic_stub:0: experts run on the host through staging: .*$scratch/empty/libhetmesh-demo-asic_stub.so" <<<"$out" ||
   fail "the fallback was not reported with the path it tried: $out"
+grep -q "^ffn 0 on asic_stub:0: experts run on the host through staging" <<<"$out" ||
+  fail "the report does not say the experts were staged: $out"
 grep -q "^verified:" <<<"$out" || fail "the staged result was not verified: $out"
 
 echo "== a library without $(echo hm_demo_experts_v1)"
