@@ -106,6 +106,7 @@ TEST_P(DeviceTest, IpcSlotsRejectBadArguments) {
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_open(index(), nullptr, &ptr));
   HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_open(index(), &handle, nullptr));
   for (int32_t bad : {device().plugin().device_count(), -1}) {
+    ptr = nullptr;
     HM_EXPECT_STATUS(device(), HM_ERR_INVALID_ARGUMENT, api().ipc_open(bad, &handle, &ptr));
     if (ptr != nullptr) api().ipc_close(ptr);
   }

@@ -94,13 +94,14 @@ int run_ipc_peer(int argc, char** argv) {
     // HM-R38: a peer's pinned memory is a host pointer for a host that knows the kind, and
     // device memory never is.
     const bool pinned = std::strcmp(argv[8], "pinned") == 0;
-    const int32_t expected = pinned && host_minor >= 1 ? HM_MEM_IPC_MAPPED_HOST : HM_MEM_IPC_MAPPED;
+    const uint32_t minor = plugin->negotiated_abi_minor();  // min(the host's, the plugin's)
+    const int32_t expected = pinned && minor >= 1 ? HM_MEM_IPC_MAPPED_HOST : HM_MEM_IPC_MAPPED;
     if (info.kind != expected) {
       std::printf(
-          "HM-R38: pointer_query reported %s for a peer's %s memory opened by a host of ABI "
-          "minor %u; expected %s\n",
+          "HM-R38: pointer_query reported %s for a peer's %s memory opened at ABI minor %u "
+          "(the host's %u, the plugin's %u); expected %s\n",
           host_pointer ? "HM_MEM_IPC_MAPPED_HOST" : "HM_MEM_IPC_MAPPED",
-          pinned ? "pinned host" : "device", host_minor,
+          pinned ? "pinned host" : "device", minor, host_minor, plugin->plugin_abi_minor(),
           expected == HM_MEM_IPC_MAPPED_HOST ? "HM_MEM_IPC_MAPPED_HOST" : "HM_MEM_IPC_MAPPED");
       return kWrongMappingKind;
     }

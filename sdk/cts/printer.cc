@@ -17,6 +17,8 @@ class BriefPrinter : public testing::TestEventListener {
 
   void OnTestProgramStart(const testing::UnitTest& u) override { inner_->OnTestProgramStart(u); }
   void OnTestIterationStart(const testing::UnitTest& u, int) override {
+    if (GTEST_FLAG_GET(shuffle))
+      std::printf("Note: Randomizing tests' orders with a seed of %d .\n", u.random_seed());
     std::printf("[==========] Running %d tests.\n", u.test_to_run_count());
     std::fflush(stdout);
   }
@@ -26,16 +28,35 @@ class BriefPrinter : public testing::TestEventListener {
   void OnEnvironmentsSetUpEnd(const testing::UnitTest& u) override {
     inner_->OnEnvironmentsSetUpEnd(u);
   }
+  // GoogleTest calls both the suite and the legacy test-case events; its printer implements one
+  // of the two, depending on its version: forward both.
   void OnTestSuiteStart(const testing::TestSuite& s) override { inner_->OnTestSuiteStart(s); }
-  void OnTestStart(const testing::TestInfo& t) override { inner_->OnTestStart(t); }
+#ifndef GTEST_REMOVE_LEGACY_TEST_CASEAPI_
+  void OnTestCaseStart(const testing::TestCase& s) override {
+    inner_->OnTestCaseStart(s);
+  }
+  void OnTestCaseEnd(const testing::TestCase& s) override {
+    inner_->OnTestCaseEnd(s);
+  }
+#endif
+  void OnTestStart(const testing::TestInfo& t) override {
+    inner_->OnTestStart(t);
+  }
+  void OnTestDisabled(const testing::TestInfo& t) override {
+    inner_->OnTestDisabled(t);
+  }
   void OnTestPartResult(const testing::TestPartResult& part) override {
     if (part.type() == testing::TestPartResult::kSuccess) return;
     std::printf("%s:%d: %s\n%s\n", source_file(part.file_name()).c_str(), part.line_number(),
                 part.skipped() ? "Skipped" : "Failure", part.message());
     std::fflush(stdout);
   }
-  void OnTestEnd(const testing::TestInfo& t) override { inner_->OnTestEnd(t); }
-  void OnTestSuiteEnd(const testing::TestSuite& s) override { inner_->OnTestSuiteEnd(s); }
+  void OnTestEnd(const testing::TestInfo& t) override {
+    inner_->OnTestEnd(t);
+  }
+  void OnTestSuiteEnd(const testing::TestSuite& s) override {
+    inner_->OnTestSuiteEnd(s);
+  }
   void OnEnvironmentsTearDownStart(const testing::UnitTest& u) override {
     inner_->OnEnvironmentsTearDownStart(u);
   }
@@ -45,7 +66,9 @@ class BriefPrinter : public testing::TestEventListener {
   void OnTestIterationEnd(const testing::UnitTest& u, int i) override {
     inner_->OnTestIterationEnd(u, i);
   }
-  void OnTestProgramEnd(const testing::UnitTest& u) override { inner_->OnTestProgramEnd(u); }
+  void OnTestProgramEnd(const testing::UnitTest& u) override {
+    inner_->OnTestProgramEnd(u);
+  }
 
  private:
   std::unique_ptr<testing::TestEventListener> inner_;

@@ -15,8 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,14 +91,49 @@ std::string describe_status(int status) {
   return fmt::format("exit status {}", WEXITSTATUS(status));
 }
 
-// The running child's process group, for the handler of a signal that ends this process.
+// The running child's process group and the file of its tests, for the handler of a signal that
+// ends this process (which may use only async-signal-safe calls).
 volatile sig_atomic_t g_child_group = 0;
+char g_list_file[4096] = "";
 
 void end_with_the_child(int signal) {
   if (g_child_group > 0) ::kill(-g_child_group, SIGKILL);
+  if (g_list_file[0] != '\0') ::unlink(g_list_file);
   ::signal(signal, SIG_DFL);
   ::raise(signal);
 }
+
+// The file that names a child's tests: made with mkstemp (no name another user could plant), gone
+// with this object or with a signal that ends the kit.
+class ListFile {
+ public:
+  ListFile() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "hetmesh-cts-XXXXXX").string();
+    if (pattern.size() >= sizeof g_list_file) throw std::runtime_error("TMPDIR is too long");
+    int fd = ::mkstemp(pattern.data());
+    if (fd < 0)
+      throw std::runtime_error(fmt::format("mkstemp {}: {}", pattern, std::strerror(errno)));
+    ::close(fd);
+    path_ = pattern;
+    std::memcpy(g_list_file, path_.c_str(), path_.size() + 1);
+  }
+  ~ListFile() {
+    g_list_file[0] = '\0';
+    ::unlink(path_.c_str());
+  }
+  ListFile(const ListFile&) = delete;
+  ListFile& operator=(const ListFile&) = delete;
+  void write(const std::vector<std::string>& names) const {
+    std::ofstream out(path_, std::ios::trunc);
+    for (const auto& name : names)
+      out << name << "\n";
+    if (!out) throw std::runtime_error("cannot write " + path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 void end_children_with_this_process() {
   struct sigaction action {};
@@ -129,7 +166,11 @@ Child start(const std::string& self, const std::vector<std::string>& args) {
     ::setpgid(0, 0);  // its own group: a hang is ended with everything it started
     // A kit killed outright (SIGKILL) takes its child along.
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
-    if (::dup2(pipe_fds[1], 3) < 0) ::_exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // whatever this thread blocks
+    // The report pipe as fd 3, open across exec (dup2 onto itself would keep O_CLOEXEC).
+    if (pipe_fds[1] == 3 ? ::fcntl(3, F_SETFD, 0) < 0 : ::dup2(pipe_fds[1], 3) < 0) ::_exit(127);
     ::execv(self.c_str(), argv.data());
     ::_exit(127);
   }
@@ -162,6 +203,39 @@ std::vector<std::string> list_tests(const std::string& self, const std::vector<s
     }
   }
   return names;
+}
+
+// GoogleTest lists disabled tests but runs them only when asked to.
+bool disabled(const std::string& full_name) {
+  for (size_t at = full_name.find("DISABLED_"); at != std::string::npos;
+       at = full_name.find("DISABLED_", at + 1))
+    if (at == 0 || full_name[at - 1] == '/' || full_name[at - 1] == '.') return true;
+  return false;
+}
+
+// This run's share of `names` where GTEST_TOTAL_SHARDS and GTEST_SHARD_INDEX say so (as GoogleTest
+// deals them, by position), taken out of the environment so that the children run all they get.
+std::vector<std::string> this_shard(std::vector<std::string> names) {
+  const char* total = std::getenv("GTEST_TOTAL_SHARDS");
+  const char* index = std::getenv("GTEST_SHARD_INDEX");
+  if (total == nullptr || index == nullptr) return names;
+  const long shards = std::strtol(total, nullptr, 10), mine = std::strtol(index, nullptr, 10);
+  ::unsetenv("GTEST_TOTAL_SHARDS");
+  ::unsetenv("GTEST_SHARD_INDEX");
+  if (shards <= 1 || mine < 0 || mine >= shards) return names;
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (static_cast<long>(i % static_cast<size_t>(shards)) == mine) kept.push_back(names[i]);
+  return kept;
+}
+
+// A hang counts against a plugin only in a test of that plugin alone: in a pair of two plugins the
+// kit cannot tell which one hung.
+std::vector<std::string> hang_owners(const std::string& full_name) {
+  std::vector<std::string> plugins = plugins_in_test(full_name);
+  std::sort(plugins.begin(), plugins.end());
+  plugins.erase(std::unique(plugins.begin(), plugins.end()), plugins.end());
+  return plugins.size() == 1 ? plugins : std::vector<std::string>{};
 }
 
 }  // namespace
@@ -201,33 +275,34 @@ std::vector<TestRecord> run_supervised(const std::string& self,
                                        const std::vector<std::string>& args, const Limits& limits) {
   end_children_with_this_process();
   const auto run_started = Clock::now();
+  const auto budget_ends = run_started + limits.budget;
   // The copy and fill tests first (report.hpp's is_foundation), then the rest, each in the order
   // GoogleTest lists them.
-  std::vector<std::string> listed = list_tests(self, args);
+  bool run_disabled = false;
   std::vector<std::string> rest;
-  for (const auto& a : args)
+  for (const auto& a : args) {
+    if (a.rfind("--gtest_also_run_disabled_tests", 0) == 0) run_disabled = true;
     if (a.rfind("--gtest_filter=", 0) != 0) rest.push_back(a);
+  }
   std::vector<std::vector<std::string>> phases(2);
-  for (const auto& name : listed)
-    phases[is_foundation(name) ? 0 : 1].push_back(name);
+  for (const auto& name : this_shard(list_tests(self, args)))
+    if (run_disabled || !disabled(name)) phases[is_foundation(name) ? 0 : 1].push_back(name);
 
-  const std::string list_file =
-      (std::filesystem::temp_directory_path() / fmt::format("hetmesh-cts-{}.tests", ::getpid()))
-          .string();
+  ListFile list;
   std::vector<TestRecord> records;
   std::set<std::string> done;
   std::map<std::string, int> hangs;             // per plugin
   std::map<std::string, std::string> given_up;  // plugin -> why
-  bool budget_spent = false;
-  // A test not to run any more, and why; "" while it may run.
+  std::string stopped;                          // why no more tests run at all, once they don't
+  // Why a test is not to run any more; "" while it may run.
   auto barred = [&](const std::string& name) -> std::string {
-    if (budget_spent)
-      return fmt::format("not run: the run's budget of {} s was spent (--budget)",
-                         limits.budget.count());
+    if (!stopped.empty()) return stopped;
     for (const auto& plugin : plugins_in_test(name))
       if (auto it = given_up.find(plugin); it != given_up.end()) return it->second;
     return "";
   };
+  const std::string out_of_budget =
+      fmt::format("not run: the run's budget of {} s was spent (--budget)", limits.budget.count());
   for (const auto& phase : phases) {
     for (;;) {
       std::vector<std::string> pending;
@@ -241,34 +316,28 @@ std::vector<TestRecord> run_supervised(const std::string& self,
         }
       }
       if (pending.empty()) break;
-      {
-        std::ofstream out(list_file);
-        for (const auto& name : pending)
-          out << name << "\n";
-        if (!out) throw std::runtime_error("cannot write " + list_file);
-      }
+      list.write(pending);
       std::vector<std::string> child_args = rest;
-      child_args.push_back("--cts-tests-file=" + list_file);
+      child_args.push_back("--cts-tests-file=" + list.path());
       const size_t done_before = done.size();
       Child child = start(self, child_args);
       std::string buffer, current;
       std::vector<std::string> rules;
+      // Each test has --test-timeout, and so has the child to start its first test, to go from one
+      // to the next and to end (a runtime's start or exit that hangs).
       auto started = Clock::now();
-      enum { ran, hung, out_of_budget } end = ran;
+      enum { ran, hung, budget_spent } end = ran;
       for (;;) {
-        int wait_ms = -1;
-        if (!current.empty()) {
-          const auto now = Clock::now();
-          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-              std::min(started + limits.per_test, run_started + limits.budget) - now);
-          if (left.count() <= 0) {
-            end = now >= run_started + limits.budget ? out_of_budget : hung;
-            break;
-          }
-          wait_ms = static_cast<int>(left.count());
+        const auto test_ends = started + limits.per_test;
+        const auto deadline = std::min(test_ends, budget_ends);
+        const auto now = Clock::now();
+        if (now >= deadline) {
+          end = budget_ends <= test_ends ? budget_spent : hung;
+          break;
         }
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
         pollfd p{child.fd, POLLIN, 0};
-        int ready = ::poll(&p, 1, wait_ms);
+        int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
         if (ready < 0 && errno == EINTR) continue;
         if (ready == 0) continue;  // the deadline is checked above
         char chunk[65536];
@@ -289,6 +358,7 @@ std::vector<TestRecord> run_supervised(const std::string& self,
             records.push_back(record_from(json::parse(line.substr(2))));
             done.insert(records.back().full_name());
             current.clear();
+            started = Clock::now();
           }
         }
       }
@@ -300,36 +370,51 @@ std::vector<TestRecord> run_supervised(const std::string& self,
       if (end != ran) ::kill(-child.pid, SIGKILL);  // anything it left in its group
       g_child_group = 0;
       const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+      if (end == budget_spent) stopped = out_of_budget;
       if (current.empty()) {
-        if (end == out_of_budget) budget_spent = true;
-        // A child that ends between tests with tests of its list left: a new one goes on, unless
-        // this one ran none (then no child can run them: the run's failure, not a plugin's).
-        if (done.size() == done_before) {
-          records.push_back(lost_test(
-              "hetmesh-cts.Run", {"HM-R1"},
-              "the kit's child ended with tests left to run: " + describe_status(status), seconds));
-          std::filesystem::remove(list_file);
-          return records;
+        // Between tests. GoogleTest exits 1 when a test failed; anything else is the child's own
+        // failure (a plugin's exit-time code that crashed or hung, a child that never started).
+        const bool before_any = done.size() == done_before;
+        const bool failed =
+            end == hung || WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) > 1);
+        if ((failed || before_any) && end != budget_spent) {
+          records.push_back(
+              lost_test(before_any ? "hetmesh-cts.Start" : "hetmesh-cts.Exit",
+                        {before_any ? "HM-R7" : "HM-R9"},
+                        fmt::format("the kit's child {} {}: {}", end == hung ? "hung" : "ended",
+                                    before_any ? "before its first test" : "after its tests",
+                                    end == hung ? fmt::format("nothing for {} s (--test-timeout)",
+                                                              limits.per_test.count())
+                                                : describe_status(status)),
+                        seconds));
+          fmt::print(stderr, "hetmesh-cts: {}: {}\n", records.back().full_name(),
+                     one_line(records.back().message));
+          // No child can run the tests this one could not start: they are not run.
+          if (before_any) stopped = "not run: " + records.back().message;
         }
         continue;
       }
-      std::string what;
-      if (end == hung) {
-        what = fmt::format("hung: not done within {} s (--test-timeout); killed",
-                           limits.per_test.count());
-      } else if (end == out_of_budget) {
-        what = fmt::format("not done when the run's budget of {} s was spent (--budget); killed",
-                           limits.budget.count());
-        budget_spent = true;
+      TestRecord lost;
+      if (end == budget_spent) {
+        lost = named_record(current, TestRecord::not_run,
+                            fmt::format("not finished when the run's budget of {} s was spent "
+                                        "(--budget); killed",
+                                        limits.budget.count()));
+        lost.seconds = seconds;
       } else {
-        what = fmt::format("crashed the kit's process: {}", describe_status(status));
+        lost = lost_test(
+            current, rules,
+            (end == hung ? fmt::format("hung: not done within {} s (--test-timeout); killed",
+                                       limits.per_test.count())
+                         : fmt::format("crashed the kit's process: {}", describe_status(status))) +
+                "; the kit went on with the next test",
+            seconds);
       }
-      records.push_back(
-          lost_test(current, rules, what + "; the kit went on with the next test", seconds));
-      fmt::print(stderr, "hetmesh-cts: {}: {}\n", current, one_line(records.back().message));
+      records.push_back(lost);
+      fmt::print(stderr, "hetmesh-cts: {}: {}\n", current, one_line(lost.message));
       done.insert(current);
       if (end == hung) {
-        for (const auto& plugin : plugins_in_test(current))
+        for (const auto& plugin : hang_owners(current))
           if (++hangs[plugin] >= limits.max_hangs && !given_up.count(plugin)) {
             given_up[plugin] = fmt::format(
                 "not run: plugin {} hung in {} tests (--max-hangs), so its other tests were not "
@@ -340,7 +425,6 @@ std::vector<TestRecord> run_supervised(const std::string& self,
       }
     }
   }
-  std::filesystem::remove(list_file);
   return records;
 }
 

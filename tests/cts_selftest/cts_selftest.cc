@@ -245,6 +245,19 @@ TEST(CtsSelfTest, FailuresAfterABrokenCopySayTheyMayFollowFromIt) {
   EXPECT_EQ(r.out.find("Note: Google Test filter"), std::string::npos) << r.out;
 }
 
+// A child that hangs after its tests (a runtime's exit handler that never returns) is stopped
+// after --test-timeout and named, where the kit used to wait for it forever.
+TEST(CtsSelfTest, AChildThatHangsAtExitIsStoppedAndNamed) {
+  hetmesh::ProcessResult r =
+      hetmesh::run_process({"/usr/bin/env", "HM_TEST_PLANT=exit_hangs", HETMESH_CTS_PATH,
+                            "--plugin", HETMESH_PLANTED_PLUGIN, "--test-timeout", "5"},
+                           std::chrono::minutes(5));
+  EXPECT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << r.out << r.err;
+  EXPECT_NE(r.out.find("FAILED            hetmesh-cts.Exit [HM-R9]"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("the kit's child hung after its tests"), std::string::npos) << r.err;
+}
+
 // Once the run's budget is spent, the test running is stopped and nothing more runs.
 TEST(CtsSelfTest, TheBudgetEndsTheRun) {
   hetmesh::ProcessResult r = hetmesh::run_process(

@@ -427,6 +427,13 @@ const Bug kBugs[] = {
        t.stream_synchronize = [](hm_stream, uint64_t) -> hm_status { hang_forever(); };
        t.event_synchronize = [](hm_event, uint64_t) -> hm_status { hang_forever(); };
      }},
+    {"exit_hangs", "the runtime's exit handler never returns (a driver that waits for lost work)",
+     [](hm_device_plugin_api& t) {
+       t.initialize = [](const hm_host_api* host) -> hm_status {
+         std::atexit([] { hang_forever(); });
+         return g_base->initialize(host);
+       };
+     }},
     {"device_index_at_count", "every slot that takes a device checks `device > count`, not `>=`",
      [](hm_device_plugin_api& t) {
        t.device_properties = [](int32_t device, hm_device_properties* props) -> hm_status {
