@@ -30,6 +30,7 @@ namespace hetmesh::cts {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr std::chrono::seconds kLeastOutsideATest{30};
 using nlohmann::json;
 
 int g_report_fd = -1;
@@ -323,12 +324,16 @@ std::vector<TestRecord> run_supervised(const std::string& self,
       Child child = start(self, child_args);
       std::string buffer, current;
       std::vector<std::string> rules;
-      // Each test has --test-timeout, and so has the child to start its first test, to go from one
-      // to the next and to end (a runtime's start or exit that hangs).
+      // Each test has --test-timeout, and so has the child (at least 30 s) to start its first test,
+      // to go from one to the next and to end (a runtime's start or exit that hangs).
       auto started = Clock::now();
       enum { ran, hung, budget_spent } end = ran;
       for (;;) {
-        const auto test_ends = started + limits.per_test;
+        // Outside a test (starting, between tests, exiting) a loaded machine gets 30 s at least:
+        // a child that starts under a sanitizer probes its plugins first.
+        const auto test_ends =
+            started +
+            (current.empty() ? std::max(limits.per_test, kLeastOutsideATest) : limits.per_test);
         const auto deadline = std::min(test_ends, budget_ends);
         const auto now = Clock::now();
         if (now >= deadline) {
@@ -383,8 +388,7 @@ std::vector<TestRecord> run_supervised(const std::string& self,
                         {before_any ? "HM-R7" : "HM-R9"},
                         fmt::format("the kit's child {} {}: {}", end == hung ? "hung" : "ended",
                                     before_any ? "before its first test" : "after its tests",
-                                    end == hung ? fmt::format("nothing for {} s (--test-timeout)",
-                                                              limits.per_test.count())
+                                    end == hung ? fmt::format("nothing for {:.0f} s", seconds)
                                                 : describe_status(status)),
                         seconds));
           fmt::print(stderr, "hetmesh-cts: {}: {}\n", records.back().full_name(),
