@@ -3,7 +3,7 @@ in some processes, FFN instances (F) holding the experts in others, three micro-
 
     <build>/python/hetmesh-python examples/python/moe_layer.py              # 2A2F on cpu:0
     <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda:0
-    <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda:0 --graph
+    <build>/python/hetmesh-python examples/python/moe_layer.py --attention-device cuda --graph
     torchrun --nproc_per_node 4 examples/python/moe_layer.py --launched  # one instance a process
 
 (hetmesh-python is the interpreter the package was built for, with the package on its path.)
@@ -20,8 +20,9 @@ micro-batch with its rings and waits (arm_device, enqueue_push_pull, enqueue_wai
 graph and replays it --steps times: no hetmesh call per layer, one graph.replay() per step. Every
 replay's final hidden states must equal the first's, and those the reference. The F tells a part's
 layer by its sequence number (each step pushes every layer once per micro-batch), since a graph's
-pushes all carry the tag their micro-batch was armed with. (On the H200 on 2026-12-04, --graph did
-not yet run: in its first eager step every instance reported the others hung; docs/benchmarks.md.)
+pushes all carry the tag their micro-batch was armed with. --attention-device cuda gives A r the
+GPU cuda:r; --graph refuses two As on one GPU, where their copies stall while their streams wait
+(docs/device-triggered.md).
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ def run_launched(place: hetmesh.Launched, args) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="hetmesh-moe-") as folder:
             if place.role == "attention":
-                run_attention(place.rank, place.store, args.attention_device, folder)
+                run_attention(place.rank, place.store, attention_device(args, place.rank), folder)
                 result = os.path.join(folder, f"attention{place.rank}.pt")
                 difference = compare(place.rank, result)
                 if difference is not None:
@@ -280,6 +281,11 @@ def run_launched(place: hetmesh.Launched, args) -> int:
     return code
 
 
+def attention_device(args, rank: int) -> str:
+    """A `rank`'s device: --attention-device, where "cuda" is a GPU per A (cuda:rank)."""
+    return f"cuda:{rank}" if args.attention_device == "cuda" else args.attention_device
+
+
 def launch(args) -> int:
     with tempfile.TemporaryDirectory(prefix="hetmesh-moe-") as folder:
         secret = os.path.join(folder, "job.secret")
@@ -291,7 +297,7 @@ def launch(args) -> int:
                                         args.ffn_device], env=env) for f in range(JOB["ffn"])]
         graph = ["--graph", "--steps", str(args.steps)] if args.graph else []
         procs += [subprocess.Popen(me + ["--role", "attention", "--rank", str(r), "--device",
-                                         args.attention_device] + graph, env=env)
+                                         attention_device(args, r)] + graph, env=env)
                   for r in range(JOB["attention"])]
         codes = [p.wait(timeout=300) for p in procs]
         if any(codes):
@@ -313,7 +319,8 @@ def launch(args) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attention-device", default="cpu:0")
+    parser.add_argument("--attention-device", default="cpu:0",
+                        help="every A's device; cuda: a GPU per A (cuda:0, cuda:1, ...)")
     parser.add_argument("--ffn-device", default="cpu:0")
     parser.add_argument("--graph", action="store_true",
                         help="capture each A's decode step in a CUDA graph and replay it")
@@ -335,7 +342,11 @@ def main() -> int:
         return run_launched(place, args)
     if args.role is None:
         if args.graph and not args.attention_device.startswith("cuda"):
-            parser.error("--graph captures a CUDA graph: it needs --attention-device cuda:N")
+            parser.error("--graph captures a CUDA graph: it needs --attention-device cuda or cuda:N")
+        if args.graph and JOB["attention"] > 1 and args.attention_device != "cuda":
+            parser.error(f"--graph with every A on {args.attention_device}: two A processes whose "
+                         f"streams wait on one GPU stall (docs/device-triggered.md); give each its "
+                         f"own with --attention-device cuda")
         return launch(args)
     torch.set_num_threads(1)
     if args.role == "attention" and args.graph:

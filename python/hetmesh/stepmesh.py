@@ -298,6 +298,7 @@ class _Worker:
         self.micro_batches = env.settings["HETMESH_STEPMESH_MICRO_BATCHES"]
         self.tensors = env.settings["HETMESH_STEPMESH_TENSORS"]
         self.max_bytes = env.settings["HETMESH_STEPMESH_MAX_BYTES"]
+        self.extra_names = [f"push{i}" for i in range(1, self.tensors)]  # after "tokens"
         limit = env.settings["HETMESH_STEPMESH_MAX_BUFFERS"]
         self.push_in_place = _in_place("push tensors", limit)
         self.pull_in_place = _in_place("pull tensors", limit)
@@ -322,58 +323,64 @@ class _Worker:
                 self.engine.send_message(f, message)
         return number
 
+    def check_sizes(self, push_sizes: list, pull_sizes: list) -> int:
+        """The bytes each server answers; refuses sizes the job cannot hold."""
+        answer = pull_sizes[0] if pull_sizes else 0
+        for s, size in enumerate(pull_sizes):
+            if size != answer:
+                raise _errors.make(InvalidArgumentError,
+                                   f"push_pull: server {s}'s pull tensor holds {size} bytes and "
+                                   f"server 0's {answer}: every server answers as many")
+        for what, sizes in (("push", push_sizes), ("pull", pull_sizes)):
+            for size in sizes:
+                if size > self.max_bytes:
+                    raise _errors.make(InvalidArgumentError,
+                                       f"push_pull: a {what} tensor of {size} bytes; the job's "
+                                       f"hold {self.max_bytes} (HETMESH_STEPMESH_MAX_BYTES, the "
+                                       f"same for every process of the job)")
+        return answer
+
     def push_pull(self, push_tensors, push_keys, pull_tensors, pull_keys, need_event) -> int:
+        # Each tensor's size is read once: this runs once per layer, so every step counts.
         push_tensors, pull_tensors = list(push_tensors), list(pull_tensors)
-        if len(push_tensors) != len(push_keys) or len(pull_tensors) != len(pull_keys):
+        pushes, pulls = len(push_tensors), len(pull_tensors)
+        if pushes != len(push_keys) or pulls != len(pull_keys):
             raise _errors.make(InvalidArgumentError,
-                               f"push_pull: {len(push_tensors)} push tensors for "
-                               f"{len(push_keys)} keys, {len(pull_tensors)} pull tensors for "
-                               f"{len(pull_keys)} keys")
-        if len(push_tensors) > self.tensors:
+                               f"push_pull: {pushes} push tensors for {len(push_keys)} keys, "
+                               f"{pulls} pull tensors for {len(pull_keys)} keys")
+        if pushes > self.tensors:
             raise _errors.make(InvalidArgumentError,
-                               f"push_pull: {len(push_tensors)} push tensors; the job takes "
+                               f"push_pull: {pushes} push tensors; the job takes "
                                f"{self.tensors} (HETMESH_STEPMESH_TENSORS)")
         servers = len(self.rail)
-        if len(pull_tensors) not in (0, servers):
+        if pulls not in (0, servers):
             raise _errors.make(
-                NotSupportedError if len(pull_tensors) % servers == 0 else InvalidArgumentError,
-                f"push_pull: {len(pull_tensors)} pull tensors for {servers} server(s): hetmesh "
+                NotSupportedError if pulls % servers == 0 else InvalidArgumentError,
+                f"push_pull: {pulls} pull tensors for {servers} server(s): hetmesh "
                 f"takes one pull tensor per server, in server order (docs/stepmesh.md)")
-        answer = _nbytes(pull_tensors[0]) if pull_tensors else 0
-        for s, t in enumerate(pull_tensors):
-            if _nbytes(t) != answer:
-                raise _errors.make(InvalidArgumentError,
-                                   f"push_pull: server {s}'s pull tensor holds {_nbytes(t)} bytes "
-                                   f"and server 0's {answer}: every server answers as many")
-        for what, t in [("push", t) for t in push_tensors] + [("pull", t) for t in pull_tensors]:
-            if _nbytes(t) > self.max_bytes:
-                raise _errors.make(InvalidArgumentError,
-                                   f"push_pull: a {what} tensor of {_nbytes(t)} bytes; the job's "
-                                   f"hold {self.max_bytes} (HETMESH_STEPMESH_MAX_BYTES, the same "
-                                   f"for every process of the job)")
+        push_sizes = [t.numel() * t.element_size() for t in push_tensors]
+        pull_sizes = [t.numel() * t.element_size() for t in pull_tensors]
+        answer = self.check_sizes(push_sizes, pull_sizes)
         tag = self.layout_number(_layout_of(push_tensors, push_keys))
         # The n-th push of every worker is micro-batch n mod MICRO_BATCHES: counted once sent.
         with self.lock:
             mb = self.pushes % self.micro_batches
         # The caller's tensors in place, or (past the allocations kept) copied into the slots.
-        send, tensors, rows, tokens, copied = None, {}, {}, 0, False
-        for i in range(self.tensors):
-            name = "tokens" if i == 0 else f"push{i}"
-            t = push_tensors[i] if i < len(push_tensors) else None
-            size = _nbytes(t) if t is not None else 0
-            if i == 0:
-                tokens = size
-            else:
-                rows[name] = size
-            if t is None or size == 0:
+        send, tensors, copied = None, {}, False
+        rows = dict.fromkeys(self.extra_names, 0)
+        for i, (t, size) in enumerate(zip(push_tensors, push_sizes)):
+            if i:
+                rows[self.extra_names[i - 1]] = size
+            if size == 0:
                 continue
             if self.push_in_place.use(t):
                 if i == 0:
                     send = _flat(t)
                 else:
-                    tensors[name] = _flat(t)
+                    tensors[self.extra_names[i - 1]] = _flat(t)
             else:
-                slot = self.engine.tokens(mb) if i == 0 else self.engine.tensor(mb, name)
+                slot = self.engine.tokens(mb) if i == 0 else self.engine.tensor(
+                    mb, self.extra_names[i - 1])
                 hetmesh.import_torch().from_dlpack(slot).view(-1)[:size].copy_(_bytes(t))
                 copied = True
         into = [None] * self.ffn_count
@@ -383,13 +390,15 @@ class _Worker:
                 into[f] = _flat(t)
             else:
                 copies.append((f, t))
-        stream = _current_stream(push_tensors[0]) if need_event and push_tensors else None
-        if copied and stream is None:
-            stream = _current_stream(push_tensors[0])  # the shim's copies run there
-        handle = self.engine.push_pull(mb, tokens, send=send, tensors=tensors, rows=rows,
-                                       results_into=into, result_rows=answer, tag=tag,
-                                       stream=stream)
-        count = max(1, len(push_tensors) + (1 if pull_tensors else 0))
+        # torch's stream where the tensors are on a GPU: what wrote them runs there, and so do the
+        # shim's copies.
+        stream = None
+        if pushes and (need_event or copied) and push_tensors[0].is_cuda:
+            stream = _current_stream(push_tensors[0])
+        handle = self.engine.push_pull(mb, push_sizes[0] if pushes else 0, send=send,
+                                       tensors=tensors, rows=rows, results_into=into,
+                                       result_rows=answer, tag=tag, stream=stream)
+        count = max(1, pushes + (1 if pulls else 0))
         with self.lock:
             self.pushes += 1
             handler = self.next_handler
