@@ -17,13 +17,13 @@ require_tests() {
   ((n >= $3)) || { echo "verbs-tests: $1 has $n tests matching $2, expected at least $3" >&2; exit 1; }
 }
 # 41 = 9 cases x 4 memory pairings + the 5 registration fallback steps (and libfabric's verbs, and
-# 18 over two rails); rails_test: striping, a rail cut, and the cut rail back, over verbs and over
+# 18 over two rails); rails_test: striping, a rail cut, the lead cut, and the cut rail back, over verbs and over
 # libfabric's verbs;ofi_rxm.
 require_tests "$build/bin/transport_test" '*verbs*:-*fabric*' 41
 require_tests "$build/bin/transport_test" 'RegistrationFallback/*verbs*' 5
 require_tests "$build/bin/transport_test" '*fabric_verbs_ofi_rxm*' 36
 require_tests "$build/bin/transport_test" '*verbs_rails*' 18
-require_tests "$build/bin/rails_test" '*verbs*' 6
+require_tests "$build/bin/rails_test" '*verbs*' 8
 require_tests "$build/bin/transport_selection_test" '*ThisHostAgreesWithSysfs*' 1
 require_tests "$build/bin/afd_engine_test" '*verbs*' 2
 require_tests "$build/bin/afd_fault_test" '*verbs*' 4
@@ -34,7 +34,7 @@ require_tests "$build/bin/afd_tensors_test" '*verbs*' 1
 echo "== transport suite over verbs (registration fallback order included)"
 "$build/bin/transport_test" --gtest_filter='*verbs*:-*fabric*' --gtest_brief=1
 
-echo "== rails over rxe0 and rxe1 (verbs, and libfabric's verbs;ofi_rxm): a striped write crosses both; rxe1's link taken down mid-stream; back after its cooldown"
+echo "== rails over rxe0 and rxe1 (verbs, and libfabric's verbs;ofi_rxm): a striped write crosses both; rxe1's link taken down mid-stream, then rxe0's (the lead); back after its cooldown"
 FI_UNIVERSE_SIZE=32 "$build/bin/rails_test" --gtest_filter='*verbs*' --gtest_brief=1
 
 echo "== transport suite over libfabric's verbs provider (verbs;ofi_rxm on rxe0)"

@@ -46,7 +46,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr size_t kFirst = 0;
 // Events of a rail's connection that came before the connection was known here (a peer's first
 // control message can beat connect()'s return), kept to be handled in order once it is; at most
 // this many bytes of them a rail (beyond, they are dropped, said once).
@@ -85,7 +84,9 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   void write(const std::shared_ptr<RailsLink>& link, const Region& src, uint64_t src_offset,
              const RemoteRegion& dst, uint64_t dst_offset, uint64_t length,
              std::optional<uint32_t> notify, uint64_t cookie);
-  std::shared_ptr<Connection> first_rail(RailsLink& link);
+  // The user's control message, on the lead: sent now where nothing of the user's waits to go
+  // before it, else queued there. false: !may_wait and the lead's connection was busy.
+  bool send_control(RailsLink& link, std::span<const uint8_t> message, bool may_wait);
   void drop(RailsLink& link);
 
  private:
@@ -112,8 +113,22 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   void close_outside(Lock& lock);
   // The rest run with mutex_ held.
   void handle(size_t rail, TransportEvent& event);
-  void acknowledged(RailsLink& link, size_t rail, std::span<const uint8_t> message);
+  // A control message of the layer's on `rail` (false: malformed, and the rail was taken down).
+  void layer_message(RailsLink& link, size_t rail, TransportEvent& event);
+  void acknowledged(RailsLink& link, size_t rail, uint64_t landed, uint64_t controls);
+  // The user's control messages up to `passed_up` reached the peer's user: not sent again.
+  void trim_controls(RailsLink& link, uint64_t passed_up);
   void rail_down(RailsLink& link, size_t rail, const std::string& why);
+  // The lead failed (rail_down): its pieces not acknowledged wait for the peer's count, and the
+  // lowest rail still up leads from now, once the peer answered; with none, the link is lost.
+  void lead_down(RailsLink& link, size_t rail, const std::string& why);
+  // The peer moved its lead to `rail` / answered ours: what it passed up so far.
+  void peer_moved(RailsLink& link, size_t rail, uint64_t move);
+  void moved(RailsLink& link, size_t rail, uint64_t move, uint64_t notes, uint64_t controls);
+  // A piece goes on the lead now (behind what is queued there).
+  void send_on_lead(RailsLink& link, uint64_t piece);
+  // A copy of a piece that has not landed goes again on the lead; the original is settled as done.
+  void send_again(RailsLink& link, uint64_t piece);
   // A new connection of a rail that was down takes stripes from now on.
   void rail_back(RailsLink& link, size_t rail, std::shared_ptr<Connection> connection);
   // The peer's region on a rail's connection of now, imported there if not yet; null where the
@@ -173,10 +188,10 @@ class RailsConnection final : public Connection {
     core_->write(link_, src, src_offset, dst, dst_offset, length, notify, cookie);
   }
   void send_control(std::span<const uint8_t> message) override {
-    core_->first_rail(*link_)->send_control(message);
+    core_->send_control(*link_, message, /*may_wait=*/true);
   }
   bool try_send_control(std::span<const uint8_t> message) override {
-    return core_->first_rail(*link_)->try_send_control(message);
+    return core_->send_control(*link_, message, /*may_wait=*/false);
   }
 
  private:
@@ -380,16 +395,18 @@ std::shared_ptr<RemoteRegion> RailsCore::import_region(RailsLink& link, const Re
                             link.rails.size()));
   if (link.lost) throw Error(kStatusPeerLost, "rails: import_region: the peer is lost");
   std::vector<RailsRemoteRegion::Imported> remote(parts.size());
+  std::optional<uint64_t> size;
   for (size_t r = 0; r < parts.size(); ++r) {
     if (!link.rails[r].connection) continue;  // down: imported if it comes back
     remote[r] = {link.rails[r].generation, link.rails[r].connection->import_region(parts[r])};
-    if (remote[r].remote->size() != remote[kFirst].remote->size())
+    if (!size) size = remote[r].remote->size();
+    if (remote[r].remote->size() != *size)
       throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("rails: the peer's region is {} bytes on rail 0 and {} on rail {}",
-                              remote[kFirst].remote->size(), remote[r].remote->size(), r));
+                  fmt::format("rails: the peer's region is {} bytes on one rail and {} on rail {}",
+                              *size, remote[r].remote->size(), r));
   }
-  const uint64_t size = remote[kFirst].remote->size();
-  return std::make_shared<RailsRemoteRegion>(size, std::move(parts), std::move(remote));
+  if (!size) throw Error(kStatusPeerLost, "rails: import_region: every rail is down");
+  return std::make_shared<RailsRemoteRegion>(*size, std::move(parts), std::move(remote));
 }
 
 std::shared_ptr<const RemoteRegion> RailsCore::remote_on(RailsLink& link,
@@ -405,8 +422,8 @@ std::shared_ptr<const RemoteRegion> RailsCore::remote_on(RailsLink& link,
     auto remote = rail.connection->import_region(region.parts[r]);
     if (remote->size() != region.size())
       throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("the peer's region is {} bytes on rail 0 and {} here", region.size(),
-                              remote->size()));
+                  fmt::format("the peer's region is {} bytes on another rail and {} here",
+                              region.size(), remote->size()));
     imported = {rail.generation, std::move(remote), false};
     return imported.remote;
   } catch (const std::exception& e) {
@@ -432,6 +449,11 @@ void RailsCore::write(const std::shared_ptr<RailsLink>& link, const Region& src,
   const auto* target = dynamic_cast<const RailsRemoteRegion*>(&dst);
   if (source == nullptr || target == nullptr)
     throw Error(HM_ERR_INVALID_ARGUMENT, "write: regions were not made by this rails transport");
+  if (notify && (*notify & kStripeNote) != 0)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("write: notification {:#x}: over rails a notification is below 2^31 "
+                            "(the top bit is the rails layer's own)",
+                            *notify));
   check_write_range("source", src_offset, length, src.size());
   check_write_range("destination", dst_offset, length, dst.size());
   Lock lock(mutex_);
@@ -440,59 +462,129 @@ void RailsCore::write(const std::shared_ptr<RailsLink>& link, const Region& src,
   link->writes.push_back({cookie});
   std::shared_ptr<const RailsRegion> from = source->shared_from_this();
   std::shared_ptr<const RailsRemoteRegion> into = target->shared_from_this();
-  std::vector<std::shared_ptr<const RemoteRegion>> remote(link->rails.size());
-  remote[kFirst] = target->rails[kFirst].remote;
-  auto piece = [&](size_t rail, uint64_t at, uint64_t n, std::optional<uint32_t> value) {
-    RailsPiece p{write, rail, from, src_offset + at, into, remote[rail], dst_offset + at, n, value};
+  auto piece = [&](uint64_t at, uint64_t n) {
+    RailsPiece p{write, link->lead, from, src_offset + at, into, nullptr, dst_offset + at, n};
     return p;
   };
-  // The other rails' stripes, each acknowledged by the peer; the first rail keeps the rest.
-  std::vector<size_t> others;
+  // The other rails' stripes; the lead keeps the rest.
+  std::vector<std::pair<size_t, std::shared_ptr<const RemoteRegion>>> others;
   if (length >= kStripeMin)
-    for (size_t r = kFirst + 1; r < link->rails.size(); ++r)
-      if ((remote[r] = remote_on(*link, *target, r))) others.push_back(r);
+    for (size_t r = 0; r < link->rails.size(); ++r)
+      if (r != link->lead)
+        if (auto remote = remote_on(*link, *target, r)) others.emplace_back(r, std::move(remote));
   uint64_t at = 0;
-  if (length >= kStripeMin && !others.empty()) {
+  if (!others.empty()) {
     const uint64_t ways = others.size() + 1;
     const uint64_t stripe = (length / ways + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
-    for (size_t r : others) {
+    for (auto& [r, remote] : others) {
       if (at + stripe >= length) break;
-      RailsPiece p = piece(r, at, stripe, 0u);
-      p.acknowledged = true;
+      RailsPiece p = piece(at, stripe);
+      p.rail = r;
+      p.dst_rail = std::move(remote);
       const uint64_t id = add_piece(*link, std::move(p));
       ++link->rails[r].issued;
       link->rails[r].unacked.push_back(id);
-      enqueue(r, *link, {id});
+      enqueue(r, *link, {RailsPost::Kind::piece, id});
       at += stripe;
     }
   }
-  // The first rail's part, behind any piece held there. Its notification waits for every stripe
-  // of another rail issued before it (this write's among them); its bytes before the notifying
-  // tail need not.
+  // The lead's part, behind any piece held there. Its notification waits for every stripe of
+  // another rail issued before it (this write's among them); its bytes before the notifying tail
+  // need not.
   bool unacked = false;
-  for (size_t r = kFirst + 1; r < link->rails.size(); ++r)
-    unacked =
-        unacked || (link->rails[r].connection && link->rails[r].acked < link->rails[r].issued);
+  for (size_t r = 0; r < link->rails.size(); ++r)
+    unacked = unacked || (r != link->lead && link->rails[r].connection &&
+                          link->rails[r].acked < link->rails[r].issued);
+  uint64_t tail = length - at;
   if (notify && unacked) {
-    const uint64_t tail = std::min(kNotifyTail, length - at);
-    if (length - at > tail)
-      link->held.push_back(add_piece(*link, piece(kFirst, at, length - at - tail, std::nullopt)));
-    RailsPiece last = piece(kFirst, length - tail, tail, notify);
-    for (const auto& rail : link->rails)
-      last.fence.push_back(rail.issued);
-    link->held.push_back(add_piece(*link, std::move(last)));
-  } else {
-    link->held.push_back(add_piece(*link, piece(kFirst, at, length - at, notify)));
+    tail = std::min(kNotifyTail, length - at);
+    if (length - at > tail) link->held.push_back(add_piece(*link, piece(at, length - at - tail)));
   }
+  RailsPiece last = piece(length - tail, tail);
+  if (notify) {
+    last.notify = *notify;  // numbered when it first goes (send_on_lead)
+    if (unacked)
+      for (const auto& rail : link->rails)
+        last.fence.push_back(rail.issued);
+  }
+  link->held.push_back(add_piece(*link, std::move(last)));
   release_held(*link);
   unlock_and_close(lock);
 }
 
-std::shared_ptr<Connection> RailsCore::first_rail(RailsLink& link) {
+bool RailsCore::send_control(RailsLink& link, std::span<const uint8_t> message, bool may_wait) {
+  if (message.size() > Connection::kMaxControlBytes - kRailsHeader)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("control message of {} bytes exceeds {} (over rails)", message.size(),
+                            Connection::kMaxControlBytes - kRailsHeader));
+  // In their numbers' order: one sender at a time (a try does not wait for another).
+  std::unique_lock in_order(link.sending, std::defer_lock);
+  if (may_wait)
+    in_order.lock();
+  else if (!in_order.try_lock())
+    return false;
   Lock lock(mutex_);
-  if (link.lost || !link.rails[kFirst].connection)
+  if (link.lost) throw Error(kStatusPeerLost, "send_control: the peer is lost");
+  if (link.control_log.size() >= kMaxControlLog ||
+      link.control_log_bytes + message.size() > kMaxControlLogBytes) {
+    lose(link,
+         fmt::format("rails: the peer acknowledged none of the last {} control messages ({} "
+                     "bytes)",
+                     link.control_log.size(), link.control_log_bytes),
+         /*tell=*/true);
+    unlock_and_close(lock);
     throw Error(kStatusPeerLost, "send_control: the peer is lost");
-  return link.rails[kFirst].connection;
+  }
+  // Kept until acknowledged, so it goes again after a move of the lead.
+  const uint64_t seq = ++link.controls_numbered;
+  link.control_log.push_back({seq, std::vector<uint8_t>(message.begin(), message.end())});
+  link.control_log_bytes += message.size();
+  const size_t lead = link.lead;
+  const uint64_t epoch = link.control_epoch;
+  if (link.moving || link.controls_queued > 0 || !link.rails[lead].connection) {
+    // Behind what waits to go before it, for the lead's sender. A send returns once it went, as a
+    // direct one does (or the lead moved, or the link was lost, or io_timeout passed: it goes
+    // later, in order); a try at once.
+    ++link.controls_queued;
+    enqueue(lead, link, {RailsPost::Kind::control, 0, seq, epoch});
+    if (may_wait)
+      link.controls_sent.wait_for(lock, options_.io_timeout, [&] {
+        return link.lost || stopping_ || link.control_epoch != epoch || link.controls_queued == 0;
+      });
+    unlock_and_close(lock);
+    return true;
+  }
+  std::shared_ptr<Connection> connection = link.rails[lead].connection;
+  const uint64_t generation = link.rails[lead].generation;
+  lock.unlock();
+  const std::vector<uint8_t> framed = rails_message(RailsMessage::user, {seq}, message);
+  bool sent = true;
+  std::string failure;
+  try {
+    if (may_wait)
+      connection->send_control(framed);
+    else
+      sent = connection->try_send_control(framed);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  connection.reset();
+  lock.lock();
+  if (!sent && failure.empty() && link.control_epoch == epoch && !link.control_log.empty() &&
+      link.control_log.back().seq == seq) {
+    // Not sent, not queued again by a move meanwhile, and nothing numbered after it (`sending` is
+    // held): as if never asked.
+    link.control_log.pop_back();
+    link.control_log_bytes -= message.size();
+    --link.controls_numbered;
+    unlock_and_close(lock);
+    return false;
+  }
+  // A failed send takes the lead down; the message goes again on the next.
+  if (!failure.empty() && link.lead == lead && link.rails[lead].generation == generation)
+    rail_down(link, lead, failure);
+  unlock_and_close(lock);
+  return true;
 }
 
 void RailsCore::drop(RailsLink& link) {
@@ -516,6 +608,7 @@ void RailsCore::forget(RailsLink& link) {
 }
 
 void RailsCore::enqueue(size_t rail, RailsLink& link, RailsPost post, bool first) {
+  post.generation = link.rails[rail].generation;
   auto& t = *threads_[rail];
   if (first)
     t.queue.emplace_front(link.weak_from_this(), post);
@@ -533,24 +626,66 @@ void RailsCore::send_loop(size_t r) {
     auto [weak, post] = std::move(t.queue.front());
     t.queue.pop_front();
     auto link = weak.lock();
-    if (!link || link->lost || !link->rails[r].connection) continue;  // re-routed, or gone
+    // Re-routed, or gone; or queued for a connection of the rail since replaced (its pieces went
+    // elsewhere or wait for the peer's count, its messages were of that connection).
+    if (!link || link->lost || !link->rails[r].connection ||
+        post.generation != link->rails[r].generation)
+      continue;
+    // A control message queued before a move goes again after it; one queued while moving waits
+    // for the peer's answer (the log keeps it).
+    if (post.kind == RailsPost::Kind::control &&
+        (post.epoch != link->control_epoch || link->moving))
+      continue;
     std::shared_ptr<Connection> connection = link->rails[r].connection;
+    auto& rail = link->rails[r];
     hm_status status = HM_OK;
     std::string message;
-    if (post.acknowledge) {
-      uint8_t count[8];
-      std::memcpy(count, &link->rails[r].landed, sizeof count);
-      link->rails[r].ack_queued = false;
-      const uint64_t generation = link->rails[r].generation;
+    if (post.kind != RailsPost::Kind::piece) {
+      std::vector<uint8_t> bytes;
+      switch (post.kind) {
+        case RailsPost::Kind::acknowledge:
+          rail.ack_queued = false;
+          bytes = rails_message(RailsMessage::acknowledge, {rail.landed, link->controls_delivered});
+          break;
+        case RailsPost::Kind::lead:
+          bytes = rails_message(RailsMessage::lead, {link->moves});
+          break;
+        case RailsPost::Kind::lead_ack:
+          link->lead_ack_queued = false;
+          bytes = rails_message(RailsMessage::lead_ack, {link->peer_moves, link->notes_delivered,
+                                                         link->controls_delivered});
+          break;
+        case RailsPost::Kind::control: {
+          // Not yet acknowledged (else done).
+          auto c = std::lower_bound(
+              link->control_log.begin(), link->control_log.end(), post.control,
+              [](const RailsLink::Control& x, uint64_t seq) { return x.seq < seq; });
+          if (c == link->control_log.end() || c->seq != post.control) {
+            --link->controls_queued;
+            link->controls_sent.notify_all();
+            continue;
+          }
+          bytes = rails_message(RailsMessage::user, {c->seq}, c->payload);
+          break;
+        }
+        case RailsPost::Kind::piece:
+          break;
+      }
+      const uint64_t generation = rail.generation;
       lock.unlock();
       try {
-        connection->send_control(count);
+        connection->send_control(bytes);
       } catch (const std::exception& e) {
         message = e.what();
         status = HM_ERR_BACKEND;
       }
       connection.reset();
       lock.lock();
+      // Sent: a direct send may go from now (none overtakes it).
+      if (post.kind == RailsPost::Kind::control && post.epoch == link->control_epoch) {
+        --link->controls_queued;
+        link->controls_sent.notify_all();
+      }
       // (A connection that failed after the rail came back on a new one is not the rail's.)
       if (status != HM_OK && link->rails[r].generation == generation) rail_down(*link, r, message);
       close_outside(lock);
@@ -559,7 +694,8 @@ void RailsCore::send_loop(size_t r) {
     auto p = link->pieces.find(post.piece);
     if (p == link->pieces.end() || p->second.rail != r || p->second.abandoned) continue;
     p->second.writing = true;
-    if (p->second.acknowledged) ++link->rails[r].posted;
+    ++rail.posted;
+    const uint64_t generation = rail.generation;
     {
       // Its own references to the regions: they live until the write returns, and the last one
       // goes here, outside the lock.
@@ -576,7 +712,8 @@ void RailsCore::send_loop(size_t r) {
     }
     connection.reset();
     lock.lock();
-    sent(*link, r, post.piece, status, message);
+    // (A write on a connection since replaced failed with it: its piece went elsewhere already.)
+    sent(*link, r, post.piece, link->rails[r].generation == generation ? status : HM_OK, message);
     close_outside(lock);
   }
 }
@@ -600,11 +737,7 @@ void RailsCore::poll_loop(size_t r) {
           options_.rails[r], e.what());
       threads_[r]->broken = true;
       for (const auto& link : std::vector<std::shared_ptr<RailsLink>>(links_))
-        if (r == kFirst)
-          lose(*link, fmt::format("rails: rail 0 ({}): poll: {}", options_.rails[r], e.what()),
-               /*tell=*/true);
-        else
-          rail_down(*link, r, e.what());
+        rail_down(*link, r, fmt::format("poll: {}", e.what()));
       unlock_and_close(lock);
       return;
     }
@@ -646,57 +779,110 @@ void RailsCore::handle(size_t r, TransportEvent& e) {
     case TransportEvent::Type::write_done: {
       auto p = link->pieces.find(e.cookie);
       if (p == link->pieces.end() || p->second.rail != r) return;  // sent again elsewhere
-      if (e.status != HM_OK && r != kFirst)
-        rail_down(*link, r, e.message);
-      else if (e.status != HM_OK || !p->second.acknowledged)
-        complete(*link, e.cookie, e.status, e.message);
+      // Done once acknowledged; a failed one takes its rail down, and goes again elsewhere.
+      if (e.status != HM_OK) rail_down(*link, r, e.message);
       return;
     }
     case TransportEvent::Type::notification:
-      if (r == kFirst) break;
-      ++rail.landed;  // a stripe of the peer's: acknowledged, never passed up
+      if ((e.value & kStripeNote) == 0 && r != link->peer_lead) {
+        rail_down(*link, r,
+                  fmt::format("a notification of the user's came on it, and the peer's lead is "
+                              "rail {}",
+                              link->peer_lead));
+        return;
+      }
+      ++rail.landed;  // acknowledged
       if (!rail.ack_queued) {
         rail.ack_queued = true;
-        enqueue(r, *link, {0, rail.landed});
+        enqueue(r, *link, {RailsPost::Kind::acknowledge});
       }
-      return;
+      if ((e.value & kStripeNote) != 0) return;  // the layer's own, never passed up
+      ++link->notes_delivered;
+      break;
     case TransportEvent::Type::control:
-      if (r == kFirst) break;
-      if (!rail.ready) {
-        rail.ready = true;
-        log(LogLevel::warn,
-            "rails: connection {}: rail {} ({}) is back after {} ms and takes "
-            "stripes again",
-            link->id, r, rail.name,
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                  rail.down_since)
-                .count());
-      }
-      acknowledged(*link, r, e.payload);
-      release_held(*link);
-      return;
-    case TransportEvent::Type::peer_lost:
-      // The peer's end (its process gone, or done) closes every rail: once the first is closed
-      // too, that is the connection's loss, not a rail's.
-      if (r == kFirst || !link->rails[kFirst].connection->alive())
+      layer_message(*link, r, e);
+      if (e.type != TransportEvent::Type::control) return;  // the layer's own
+      break;
+    case TransportEvent::Type::peer_lost: {
+      // The peer's end (its process gone, or done) closes every rail: once no other is open, that
+      // is the connection's loss, not a rail's.
+      bool others = false;
+      for (size_t i = 0; i < link->rails.size(); ++i)
+        others =
+            others || (i != r && link->rails[i].connection && link->rails[i].connection->alive());
+      if (others)
+        rail_down(*link, r, e.message);
+      else
         lose(*link, fmt::format("rails: rail {} ({}): {}", r, rail.name, e.message),
              /*tell=*/true);
-      else
-        rail_down(*link, r, e.message);
       return;
+    }
   }
-  e.connection = link->id;  // the first rail's notifications and control messages are the user's
+  e.connection = link->id;  // the user's notification or control message
   events_.push(std::move(e));
 }
 
-void RailsCore::acknowledged(RailsLink& link, size_t r, std::span<const uint8_t> message) {
+void RailsCore::layer_message(RailsLink& link, size_t r, TransportEvent& e) {
   auto& rail = link.rails[r];
-  uint64_t count = 0;
-  if (message.size() == sizeof count) std::memcpy(&count, message.data(), sizeof count);
-  if (message.size() != sizeof count || count < rail.acked || count > rail.posted) {
+  uint64_t counts[3] = {0, 0, 0};
+  const std::optional<RailsMessage> kind = parse_rails_message(e.payload, counts);
+  const TransportEvent::Type type = e.type;
+  e.type = TransportEvent::Type::write_done;  // not passed up, unless it is the user's
+  if (!kind) {
     rail_down(link, r,
-              fmt::format("the peer acknowledged {} stripes of the {} sent ({} bytes)", count,
-                          rail.posted, message.size()));
+              fmt::format("a control message of {} bytes that is not the rails layer's "
+                          "(kind {})",
+                          e.payload.size(), e.payload.empty() ? -1 : int{e.payload[0]}));
+    return;
+  }
+  if (!rail.ready) {
+    rail.ready = true;
+    log(LogLevel::warn,
+        "rails: connection {}: rail {} ({}) is back after {} ms and takes stripes again", link.id,
+        r, rail.name,
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                              rail.down_since)
+            .count());
+  }
+  switch (*kind) {
+    case RailsMessage::acknowledge:
+      acknowledged(link, r, counts[0], counts[1]);
+      release_held(link);
+      return;
+    case RailsMessage::lead:
+      peer_moved(link, r, counts[0]);
+      return;
+    case RailsMessage::lead_ack:
+      moved(link, r, counts[0], counts[1], counts[2]);
+      return;
+    case RailsMessage::user:
+      break;
+  }
+  const uint64_t seq = counts[0];
+  if (r != link.peer_lead || seq > link.controls_delivered + 1) {
+    rail_down(link, r,
+              fmt::format("the peer's control message {} came on it (its lead is rail {}, and {} "
+                          "came before)",
+                          seq, link.peer_lead, link.controls_delivered));
+    return;
+  }
+  if (!rail.ack_queued) {  // so the peer lets go of it
+    rail.ack_queued = true;
+    enqueue(r, link, {RailsPost::Kind::acknowledge});
+  }
+  if (seq <= link.controls_delivered) return;  // sent again after a move: passed up already
+  ++link.controls_delivered;
+  e.payload.erase(e.payload.begin(), e.payload.begin() + kRailsHeader);
+  e.type = type;
+}
+
+void RailsCore::acknowledged(RailsLink& link, size_t r, uint64_t count, uint64_t controls) {
+  auto& rail = link.rails[r];
+  if (count < rail.acked || count > rail.posted || controls > link.controls_numbered) {
+    rail_down(link, r,
+              fmt::format("the peer acknowledged {} pieces of the {} sent, and {} control "
+                          "messages of {}",
+                          count, rail.posted, controls, link.controls_numbered));
     return;
   }
   if (count > rail.acked) rail.cooldown = kCooldown;  // it carries bytes: a failure is new
@@ -705,40 +891,181 @@ void RailsCore::acknowledged(RailsLink& link, size_t r, std::span<const uint8_t>
     rail.unacked.pop_front();
     complete(link, id, HM_OK, "");
   }
+  trim_controls(link, controls);
+}
+
+void RailsCore::trim_controls(RailsLink& link, uint64_t passed_up) {
+  while (!link.control_log.empty() && link.control_log.front().seq <= passed_up) {
+    link.control_log_bytes -= link.control_log.front().payload.size();
+    link.control_log.pop_front();
+  }
 }
 
 void RailsCore::rail_down(RailsLink& link, size_t r, const std::string& why) {
   auto& rail = link.rails[r];
   if (!rail.connection) return;
+  if (r == link.lead) {
+    lead_down(link, r, why);
+    return;
+  }
   const bool again = !stopping_ && !threads_[r]->broken;
   log(LogLevel::warn,
-      "rails: connection {}: rail {} ({}) is down: {}; {} stripe(s) not acknowledged go again on "
-      "rail 0{}",
-      link.id, r, rail.name, why, rail.unacked.size(),
+      "rails: connection {}: rail {} ({}) is down: {}; {} piece(s) not acknowledged go again on "
+      "rail {}{}",
+      link.id, r, rail.name, why, rail.unacked.size(), link.lead,
       again ? fmt::format(", and the rail is tried again in {} ms", rail.cooldown.count())
             : std::string(", and the rail takes no more writes"));
   close_rail(link, r);
   rail.down_since = std::chrono::steady_clock::now();
   if (again) schedule_revival(link, r);
-  // Ahead of everything on the first rail, in their order: before any notification held there.
-  for (auto id = rail.unacked.rbegin(); id != rail.unacked.rend(); ++id) {
-    auto p = link.pieces.find(*id);
-    if (p == link.pieces.end()) continue;
-    RailsPiece resent = p->second;
-    resent.rail = kFirst;
-    resent.dst_rail = resent.dst->rails[kFirst].remote;
-    resent.notify.reset();
-    resent.acknowledged = resent.writing = resent.abandoned = false;
-    resent.abandoned_status = HM_OK;
-    const uint64_t id_again = add_piece(link, std::move(resent));
-    enqueue(kFirst, link, {id_again}, /*first=*/true);
-    // The original is settled as done (after its copy counts, so its write stays open), once its
-    // sender is back where it is inside the write (it may still read the memory).
-    complete(link, *id, HM_OK, "");
-  }
+  const std::deque<uint64_t> unacked = std::move(rail.unacked);
   rail.unacked.clear();
   rail.acked = rail.posted = rail.issued;
+  // Before any notification held there: release_held sends those behind them.
+  for (uint64_t id : unacked)
+    send_again(link, id);
   release_held(link);
+}
+
+void RailsCore::lead_down(RailsLink& link, size_t r, const std::string& why) {
+  auto& rail = link.rails[r];
+  const bool again = !stopping_ && !threads_[r]->broken;
+  close_rail(link, r);
+  rail.down_since = std::chrono::steady_clock::now();
+  // Its pieces not acknowledged wait for the peer's count of what it passed up (moved()).
+  link.stranded.insert(link.stranded.end(), rail.unacked.begin(), rail.unacked.end());
+  rail.unacked.clear();
+  rail.acked = rail.posted = rail.issued;
+  // The lowest rail up, one the peer was heard on first (one just connected again leads too: the
+  // peer adopts what comes on it early).
+  size_t next = link.rails.size();
+  for (size_t i = 0; i < link.rails.size() && next == link.rails.size(); ++i)
+    if (link.rails[i].connection && link.rails[i].ready) next = i;
+  for (size_t i = 0; i < link.rails.size() && next == link.rails.size(); ++i)
+    if (link.rails[i].connection) next = i;
+  if (next == link.rails.size()) {
+    const std::string lost =
+        fmt::format("rails: every rail is down (the last, rail {} ({}): {})", r, rail.name, why);
+    log(LogLevel::warn, "rails: connection {}: {}", link.id, lost);
+    lose(link, lost, /*tell=*/true);
+    return;
+  }
+  log(LogLevel::warn,
+      "rails: connection {}: rail {} ({}) is down: {}; rail {} ({}) carries the notifications "
+      "from now, and {} piece(s) not acknowledged go again there unless the peer has them{}",
+      link.id, r, rail.name, why, next, link.rails[next].name, link.stranded.size(),
+      again ? fmt::format("; the rail is tried again in {} ms", rail.cooldown.count())
+            : std::string("; the rail takes no more writes"));
+  if (again) schedule_revival(link, r);
+  link.lead = next;
+  link.moving = true;
+  ++link.moves;
+  ++link.control_epoch;  // what was queued goes again after the move, in order
+  link.controls_queued = 0;
+  link.controls_sent.notify_all();
+  enqueue(next, link, {RailsPost::Kind::lead}, /*first=*/true);
+}
+
+void RailsCore::peer_moved(RailsLink& link, size_t r, uint64_t move) {
+  if (move <= link.peer_moves) return;  // an older move, late on its rail
+  link.peer_moves = move;
+  // Nothing more of the old lead's is passed up from now (its connection is retired here), so
+  // the counts the answer carries are final for it.
+  if (r != link.peer_lead && link.rails[link.peer_lead].connection)
+    rail_down(link, link.peer_lead, fmt::format("the peer moved its lead to rail {}", r));
+  if (link.lost || !link.rails[r].connection) return;
+  link.peer_lead = r;
+  if (link.lead_ack_queued) return;  // the one queued answers with the counts of when it goes
+  link.lead_ack_queued = true;
+  enqueue(r, link, {RailsPost::Kind::lead_ack}, /*first=*/true);
+}
+
+void RailsCore::moved(RailsLink& link, size_t r, uint64_t move, uint64_t notes, uint64_t controls) {
+  // An answer to a move since overtaken by another is not this one's.
+  if (!link.moving || r != link.lead || move != link.moves) return;
+  if (notes > link.notes_sent || controls > link.controls_numbered) {
+    rail_down(link, r,
+              fmt::format("the peer passed up {} notifications of the {} sent and {} control "
+                          "messages of {}",
+                          notes, link.notes_sent, controls, link.controls_numbered));
+    return;
+  }
+  link.moving = false;
+  // The old leads' pieces in the order they went: up to the last notification the peer passed
+  // up they have landed, the rest go again, the user's notifications among them numbered on.
+  link.notes_sent = notes;
+  const std::deque<uint64_t> stranded = std::move(link.stranded);
+  link.stranded.clear();
+  for (uint64_t id : stranded) {
+    auto p = link.pieces.find(id);
+    if (p == link.pieces.end()) continue;
+    if (p->second.mark <= notes)
+      complete(link, id, HM_OK, "");
+    else
+      send_again(link, id);
+  }
+  trim_controls(link, controls);
+  ++link.control_epoch;  // those queued while moving go now, in order with those sent again
+  link.controls_queued = 0;
+  link.controls_sent.notify_all();
+  for (const auto& c : link.control_log) {
+    ++link.controls_queued;
+    enqueue(r, link, {RailsPost::Kind::control, 0, c.seq, link.control_epoch});
+  }
+  log(LogLevel::info,
+      "rails: connection {}: the peer answered on rail {}: {} piece(s) and {} "
+      "control message(s) go again",
+      link.id, r, stranded.size(), link.control_log.size());
+  release_held(link);
+}
+
+void RailsCore::send_on_lead(RailsLink& link, uint64_t id) {
+  RailsPiece& p = link.pieces.at(id);
+  const size_t lead = link.lead;
+  const bool users = (p.notify & kStripeNote) == 0;
+  p.rail = lead;
+  p.dst_rail = remote_on(link, *p.dst, lead);
+  if (!p.dst_rail) {
+    const std::string why =
+        fmt::format("rails: rail {} ({}): the peer's region could not be imported there", lead,
+                    link.rails[lead].name);
+    if (users && p.user_seq != 0) {  // numbered: the peer's count would no longer match
+      lose(link, why, /*tell=*/true);
+      return;
+    }
+    complete(link, id, HM_ERR_BACKEND, why);
+    return;
+  }
+  if (users) {
+    if (p.user_seq == 0) p.user_seq = ++link.notes_numbered;
+    p.mark = p.user_seq;
+    link.notes_sent = std::max(link.notes_sent, p.user_seq);
+  } else {
+    p.mark = link.notes_sent + 1;
+  }
+  ++link.rails[lead].issued;
+  link.rails[lead].unacked.push_back(id);
+  enqueue(lead, link, {RailsPost::Kind::piece, id});
+}
+
+void RailsCore::send_again(RailsLink& link, uint64_t id) {
+  auto p = link.pieces.find(id);
+  if (p == link.pieces.end()) return;
+  RailsPiece again = p->second;
+  again.fence.clear();
+  again.mark = UINT64_MAX;
+  again.writing = again.abandoned = false;
+  again.abandoned_status = HM_OK;
+  again.abandoned_message.clear();
+  const uint64_t id_again = add_piece(link, std::move(again));
+  // The original is settled as done (after its copy counts, so its write stays open), once its
+  // sender is back where it is inside the write (it may still read the memory).
+  complete(link, id, HM_OK, "");
+  if (link.moving) {  // the lead takes it once the peer answered (its user notification waits)
+    link.stranded.push_back(id_again);
+    return;
+  }
+  send_on_lead(link, id_again);
 }
 
 void RailsCore::schedule_revival(RailsLink& link, size_t r) {
@@ -813,9 +1140,9 @@ void RailsCore::rail_back(RailsLink& link, size_t r, std::shared_ptr<Connection>
   // Not striped over until the peer is heard on it; the peer hears this end at once.
   rail.ready = false;
   rail.ack_queued = true;
-  enqueue(r, link, {0, 0});
+  enqueue(r, link, {RailsPost::Kind::acknowledge});
   // Fences on this rail were of the connection before: every stripe they waited for went again on
-  // rail 0, ahead of them.
+  // the lead, ahead of them.
   for (uint64_t id : link.held) {
     auto p = link.pieces.find(id);
     if (p != link.pieces.end() && r < p->second.fence.size()) p->second.fence[r] = 0;
@@ -842,6 +1169,10 @@ void RailsCore::lose(RailsLink& link, const std::string& why, bool tell) {
   for (uint64_t id : open)
     complete(link, id, kStatusPeerLost, why);
   link.held.clear();
+  link.stranded.clear();
+  link.control_log.clear();
+  link.control_log_bytes = 0;
+  link.controls_sent.notify_all();
   forget(link);
 }
 
@@ -878,23 +1209,21 @@ void RailsCore::sent(RailsLink& link, size_t r, uint64_t piece, hm_status status
     complete(link, piece, settled, why);
     return;
   }
-  if (status == HM_OK) return;  // done by its write_done, or by the peer's acknowledgement
-  if (r == kFirst)
-    complete(link, piece, status, message);
-  else
-    rail_down(link, r, message);
+  if (status == HM_OK) return;  // done by the peer's acknowledgement
+  rail_down(link, r, message);
 }
 
 void RailsCore::release_held(RailsLink& link) {
-  while (!link.held.empty()) {
-    auto p = link.pieces.find(link.held.front());
+  while (!link.moving && !link.lost && !link.held.empty()) {
+    const uint64_t id = link.held.front();
+    auto p = link.pieces.find(id);
     if (p != link.pieces.end()) {
       const auto& fence = p->second.fence;
-      for (size_t r = kFirst + 1; r < fence.size(); ++r)
-        if (link.rails[r].connection && link.rails[r].acked < fence[r]) return;
-      enqueue(kFirst, link, {link.held.front()});
+      for (size_t r = 0; r < fence.size(); ++r)
+        if (r != link.lead && link.rails[r].connection && link.rails[r].acked < fence[r]) return;
     }
     link.held.pop_front();
+    if (p != link.pieces.end()) send_on_lead(link, id);
   }
 }
 

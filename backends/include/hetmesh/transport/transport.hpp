@@ -80,11 +80,13 @@ struct TransportOptions {
   // same index: RDMA devices for verbs (in place of rdma_device), local addresses for tcp (in
   // place of listen_host), for fabric either (an address in place of listen_host, any other name
   // in place of fabric_domain). A write of at least 512 KiB is striped over every rail that is up
-  // and notifies after every stripe has landed; a smaller one takes the first rail, which also
-  // carries every notification and control message (the ordering is weaker: see above). A rail
-  // other than the first that fails is taken out, its writes go again on the first, and both ends
-  // connect it again after a cooldown. Empty, or one name: no rails. Both ends name as many. Not
-  // for ipc.
+  // and notifies after every stripe has landed; a smaller one takes the lead rail (the first,
+  // until it fails), which also carries every notification and control message (the ordering is
+  // weaker: see above; a notification's value is below 2^31). A rail that fails is taken out and
+  // its writes go again on the lead; a failed lead hands its notifications and control messages
+  // to the next rail up, none lost or doubled; both ends connect a failed rail again after a
+  // cooldown; only a connection with no rail left is lost. Empty, or one name: no rails. Both ends
+  // name as many. Not for ipc.
   std::vector<std::string> rails;
   // fabric: the libfabric provider ("tcp", "shm", "verbs;ofi_rxm", "efa", ...; "auto" = the
   // first that offers reliable datagrams with messages and RMA writes). Both ends name the same.
