@@ -28,6 +28,7 @@
 // rest go again on the new lead, and so do the control messages not passed up. A user
 // notification is numbered when it first goes, so the numbers are the peer's count. A message
 // queued for a connection of a rail since replaced is not sent on the next (RailsPost::generation).
+// A move the peer has not answered within io_timeout moves on to the next rail.
 // Only a link with no rail left is lost (peer_lost). After a
 // cooldown (kCooldown, doubled after each try and each failure that follows a try, up to
 // kCooldownMost, and back to kCooldown once the rail carried a stripe again) both ends connect a
@@ -182,6 +183,7 @@ struct RailsLink : std::enable_shared_from_this<RailsLink> {
   size_t lead = 0;
   uint64_t moves = 0;
   bool moving = false;
+  std::chrono::steady_clock::time_point move_deadline;  // unanswered by then: the lead moves on
   std::deque<uint64_t> stranded;
   uint64_t notes_numbered = 0, notes_sent = 0;
   // The user's control messages: numbered so far, not yet acknowledged (resent after a move), and
@@ -201,7 +203,11 @@ struct RailsLink : std::enable_shared_from_this<RailsLink> {
   // passed up here.
   size_t peer_lead = 0;
   uint64_t peer_moves = 0;
+  // The answer to the peer's move waiting in a sender's queue (one is enough: it carries the
+  // counts of when it goes): its rail and that rail's connection.
   bool lead_ack_queued = false;
+  size_t lead_ack_rail = 0;
+  uint64_t lead_ack_generation = 0;
   uint64_t notes_delivered = 0, controls_delivered = 0;
 };
 

@@ -50,7 +50,13 @@ using namespace std::chrono_literals;
 // control message can beat connect()'s return), kept to be handled in order once it is; at most
 // this many bytes of them a rail (beyond, they are dropped, said once).
 constexpr size_t kMaxOrphanBytes = 1 << 20;
-constexpr auto kPollSlice = 50ms;  // how soon a poller sees the transport end
+// What an early event counts against it: its bytes, and a fixed share for the event itself (a
+// notification has no bytes, and a flood of them must not grow without bound).
+size_t orphan_cost(const TransportEvent& e) {
+  return 64 + e.payload.size() + e.message.size();
+}
+constexpr auto kPollSlice = 50ms;   // how soon a poller sees the transport end
+constexpr auto kMoveCheck = 100ms;  // how soon a move of the lead past its deadline is seen
 
 // A numeric IPv4 or IPv6 address (a fabric rail's name is one, or a domain's).
 bool is_ip_address(const std::string& name) {
@@ -107,6 +113,9 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   void send_loop(size_t rail);
   void poll_loop(size_t rail);
   void revive_loop();
+  // Moves of the lead the peer has not answered within io_timeout: the lead moves on (or, with no
+  // rail left, the link is lost). Mutex held.
+  void check_moves();
   // Lets go of the lock, then of the rails' connections dropped under it (close_outside: and
   // takes the lock again).
   void unlock_and_close(Lock& lock);
@@ -364,7 +373,7 @@ void RailsCore::retire(size_t r, ConnectionId child) {
   retired_.insert({r, child});
   std::erase_if(orphans_[r], [&](const TransportEvent& e) {
     if (e.connection != child) return false;
-    orphan_bytes_[r] -= e.payload.size() + e.message.size();
+    orphan_bytes_[r] -= orphan_cost(e);
     return true;
   });
 }
@@ -373,7 +382,7 @@ void RailsCore::adopt_orphans(size_t r, ConnectionId child) {
   std::vector<TransportEvent> early;
   std::erase_if(orphans_[r], [&](TransportEvent& e) {
     if (e.connection != child) return false;
-    orphan_bytes_[r] -= e.payload.size() + e.message.size();
+    orphan_bytes_[r] -= orphan_cost(e);
     early.push_back(std::move(e));
     return true;
   });
@@ -535,22 +544,26 @@ bool RailsCore::send_control(RailsLink& link, std::span<const uint8_t> message, 
     unlock_and_close(lock);
     throw Error(kStatusPeerLost, "send_control: the peer is lost");
   }
+  const bool behind = link.moving || link.controls_queued > 0 || !link.rails[link.lead].connection;
+  if (behind && !may_wait) {  // a try does not wait behind others
+    unlock_and_close(lock);
+    return false;
+  }
   // Kept until acknowledged, so it goes again after a move of the lead.
   const uint64_t seq = ++link.controls_numbered;
   link.control_log.push_back({seq, std::vector<uint8_t>(message.begin(), message.end())});
   link.control_log_bytes += message.size();
   const size_t lead = link.lead;
   const uint64_t epoch = link.control_epoch;
-  if (link.moving || link.controls_queued > 0 || !link.rails[lead].connection) {
-    // Behind what waits to go before it, for the lead's sender. A send returns once it went, as a
-    // direct one does (or the lead moved, or the link was lost, or io_timeout passed: it goes
-    // later, in order); a try at once.
+  if (behind) {
+    // Behind what waits to go before it, for the lead's sender; it returns once it went, as a
+    // direct send does (or the lead moved, or the link was lost, or io_timeout passed: it goes
+    // later, in order).
     ++link.controls_queued;
     enqueue(lead, link, {RailsPost::Kind::control, 0, seq, epoch});
-    if (may_wait)
-      link.controls_sent.wait_for(lock, options_.io_timeout, [&] {
-        return link.lost || stopping_ || link.control_epoch != epoch || link.controls_queued == 0;
-      });
+    link.controls_sent.wait_for(lock, options_.io_timeout, [&] {
+      return link.lost || stopping_ || link.control_epoch != epoch || link.controls_queued == 0;
+    });
     unlock_and_close(lock);
     return true;
   }
@@ -626,6 +639,9 @@ void RailsCore::send_loop(size_t r) {
     auto [weak, post] = std::move(t.queue.front());
     t.queue.pop_front();
     auto link = weak.lock();
+    if (link && post.kind == RailsPost::Kind::lead_ack && link->lead_ack_rail == r &&
+        link->lead_ack_generation == post.generation)
+      link->lead_ack_queued = false;  // sent now, or dropped: the next move is answered anew
     // Re-routed, or gone; or queued for a connection of the rail since replaced (its pieces went
     // elsewhere or wait for the peer's count, its messages were of that connection).
     if (!link || link->lost || !link->rails[r].connection ||
@@ -651,7 +667,6 @@ void RailsCore::send_loop(size_t r) {
           bytes = rails_message(RailsMessage::lead, {link->moves});
           break;
         case RailsPost::Kind::lead_ack:
-          link->lead_ack_queued = false;
           bytes = rails_message(RailsMessage::lead_ack, {link->peer_moves, link->notes_delivered,
                                                          link->controls_delivered});
           break;
@@ -756,7 +771,7 @@ void RailsCore::handle(size_t r, TransportEvent& e) {
       if (e.type == TransportEvent::Type::peer_lost) retired_.erase({r, e.connection});
       return;
     }
-    const size_t bytes = e.payload.size() + e.message.size();
+    const size_t bytes = orphan_cost(e);
     if (orphan_bytes_[r] + bytes > kMaxOrphanBytes) {
       log(LogLevel::error,
           "rails: rail {} ({}): dropped an event of a connection not yet made ({} bytes of them "
@@ -791,10 +806,10 @@ void RailsCore::handle(size_t r, TransportEvent& e) {
                               link->peer_lead));
         return;
       }
-      ++rail.landed;  // acknowledged
+      ++rail.landed;  // acknowledged, ahead of this end's own writes on the rail
       if (!rail.ack_queued) {
         rail.ack_queued = true;
-        enqueue(r, *link, {RailsPost::Kind::acknowledge});
+        enqueue(r, *link, {RailsPost::Kind::acknowledge}, /*first=*/true);
       }
       if ((e.value & kStripeNote) != 0) return;  // the layer's own, never passed up
       ++link->notes_delivered;
@@ -868,7 +883,7 @@ void RailsCore::layer_message(RailsLink& link, size_t r, TransportEvent& e) {
   }
   if (!rail.ack_queued) {  // so the peer lets go of it
     rail.ack_queued = true;
-    enqueue(r, link, {RailsPost::Kind::acknowledge});
+    enqueue(r, link, {RailsPost::Kind::acknowledge}, /*first=*/true);
   }
   if (seq <= link.controls_delivered) return;  // sent again after a move: passed up already
   ++link.controls_delivered;
@@ -959,6 +974,7 @@ void RailsCore::lead_down(RailsLink& link, size_t r, const std::string& why) {
   if (again) schedule_revival(link, r);
   link.lead = next;
   link.moving = true;
+  link.move_deadline = std::chrono::steady_clock::now() + options_.io_timeout;
   ++link.moves;
   ++link.control_epoch;  // what was queued goes again after the move, in order
   link.controls_queued = 0;
@@ -975,8 +991,12 @@ void RailsCore::peer_moved(RailsLink& link, size_t r, uint64_t move) {
     rail_down(link, link.peer_lead, fmt::format("the peer moved its lead to rail {}", r));
   if (link.lost || !link.rails[r].connection) return;
   link.peer_lead = r;
-  if (link.lead_ack_queued) return;  // the one queued answers with the counts of when it goes
+  if (link.lead_ack_queued && link.lead_ack_rail == r &&
+      link.lead_ack_generation == link.rails[r].generation)
+    return;  // the one queued there answers with the counts of when it goes
   link.lead_ack_queued = true;
+  link.lead_ack_rail = r;
+  link.lead_ack_generation = link.rails[r].generation;
   enqueue(r, link, {RailsPost::Kind::lead_ack}, /*first=*/true);
 }
 
@@ -1078,14 +1098,18 @@ void RailsCore::schedule_revival(RailsLink& link, size_t r) {
 void RailsCore::revive_loop() {
   Lock lock(mutex_);
   while (!stopping_) {
+    check_moves();
+    close_outside(lock);
+    // Awake at least every kMoveCheck, for the moves' deadlines.
+    const auto soon = std::chrono::steady_clock::now() + kMoveCheck;
     auto due = std::min_element(revivals_.begin(), revivals_.end(),
                                 [](const Revival& x, const Revival& y) { return x.at < y.at; });
     if (due == revivals_.end()) {
-      revive_ready_.wait(lock);
+      revive_ready_.wait_until(lock, soon);
       continue;
     }
     if (due->at > std::chrono::steady_clock::now()) {
-      revive_ready_.wait_until(lock, due->at);
+      revive_ready_.wait_until(lock, std::min(due->at, soon));
       continue;
     }
     const size_t r = due->rail;
@@ -1129,6 +1153,15 @@ void RailsCore::revive_loop() {
     link.reset();
     close_outside(lock);
   }
+}
+
+void RailsCore::check_moves() {
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& link : std::vector<std::shared_ptr<RailsLink>>(links_))
+    if (link->moving && !link->lost && now >= link->move_deadline)
+      lead_down(*link, link->lead,
+                fmt::format("the peer did not answer the move of the lead within {} ms",
+                            options_.io_timeout.count()));
 }
 
 void RailsCore::rail_back(RailsLink& link, size_t r, std::shared_ptr<Connection> connection) {
