@@ -5,7 +5,9 @@
 //   through a second, writable view of the same pages.
 // - Every stream is an engine thread. Copies cost latency + bytes / bandwidth, configured with the
 //   plugin options copy_latency_us / copy_bandwidth_gbps (or HETMESH_ASIC_STUB_COPY_LATENCY_US /
-//   HETMESH_ASIC_STUB_COPY_BANDWIDTH_GBPS); bandwidth 0 means unlimited.
+//   HETMESH_ASIC_STUB_COPY_BANDWIDTH_GBPS); bandwidth 0 means unlimited. The bytes move when that
+//   time is up, so code that reads before synchronizing, or frees memory a copy still uses, sees
+//   it fail as the copy's time grows.
 // - Devices: option `devices` (HETMESH_ASIC_STUB_DEVICES, default 2), each with `memory_mib`
 //   (HETMESH_ASIC_STUB_MEMORY_MIB, default 1024) of memory.
 // - IPC through memfd, dma-buf through /dev/udmabuf when the kernel has it, and the
@@ -58,9 +60,9 @@ hm::kit::HostMemory& host_memory() {
   return stub().memory;
 }
 
-// Holds the engine until `start + cost` has passed: the simulated transfer time.
-void occupy_engine(std::chrono::steady_clock::time_point start, uint64_t bytes) {
-  auto until = start + stub().model.cost(bytes);
+// Holds the engine for the simulated transfer time of `bytes`.
+void occupy_engine(uint64_t bytes) {
+  auto until = std::chrono::steady_clock::now() + stub().model.cost(bytes);
   if (until - std::chrono::steady_clock::now() > std::chrono::microseconds(50))
     std::this_thread::sleep_until(until);
   while (std::chrono::steady_clock::now() < until) {
@@ -139,9 +141,8 @@ hm_status memcpy_async(hm_stream stream, void* dst, const void* src, uint64_t si
     uint8_t* to = engine_address(dst, size, "dst");
     const uint8_t* from = engine_address(src, size, "src");
     s->worker.submit([=] {
-      auto start = std::chrono::steady_clock::now();
+      occupy_engine(size);
       std::memmove(to, from, size);
-      occupy_engine(start, size);
     });
   });
 }
@@ -152,9 +153,8 @@ hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size
     if (size == 0) return;
     uint8_t* to = engine_address(dst, size, "dst");
     s->worker.submit([=] {
-      auto start = std::chrono::steady_clock::now();
+      occupy_engine(size);
       std::memset(to, value, size);
-      occupy_engine(start, size);
     });
   });
 }

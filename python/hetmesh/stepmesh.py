@@ -192,6 +192,17 @@ def _current_stream(tensor):
     return hetmesh.import_torch().cuda.current_stream(tensor.device)
 
 
+def _current_raw_stream(device: str):
+    """torch's current stream handle of a device index, for the C++ push_pull (which pushes only
+    tensors of the engine's device, so on a GPU where torch's are, CUDA's or ROCm's); None where
+    the engine runs on the host or torch has no GPU."""
+    torch = hetmesh.import_torch()
+    if device.startswith("cpu") or not torch.cuda.is_available():
+        return None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw if raw is not None else lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
 def _in_place(what: str, limit: int) -> InPlace:
     return InPlace(_log, "fserver_lib", what, limit, "HETMESH_STEPMESH_MAX_BUFFERS")
 
@@ -309,12 +320,17 @@ class _Worker:
         self.trips: dict[int, _Trip] = {}  # push_pulls not yet waited for
         self.traces: dict[int, Any] = {}  # handler -> (count, RoundTrip), the latest _MAX_TRACES
         self.lock = threading.Lock()
+        # Calls of a layout and memory seen before are checked and pushed in C++; the rest come
+        # here (_push_pull), which tells the fast path what it learnt.
+        self.engine._stepmesh_fast_path(self.rail, self.extra_names, self.max_bytes,
+                                        _current_raw_stream(_device(env)))
 
     def layout_number(self, layout: tuple) -> int:
         number = self.layouts.get(layout)
         if number is None:
             if len(self.layouts) >= _MAX_LAYOUTS:
                 self.layouts.clear()  # said again when seen again, under a new number
+                self.engine._stepmesh_forget_layouts()
             self.said += 1
             number = self.said
             self.layouts[layout] = number
@@ -341,7 +357,19 @@ class _Worker:
         return answer
 
     def push_pull(self, push_tensors, push_keys, pull_tensors, pull_keys, need_event) -> int:
-        # Each tensor's size is read once: this runs once per layer, so every step counts.
+        with self.lock:
+            mb = self.pushes % self.micro_batches
+        handle = None
+        if len(pull_keys) == len(pull_tensors):
+            handle = self.engine._stepmesh_push(mb, push_tensors, push_keys, pull_tensors,
+                                                need_event)
+        if handle is None:
+            return self._push_pull(push_tensors, push_keys, pull_tensors, pull_keys, need_event)
+        count = max(1, len(push_tensors) + (1 if pull_tensors else 0))
+        return self._track(handle, count, mb, [], (tuple(push_tensors), tuple(pull_tensors)))
+
+    def _push_pull(self, push_tensors, push_keys, pull_tensors, pull_keys, need_event) -> int:
+        # Each tensor's size is read once.
         push_tensors, pull_tensors = list(push_tensors), list(pull_tensors)
         pushes, pulls = len(push_tensors), len(pull_tensors)
         if pushes != len(push_keys) or pulls != len(pull_keys):
@@ -398,14 +426,20 @@ class _Worker:
         handle = self.engine.push_pull(mb, push_sizes[0] if pushes else 0, send=send,
                                        tensors=tensors, rows=rows, results_into=into,
                                        result_rows=answer, tag=tag, stream=stream)
-        count = max(1, pushes + (1 if pulls else 0))
+        handler = self._track(handle, max(1, pushes + (1 if pulls else 0)), mb, copies,
+                              (push_tensors, pull_tensors))
+        if not copied and not copies:  # all in place: the next such call can go from C++
+            self.engine._stepmesh_learn(push_tensors, list(push_keys), pull_tensors, tag)
+        return handler
+
+    def _track(self, handle, count: int, mb: int, copies: list, tensors: tuple) -> int:
         with self.lock:
             self.pushes += 1
             handler = self.next_handler
             self.next_handler += count
             # The caller's tensors are held until wait: the engine reads and writes them meanwhile
             # (StepMesh's requests hold them alike), even where the caller dropped its own.
-            self.trips[handler] = _Trip(handle, count, mb, copies, (push_tensors, pull_tensors))
+            self.trips[handler] = _Trip(handle, count, mb, copies, tensors)
         return handler
 
     def wait(self, handler: int, timeout_ms: float) -> None:

@@ -29,7 +29,8 @@ std::string expected(std::optional<Element> element) {
 }  // namespace
 
 CallerTensor caller_tensor(const py::handle& object, const Device& device,
-                           std::optional<Element> element, uint64_t row_bytes, const char* what) {
+                           std::optional<Element> element, uint64_t row_bytes, const char* what,
+                           std::vector<int64_t>* shape) {
   auto refuse = [&](const std::string& why) {
     return Error(HM_ERR_INVALID_ARGUMENT, fmt::format("{}: {}", what, why));
   };
@@ -70,6 +71,7 @@ CallerTensor caller_tensor(const py::handle& object, const Device& device,
       throw refuse("not contiguous in C order (make it .contiguous())");
     elements *= static_cast<uint64_t>(t.shape[d]);
   }
+  if (shape != nullptr) shape->assign(t.shape, t.shape + t.ndim);
   const uint64_t bytes = elements * ((t.dtype.bits + 7) / 8);
   const auto rows = static_cast<uint64_t>(t.shape[0]);
   if (row_bytes != 0 && rows != 0 && bytes / rows != row_bytes)

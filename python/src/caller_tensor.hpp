@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 namespace hetmesh::python {
 
@@ -26,8 +27,9 @@ struct CallerTensor {
 // `object` (anything with __dlpack__: a torch tensor, a numpy array) as rows of `row_bytes` bytes
 // in memory of `device`, its elements `element` (nullopt: any 4-byte type, for routing's
 // (int32, float32) pairs); row_bytes 0 takes any tensor as plain memory. `what` names it in
-// errors. Throws Error(INVALID_ARGUMENT).
+// errors; `shape`, where given, gets its dimensions. Throws Error(INVALID_ARGUMENT).
 CallerTensor caller_tensor(const py::handle& object, const Device& device,
-                           std::optional<Element> element, uint64_t row_bytes, const char* what);
+                           std::optional<Element> element, uint64_t row_bytes, const char* what,
+                           std::vector<int64_t>* shape = nullptr);
 
 }  // namespace hetmesh::python

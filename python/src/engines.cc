@@ -6,6 +6,7 @@
 #include "engines.hpp"
 
 #include "caller_tensor.hpp"
+#include "stepmesh_fast_path.hpp"
 #include "teardown.hpp"
 
 #include "slot.hpp"
@@ -47,6 +48,10 @@ struct Context {
   // hetmesh.stepmesh's notices and flag waits, made at the first; they let their streams go
   // before the engine ends.
   std::unique_ptr<afd::StreamFlags> flags;
+  // hetmesh.stepmesh's push_pull in steady state, once the shim set it up; the reference that
+  // keeps its current-stream function.
+  std::unique_ptr<StepMeshFastPath> stepmesh;
+  std::shared_ptr<void> stepmesh_stream_fn;
   std::mutex flags_mutex;  // flags is made under the GIL and released without it
   bool ended = false;      // finished or closed: no new flags (none would be let go)
   // A job of bytes (take_tensors_as_bytes): every row of every tensor is one byte, and push_pull
@@ -804,6 +809,75 @@ PreparedPush prepare_push(const std::shared_ptr<Context>& c, std::optional<uint3
   return prepared;
 }
 
+namespace {
+
+// push_pull of hetmesh.stepmesh in steady state (stepmesh_fast_path.hpp): the engine's handle, or
+// None where the shim's Python must take the call. Caller holds the GIL.
+py::object stepmesh_push(Context& c, int mb, const py::handle& pushes, const py::handle& keys,
+                         const py::handle& pulls, bool need_event) {
+  StepMeshFastPath* fast = c.stepmesh.get();
+  if (fast == nullptr || !PyList_CheckExact(pushes.ptr()) || !PyList_CheckExact(keys.ptr()) ||
+      !PyList_CheckExact(pulls.ptr()))
+    return py::none();
+  const StepMeshFastPath::Settings& settings = fast->settings();
+  const auto push_list = py::reinterpret_borrow<py::list>(pushes);
+  const auto pull_list = py::reinterpret_borrow<py::list>(pulls);
+  const size_t servers = settings.rail.size();
+  if (push_list.size() != py::len(keys) || push_list.size() > settings.extra_tensors.size() + 1 ||
+      (!pull_list.empty() && pull_list.size() != servers))
+    return py::none();
+  std::optional<StepMeshFastPath::Push> push =
+      fast->read_pushes(push_list, py::reinterpret_borrow<py::list>(keys), c.device());
+  if (!push) return py::none();
+  std::optional<std::vector<CallerTensor>> answers = fast->read_pulls(pull_list, c.device());
+  if (!answers) return py::none();
+  const uint64_t answer = answers->empty() ? 0 : answers->front().bytes;
+  for (const CallerTensor& t : *answers)
+    if (t.bytes != answer || t.bytes > settings.max_bytes) return py::none();
+  for (const CallerTensor& t : push->tensors)
+    if (t.bytes > settings.max_bytes) return py::none();
+
+  const afd::EngineSpec& spec = c.spec();
+  std::vector<afd::PushTensor> each(static_cast<size_t>(spec.a2f_tensors()));
+  for (int t : settings.extra_tensors)
+    each[static_cast<size_t>(t)].rows = 0;
+  uint32_t tokens = 0;
+  for (size_t i = 0; i < push->tensors.size(); ++i) {
+    const CallerTensor& t = push->tensors[i];
+    if (i == 0) {
+      tokens = static_cast<uint32_t>(t.bytes);
+      each[afd::kTokensTensor].from = t.bytes != 0 ? t.data : nullptr;
+      continue;
+    }
+    afd::PushTensor& extra = each[static_cast<size_t>(settings.extra_tensors[i - 1])];
+    extra.from = t.bytes != 0 ? t.data : nullptr;
+    extra.rows = static_cast<uint32_t>(t.bytes);
+  }
+  std::vector<void*> into(static_cast<size_t>(spec.ffn), nullptr);
+  for (size_t s = 0; s < answers->size(); ++s)
+    into[static_cast<size_t>(settings.rail[s])] = (*answers)[s].data;
+
+  afd::PushOptions options;
+  options.tensors = each;
+  options.results_into = into;
+  options.result_rows = static_cast<uint32_t>(answer);
+  options.tag = push->number;
+  if (need_event && settings.current_stream != nullptr && !push->tensors.empty()) {
+    py::object stream =
+        py::reinterpret_borrow<py::object>(settings.current_stream)(c.device().index());
+    options.ready.stream = stream_of(stream, c);
+  }
+  afd::AttentionEngine& engine = attention_of(c);
+  afd::AttentionEngine::Handle handle;
+  {
+    py::gil_scoped_release unlocked;
+    handle = engine.push_pull(mb, tokens, options);
+  }
+  return py::int_(handle);
+}
+
+}  // namespace
+
 void bind_engines(py::module_& m) {
   py::class_<PyStream>(m, "Stream", gc_visible<PyStream, &PyStream::owner>(),
                        "A stream of an engine's device (engine.create_stream()).")
@@ -944,6 +1018,60 @@ void bind_engines(py::module_& m) {
           "(one [tokens, hidden] tensor in the F2A dtype per F, a list where there are several, "
           "None for a slot; one tensor where the A sends to one F), `result_rows` rows of each "
           "(default `tokens`). Returns a handle for wait().")
+      .def(
+          "_stepmesh_fast_path",
+          [](const PyAttention& a, std::vector<int> rail, const py::list& extra_names,
+             uint64_t max_bytes, const py::object& current_stream) {
+            std::shared_ptr<Context> c = a.live();
+            if (!c->bytes)
+              throw Error(HM_ERR_INVALID_ARGUMENT,
+                          "_stepmesh_fast_path: for a job of bytes (_take_tensors_as_bytes)");
+            for (int f : rail)
+              if (f < 0 || f >= c->spec().ffn)
+                throw Error(HM_ERR_INVALID_ARGUMENT,
+                            fmt::format("_stepmesh_fast_path: F {} of {}", f, c->spec().ffn));
+            StepMeshFastPath::Settings settings;
+            settings.rail = std::move(rail);
+            for (const py::handle name : extra_names)
+              settings.extra_tensors.push_back(a2f_index(*c, name));
+            settings.max_bytes = max_bytes;
+            if (!current_stream.is_none()) {
+              settings.current_stream = current_stream.ptr();
+              c->stepmesh_stream_fn = keep(current_stream);
+            }
+            c->stepmesh = std::make_unique<StepMeshFastPath>(std::move(settings));
+          },
+          py::arg("rail"), py::arg("extra_names"), py::arg("max_bytes"), py::arg("current_stream"),
+          "For hetmesh.stepmesh: push_pull's steady state in C++ (_stepmesh_push), for pull "
+          "tensors answered by the Fs `rail`, push tensors past the first sent as "
+          "`extra_names`; current_stream(device index) gives torch's stream handle, or None.")
+      .def(
+          "_stepmesh_push",
+          [](const PyAttention& a, int mb, const py::handle& pushes, const py::handle& keys,
+             const py::handle& pulls, bool need_event) {
+            std::shared_ptr<Context> c = a.live();
+            return stepmesh_push(*c, mb, pushes, keys, pulls, need_event);
+          },
+          py::arg("micro_batch"), py::arg("push_tensors"), py::arg("push_keys"),
+          py::arg("pull_tensors"), py::arg("need_event"),
+          "push_pull of a layout and memory _stepmesh_learn was told of: the handle, or None "
+          "where the shim must take the call.")
+      .def(
+          "_stepmesh_learn",
+          [](const PyAttention& a, const py::list& pushes, const py::list& keys,
+             const py::list& pulls, uint64_t number) {
+            std::shared_ptr<Context> c = a.live();
+            if (c->stepmesh) c->stepmesh->learn(pushes, keys, pulls, number, c->device());
+          },
+          py::arg("push_tensors"), py::arg("push_keys"), py::arg("pull_tensors"), py::arg("layout"),
+          "The shim pushed these tensors in place under layout number `layout`.")
+      .def(
+          "_stepmesh_forget_layouts",
+          [](const PyAttention& a) {
+            std::shared_ptr<Context> c = a.live();
+            if (c->stepmesh) c->stepmesh->forget_layouts();
+          },
+          "The shim numbers its layouts afresh.")
       .def(
           "wait",
           [](const PyAttention& a, afd::AttentionEngine::Handle handle,

@@ -536,3 +536,56 @@ def test_tensors_at_new_addresses_go_through_the_slots_past_the_bound():
         assert err.count(f"fserver_lib: {what} came from more than 2 allocations") == 1, err
     assert "HETMESH_STEPMESH_MAX_BUFFERS" in err, err
     assert "respond's tensors came from more than 2 allocations" in results["server0.0"][2]
+
+
+# Calls of a layout and memory seen before are checked and pushed in C++: the shim's Python path
+# runs for the first call of each layout (and each new piece of memory) only, and the answers of
+# every call are right. A shape past what the memory learnt (more rows from the same start) or a
+# new layout goes back to the Python path.
+STEADY = """
+import torch, os
+import fserver_lib as f
+import hetmesh.stepmesh as s
+dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
+f.init()
+if os.environ.get('DMLC_ROLE') == 'worker':
+    slow = []
+    python_path = s._Worker._push_pull
+    s._Worker._push_pull = lambda self, *a: slow.append(1) or python_path(self, *a)
+    x = torch.zeros([64, 128], dtype=torch.bfloat16, device=dev)
+    scale = torch.zeros([64], dtype=torch.float32, device=dev)
+    y = torch.zeros([64, 128], dtype=torch.bfloat16, device=dev)
+    def trip(rows, value, with_scale=True):
+        x[:rows] = value
+        scale[:rows] = 2
+        push = [x[:rows], scale[:rows]] if with_scale else [x[:rows]]
+        f.wait(f.push_pull(push, list(range(len(push))), [y[:rows]], [9]))
+        factor = 2 if with_scale else 1
+        assert torch.equal(y[:rows], torch.full_like(y[:rows], value * factor + 1)), (rows, value)
+    for i in range(10):
+        trip(16, i)
+    assert len(slow) == 1, slow  # the first call only
+    trip(8, 3)  # fewer rows from the same memory: still in C++
+    assert len(slow) == 1, slow
+    trip(32, 4)  # more rows than learnt: the Python path, once
+    trip(32, 5)
+    assert len(slow) == 2, slow
+    trip(16, 6, with_scale=False)  # a new layout: the Python path, once
+    trip(16, 7, with_scale=False)
+    assert len(slow) == 3, slow
+    print("worker test done", flush=True)
+elif os.environ.get('DMLC_ROLE') == 'server':
+    for _ in range(15):
+        batch = f.get_batch()
+        for handler, tensors, keys in batch:
+            out = tensors[0] * (tensors[1].view(-1, 1) if len(tensors) > 1 else 1) + 1
+            f.respond([out.to(torch.bfloat16)], handler)
+    print("server test done", flush=True)
+f.stop()
+"""
+
+
+def test_calls_of_a_layout_seen_before_skip_the_python_path():
+    results = Job(STEADY).finish()
+    assert_all_passed(results)
+    assert "worker test done" in results["worker0.0"][1]

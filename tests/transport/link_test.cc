@@ -175,6 +175,15 @@ TEST_F(LinkTest, ASecondConnectionClaimingAPeersIdIsRefusedAndTheFirstStays) {
   expect_linked(first, accepted);
 }
 
+// A dialer that gave up on its connection before it was asked for (it hung up) and dials again,
+// as a rail coming back does, is admitted: the new connection takes the abandoned one's place.
+// (Before, the second dial was refused: "already has a connection from endpoint ...".)
+TEST_F(LinkTest, AConnectionItsDialerHungUpOnGivesWayToItsNextTry) {
+  dial_as(kPeerId, secret_).reset();  // proven, then hung up on before anyone asked for it
+  Fd again = dial_as(kPeerId, secret_);
+  expect_linked(again, listener_.accept_from(kPeerId, 10s));
+}
+
 TEST_F(LinkTest, AHelloForAnotherEndpointIsRefused) {
   try {
     dial(listener_.address(), kPeerId, "00000000000000ff", secret_, 10s);

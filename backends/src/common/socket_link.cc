@@ -218,8 +218,11 @@ class LinkOpening : public net::Opening {
     Outcome o{kMagic, kAccepted, {}};
     std::string why;
     std::lock_guard lock(listener_.mutex_);
-    if (proof.magic != kMagic ||
-        !same_mac(proof.mac, link_mac(listener_.secret_, kDialerLabel, hello_, nonce_))) {
+    const bool proven =
+        proof.magic == kMagic &&
+        same_mac(proof.mac, link_mac(listener_.secret_, kDialerLabel, hello_, nonce_));
+    if (proven) listener_.drop_abandoned(peer());
+    if (!proven) {
       o.verdict = kNotProven;
       why = fmt::format("it claimed to be endpoint {} but does not hold this job's secret{}",
                         peer(), missing_secret_hint(listener_.secret_));
@@ -295,11 +298,25 @@ void Listener::expire_unclaimed() {
   });
 }
 
+void Listener::drop_abandoned(const std::string& peer_id) {
+  auto it = proven_.find(peer_id);
+  if (it == proven_.end() || !net::hung_up(it->second.fd.get())) return;
+  log(LogLevel::info,
+      "{}: endpoint {} dialled again after hanging up on its earlier connection, which was not "
+      "asked for yet: the new one takes its place",
+      bound_.text, peer_id);
+  proven_.erase(it);
+}
+
 Fd Listener::accept_from(const std::string& peer_id, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   expire_unclaimed();
   handed_.erase(peer_id);  // asked for again: one more connection of it is welcome
-  arrived_.wait_for(lock, timeout, [&] { return proven_.count(peer_id) > 0 || stopping_; });
+  // One its dialer hung up on is not handed over: that dialer dials again.
+  arrived_.wait_for(lock, timeout, [&] {
+    drop_abandoned(peer_id);
+    return proven_.count(peer_id) > 0 || stopping_;
+  });
   auto it = proven_.find(peer_id);
   if (it == proven_.end()) {
     auto refusal = refusals_.find(peer_id);

@@ -77,7 +77,7 @@ class Listener {
   const JobSecret& secret() const { return secret_; }
   // Waits for the peer `peer_id` to dial in and prove the secret; throws Error(TIMEOUT). Each id
   // is handed over once: a later connection claiming it is refused as a duplicate, unless
-  // accept_from is called for it again.
+  // accept_from is called for it again, or the one waiting was hung up on by its dialer.
   Fd accept_from(const std::string& peer_id, std::chrono::milliseconds timeout);
 
  private:
@@ -86,6 +86,10 @@ class Listener {
     Fd fd;
     std::chrono::steady_clock::time_point since;
   };
+  // Forgets `peer_id`'s connection waiting to be asked for if its dialer hung up on it (it gave
+  // up and dials again: a rail coming back), so the new one is not refused as a duplicate.
+  // Caller holds mutex_.
+  void drop_abandoned(const std::string& peer_id);
   // Closes proven connections that nobody asked for in time. Caller holds mutex_.
   void expire_unclaimed();
 

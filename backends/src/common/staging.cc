@@ -43,6 +43,29 @@ uint64_t HostAccess::piece(const Lane& lane) {
   return lane.bytes / 2;
 }
 
+bool HostAccess::Lane::drain() noexcept {
+  if (!stream) return true;
+  try {
+    stream.synchronize(kCopyTimeout);
+    return true;
+  } catch (const std::exception& e) {
+    try {
+      log(LogLevel::error, "staging: a copy through the bounce buffer did not finish: {}",
+          e.what());
+    } catch (...) {  // no memory for the words: the verdict stands
+    }
+    return false;
+  }
+}
+
+HostAccess::Lane::~Lane() {
+  if (buffer && !drain()) {
+    // A device copy may still reach the buffer: freeing it would let the copy write into memory
+    // reused by then. Keep it for the process's life (a device this late is failing anyway).
+    new HostBuffer(std::move(*buffer));  // NOLINT: deliberately never freed
+  }
+}
+
 void HostAccess::read(uint64_t offset, uint64_t length,
                       const std::function<void(const uint8_t*, uint64_t)>& sink) {
   if (direct()) return sink(base_ + offset, length);
@@ -50,15 +73,20 @@ void HostAccess::read(uint64_t offset, uint64_t length,
   const uint64_t step = piece(to_host_);
   uint8_t* half[2] = {to_host_.data, to_host_.data + step};
   uint64_t n = std::min(length, step);
-  to_host_.stream.copy(half[0], base_ + offset, n);
-  to_host_.stream.synchronize(kCopyTimeout);
-  for (uint64_t done = 0, k = 0; done < length; ++k) {
-    const uint64_t next = std::min(length - done - n, step);
-    if (next > 0) to_host_.stream.copy(half[(k + 1) % 2], base_ + offset + done + n, next);
-    sink(half[k % 2], n);
-    if (next > 0) to_host_.stream.synchronize(kCopyTimeout);
-    done += n;
-    n = next;
+  try {
+    to_host_.stream.copy(half[0], base_ + offset, n);
+    to_host_.stream.synchronize(kCopyTimeout);
+    for (uint64_t done = 0, k = 0; done < length; ++k) {
+      const uint64_t next = std::min(length - done - n, step);
+      if (next > 0) to_host_.stream.copy(half[(k + 1) % 2], base_ + offset + done + n, next);
+      sink(half[k % 2], n);
+      if (next > 0) to_host_.stream.synchronize(kCopyTimeout);
+      done += n;
+      n = next;
+    }
+  } catch (...) {
+    to_host_.drain();  // the next piece's copy may still be filling the other half
+    throw;
   }
 }
 
@@ -68,14 +96,19 @@ void HostAccess::write(uint64_t offset, uint64_t length,
   std::lock_guard lock(to_device_.mutex);
   const uint64_t step = piece(to_device_);
   uint8_t* half[2] = {to_device_.data, to_device_.data + step};
-  for (uint64_t done = 0, k = 0; done < length; ++k) {
-    const uint64_t n = std::min(length - done, step);
-    source(half[k % 2], n);  // while the piece before is still on its way to the device
-    if (k > 0) to_device_.stream.synchronize(kCopyTimeout);  // that piece's half is free again
-    to_device_.stream.copy(base_ + offset + done, half[k % 2], n);
-    done += n;
+  try {
+    for (uint64_t done = 0, k = 0; done < length; ++k) {
+      const uint64_t n = std::min(length - done, step);
+      source(half[k % 2], n);  // while the piece before is still on its way to the device
+      if (k > 0) to_device_.stream.synchronize(kCopyTimeout);  // that piece's half is free again
+      to_device_.stream.copy(base_ + offset + done, half[k % 2], n);
+      done += n;
+    }
+    to_device_.stream.synchronize(kCopyTimeout);
+  } catch (...) {
+    to_device_.drain();  // the piece before may still be reading its half
+    throw;
   }
-  to_device_.stream.synchronize(kCopyTimeout);
 }
 
 void HostAccess::copy_out(uint64_t offset, uint64_t length, uint8_t* host) {

@@ -50,6 +50,11 @@ class HostAccess {
     std::optional<HostBuffer> buffer;
     uint8_t* data = nullptr;
     uint64_t bytes = 0;
+    // Waits for the copies in flight before the bounce buffer goes: a sink or source that threw
+    // (a peer lost mid-write) leaves the next piece's copy running into it.
+    ~Lane();
+    // Blocks until no copy of this lane is in flight; false if the device did not finish in time.
+    bool drain() noexcept;
   };
   void set_up(Lane& lane, const Device& device, uint64_t bytes);
   static uint64_t piece(const Lane& lane);

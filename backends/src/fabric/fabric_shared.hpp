@@ -94,8 +94,8 @@ class FabricRegion final : public Region, public std::enable_shared_from_this<Fa
  private:
   std::shared_ptr<FabricShared> shared_;
   uint32_t id_;
+  std::unique_ptr<HostPages> mirror_;  // before access_: its copies drain before the mirror goes
   HostAccess access_;
-  std::unique_ptr<HostPages> mirror_;
   uint8_t* host_;
   std::unique_ptr<FabricMr> mr_;
 };

@@ -123,7 +123,9 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   // The rest run with mutex_ held.
   void handle(size_t rail, TransportEvent& event);
   // A control message of the layer's on `rail` (false: malformed, and the rail was taken down).
-  void layer_message(RailsLink& link, size_t rail, TransportEvent& event);
+  // A control message that came on `rail`: the layer's own (handled here), or the user's, whose
+  // rails header it strips. True if `event` is the user's, to be passed up.
+  bool layer_message(RailsLink& link, size_t rail, TransportEvent& event);
   void acknowledged(RailsLink& link, size_t rail, uint64_t landed, uint64_t controls);
   // The user's control messages up to `passed_up` reached the peer's user: not sent again.
   void trim_controls(RailsLink& link, uint64_t passed_up);
@@ -815,8 +817,7 @@ void RailsCore::handle(size_t r, TransportEvent& e) {
       ++link->notes_delivered;
       break;
     case TransportEvent::Type::control:
-      layer_message(*link, r, e);
-      if (e.type != TransportEvent::Type::control) return;  // the layer's own
+      if (!layer_message(*link, r, e)) return;
       break;
     case TransportEvent::Type::peer_lost: {
       // The peer's end (its process gone, or done) closes every rail: once no other is open, that
@@ -837,18 +838,16 @@ void RailsCore::handle(size_t r, TransportEvent& e) {
   events_.push(std::move(e));
 }
 
-void RailsCore::layer_message(RailsLink& link, size_t r, TransportEvent& e) {
+bool RailsCore::layer_message(RailsLink& link, size_t r, TransportEvent& e) {
   auto& rail = link.rails[r];
   uint64_t counts[3] = {0, 0, 0};
   const std::optional<RailsMessage> kind = parse_rails_message(e.payload, counts);
-  const TransportEvent::Type type = e.type;
-  e.type = TransportEvent::Type::write_done;  // not passed up, unless it is the user's
   if (!kind) {
     rail_down(link, r,
               fmt::format("a control message of {} bytes that is not the rails layer's "
                           "(kind {})",
                           e.payload.size(), e.payload.empty() ? -1 : int{e.payload[0]}));
-    return;
+    return false;
   }
   if (!rail.ready) {
     rail.ready = true;
@@ -863,13 +862,13 @@ void RailsCore::layer_message(RailsLink& link, size_t r, TransportEvent& e) {
     case RailsMessage::acknowledge:
       acknowledged(link, r, counts[0], counts[1]);
       release_held(link);
-      return;
+      return false;
     case RailsMessage::lead:
       peer_moved(link, r, counts[0]);
-      return;
+      return false;
     case RailsMessage::lead_ack:
       moved(link, r, counts[0], counts[1], counts[2]);
-      return;
+      return false;
     case RailsMessage::user:
       break;
   }
@@ -879,16 +878,16 @@ void RailsCore::layer_message(RailsLink& link, size_t r, TransportEvent& e) {
               fmt::format("the peer's control message {} came on it (its lead is rail {}, and {} "
                           "came before)",
                           seq, link.peer_lead, link.controls_delivered));
-    return;
+    return false;
   }
   if (!rail.ack_queued) {  // so the peer lets go of it
     rail.ack_queued = true;
     enqueue(r, link, {RailsPost::Kind::acknowledge}, /*first=*/true);
   }
-  if (seq <= link.controls_delivered) return;  // sent again after a move: passed up already
+  if (seq <= link.controls_delivered) return false;  // sent again after a move: passed up already
   ++link.controls_delivered;
   e.payload.erase(e.payload.begin(), e.payload.begin() + kRailsHeader);
-  e.type = type;
+  return true;
 }
 
 void RailsCore::acknowledged(RailsLink& link, size_t r, uint64_t count, uint64_t controls) {
