@@ -16,6 +16,7 @@ packages=(
   libibverbs-dev rdma-core ibverbs-providers
   libfabric-dev libfabric-bin  # the fabric transport; fi_pingpong is its bench baseline
   libamdhip64-dev libhsa-runtime-dev
+  libze-dev libze1  # the level_zero plugin's headers; the loader its stand-in driver is loaded by
 )
 
 missing=()

@@ -37,7 +37,7 @@ ctest --preset ci
 step "hetmesh info"
 build/ci-install/bin/hetmesh info
 
-step "the main job: hetmesh demo (1A1F cpu over ipc; 2A2F cpu -> asic_stub and asic_stub -> cpu over ipc; 2A2F over tcp, over two tcp rails and over libfabric)"
+step "the main job: hetmesh demo (1A1F cpu over ipc; 2A2F cpu -> asic_stub and asic_stub -> cpu over ipc; 2A2F over tcp, over two tcp rails and over libfabric; 1A1F cpu -> level_zero on the host stand-in of Intel's driver)"
 demo_dir=$(mktemp -d)
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo)
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-asic_stub-ipc.toml")
@@ -45,6 +45,8 @@ demo_dir=$(mktemp -d)
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-tcp.toml")
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-tcp-rails.toml")
 (cd "$demo_dir" && "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/2a2f-cpu-fabric.toml")
+(cd "$demo_dir" && ZE_ENABLE_ALT_DRIVERS="$root/build/ci/lib/hetmesh/ze-host/libze_hetmesh_host.so" \
+  "$root/build/ci/bin/hetmesh" demo --config "$root/examples/configs/1a1f-cpu-level_zero-ipc.toml")
 rm -rf "$demo_dir"
 
 step "verbs on real soft-RoCE: transport suite, AFD engine and demo inside the rxe VM"

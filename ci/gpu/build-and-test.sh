@@ -11,6 +11,8 @@
 #   cts-summary.txt     the CTS summary table
 #   cts-rocm-on-cuda.*  the CTS of the rocm plugin run on these GPUs through hip-on-cuda
 #                       (plugins/rocm/tools), with the cpu plugin for the pairs
+#   cts-level_zero-on-cuda.*  the CTS of the level_zero plugin through ze-on-cuda
+#                       (plugins/level_zero/tools), paired with cuda, rocm-on-cuda, cpu, asic_stub
 # Exit status: the CTS's (0 = conformant), or 2 when the build fails.
 #
 #   run(kind="nvidia-h200", carry=[".deps/gpu"], timeout_s=540, command="bash ci/gpu/build-and-test.sh")
@@ -48,6 +50,9 @@ cmake --build "$build" -j "$jobs" --target hetmesh-cli || echo "hetmesh-cli did 
 # The rocm plugin and hip-on-cuda, where the carried HIP headers were found.
 cmake --build "$build" -j "$jobs" --target hetmesh-device-rocm hetmesh-hip-on-cuda 2>/dev/null ||
   echo "the rocm plugin or hip-on-cuda did not build (no HIP headers in .deps/gpu?)"
+# The level_zero plugin and ze-on-cuda, where the carried Level Zero headers were found.
+cmake --build "$build" -j "$jobs" --target hetmesh-device-level_zero hetmesh-ze-on-cuda 2>/dev/null ||
+  echo "the level_zero plugin or ze-on-cuda did not build (no Level Zero headers in .deps/gpu?)"
 
 section hetmesh info
 if [[ -x $build/bin/hetmesh ]]; then
@@ -81,7 +86,34 @@ else
   echo "skipped: the rocm plugin or hip-on-cuda was not built"
 fi
 
+section "hetmesh-cts: the level_zero plugin on these NVIDIA GPUs, through ze-on-cuda"
+# Not Intel hardware and not Intel's driver: the level_zero plugin's own code through Debian's
+# real Level Zero loader, with each call of the driver done by the CUDA driver
+# (plugins/level_zero/tools/ze_on_cuda.cc says what differs); every pair with cuda, rocm on
+# hip-on-cuda, cpu and asic_stub.
+level_zero_status=0
+level_zero_plugin=$build/lib/hetmesh/plugins/libhetmesh-device-level_zero.so
+ze_on_cuda=$build/lib/hetmesh/ze-on-cuda/libze_on_cuda.so
+if [[ -f $level_zero_plugin && -f $ze_on_cuda ]]; then
+  plugins=(--plugin "$level_zero_plugin")
+  for p in cuda rocm cpu asic_stub; do
+    [[ -f $build/lib/hetmesh/plugins/libhetmesh-device-$p.so ]] &&
+      plugins+=(--plugin "$build/lib/hetmesh/plugins/libhetmesh-device-$p.so")
+  done
+  LD_LIBRARY_PATH=$hip_on_cuda:$LD_LIBRARY_PATH ZE_ENABLE_ALT_DRIVERS=$ze_on_cuda \
+    timeout -k 10 420 "$build/bin/hetmesh-cts" "${plugins[@]}" \
+    --junit "$OUT/cts-level_zero-on-cuda.xml" --gtest_brief=1 >"$OUT/cts-level_zero-on-cuda.log" 2>&1
+  level_zero_status=$?
+  grep -E "FAILED|Failure" "$OUT/cts-level_zero-on-cuda.log" | head -40
+  sed -n '/==== hetmesh-cts summary/,$p' "$OUT/cts-level_zero-on-cuda.log" |
+    tee "$OUT/cts-level_zero-on-cuda-summary.txt"
+else
+  echo "skipped: the level_zero plugin or ze-on-cuda was not built"
+fi
+
 section done
-echo "hetmesh-cts exit status $cts_status; rocm through hip-on-cuda: $rocm_status"
+echo "hetmesh-cts exit status $cts_status; rocm through hip-on-cuda: $rocm_status;" \
+  "level_zero through ze-on-cuda: $level_zero_status"
 (( cts_status != 0 )) && exit $cts_status
-exit $rocm_status
+(( rocm_status != 0 )) && exit $rocm_status
+exit $level_zero_status

@@ -21,6 +21,7 @@ packages=(
   libssl-dev libssl3  # the job secret: libcrypto's HMAC and random bytes
   libgtest-dev libgmock-dev
   libamdhip64-dev libhsa-runtime-dev  # headers only: the rocm plugin and hip-on-cuda build there
+  libze-dev libze1  # the level_zero plugin's headers, and the loader that loads ze-on-cuda there
   libdlpack-dev  # the Python package (ci/gpu/python.sh); pybind11 comes with the torch wheel there
   ucx-utils libucx0 libnuma1  # ucx_perftest, the same-run baseline of bench transport over ipc
 )

@@ -1,12 +1,12 @@
 // The rocm plugin's lifecycle calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_devices.hpp
 // has initialize, device_count and device_properties): loading HIP, finding the GPUs and what each
 // can do; and the shutdown slot.
-#include "rocm_geq_relay.hpp"
 #include "rocm_slots.hpp"
 #include "rocm_state.hpp"
 
 #include <hetmesh/plugin_kit/gpu_devices.hpp>
 #include <hetmesh/plugin_kit/memfd.hpp>
+#include <hetmesh/plugin_kit/wait_relay.hpp>
 
 #include <unistd.h>
 

@@ -53,6 +53,7 @@ namespace hm::rocm {
   X(hipEventSynchronize)       \
   X(hipEventElapsedTime)       \
   X(hipStreamWriteValue32)     \
+  X(hipStreamWriteValue64)     \
   X(hipStreamWaitValue32)      \
   X(hipStreamWaitValue64)      \
   X(hipIpcGetMemHandle)        \

@@ -2,7 +2,7 @@
 // lookup, and the current-device scope with peer access on a device's first use.
 #include "rocm_state.hpp"
 
-#include "rocm_geq_relay.hpp"
+#include <hetmesh/plugin_kit/wait_relay.hpp>
 
 namespace hm::rocm {
 namespace {

@@ -17,13 +17,15 @@
 #include <mutex>
 #include <string>
 
+namespace hm::kit::gpu {
+class WaitRelay;  // hetmesh/plugin_kit/wait_relay.hpp
+}  // namespace hm::kit::gpu
+
 namespace hm::rocm {
 
 using hm::kit::fail;
 using hm::kit::guarded;
 using hm::kit::gpu::Memory;
-
-class CyclicWaitRelay;
 
 struct DeviceState : hm::kit::gpu::Device {
   int32_t ordinal = 0;
@@ -36,7 +38,7 @@ struct State : hm::kit::gpu::State<DeviceState> {
   std::string dmabuf_unavailable;  // why HM_CAP_DMABUF_EXPORT is clear, "" when it is set
   std::mutex activation_mutex;
   std::mutex relay_mutex;
-  std::unique_ptr<CyclicWaitRelay> relay;  // started by the first HM_WAIT_GEQ
+  std::unique_ptr<hm::kit::gpu::WaitRelay> relay;  // started by the first HM_WAIT_GEQ
 
   State();
   ~State();

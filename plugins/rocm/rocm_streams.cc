@@ -1,7 +1,8 @@
 // The rocm plugin's stream calls for the kit's GPU layer (hetmesh/plugin_kit/gpu_streams.hpp has
 // the slots): streams and host functions in stream order.
-#include "rocm_geq_relay.hpp"
 #include "rocm_slots.hpp"
+
+#include <hetmesh/plugin_kit/wait_relay.hpp>
 
 #include <memory>
 #include <mutex>

@@ -488,6 +488,42 @@ TEST_P(DeviceTest, WaitValueHoldsOnEveryKindOfMemoryItAccepts) {
   }
 }
 
+// A wait judges the word as the stream finds it when it gets there, for every condition: the
+// stream's own earlier work (here a write that resets the word) is not overtaken. A plugin that
+// judges a wait on the host as soon as it is enqueued (a relay for a condition its runtime lacks)
+// lets the stream through on a value the stream was about to overwrite.
+TEST_P(DeviceTest, AWaitJudgesTheWordAsTheStreamFindsIt) {
+  HM_RULE("HM-R35");
+  HM_REQUIRE(kMemops, "stream memory operations");
+  struct Case {
+    hm_wait_condition condition;
+    const char* name;
+    uint32_t value, before, reset, later;  // `before` and `later` satisfy the wait, `reset` not
+  };
+  const Case cases[] = {{HM_WAIT_GEQ, "GEQ", 5, 5, 1, 6},
+                        {HM_WAIT_EQ, "EQ", 5, 5, 1, 5},
+                        {HM_WAIT_AND, "AND", 1, 1, 0, 3},
+                        {HM_WAIT_NOR, "NOR", 0, 0, 0xffffffffu, 0}};
+  for (const Case& c : cases) {
+    Stream stream = device().create_stream();
+    HostFlag go(device()), word(device()), marker(device());
+    word.set(c.before);
+    stream.wait_value32(go.address(), 1, HM_WAIT_EQ);  // held until the host says go
+    stream.write_value32(word.address(), c.reset);     // then the stream's own reset of the word
+    stream.wait_value32(word.address(), c.value, c.condition);
+    stream.write_value32(marker.address(), 1);
+    go.set(1);
+    EXPECT_EQ(api().stream_synchronize(stream.native(), 2'000'000), HM_ERR_TIMEOUT)
+        << c.name << ": the stream passed a wait on a word its own earlier write had reset";
+    EXPECT_EQ(*marker.word, 0u) << c.name;
+    word.set(c.later);
+    // A hang guard only.
+    EXPECT_EQ(api().stream_synchronize(stream.native(), 10'000'000'000), HM_OK)
+        << c.name << ": the stream never saw the word satisfy the wait";
+    EXPECT_EQ(*marker.word, 1u) << c.name;
+  }
+}
+
 // An event recorded again captures the new work: a plugin that keeps the first record's
 // completion reports work as done while it is still blocked.
 TEST_P(DeviceTest, EventRecordedAgainCapturesTheNewWork) {

@@ -1,10 +1,7 @@
 // The rocm plugin, wherever it is built. It must load on every machine: without ROCm or an AMD GPU
 // (CI: no /dev/kfd) it reports zero devices with the reason in last_error and answers every slot
-// with a clean error; with GPUs it describes them. hetmesh-cts covers the devices themselves.
-//
-// The plugin's HM_WAIT_GEQ relay (plugins/rocm/rocm_geq_relay.hpp, which knows no HIP) is tested
-// here too, against a fake runtime whose "stream" is a gate word the test reads.
-#include "rocm_geq_relay.hpp"
+// with a clean error; with GPUs it describes them. hetmesh-cts covers the devices themselves. The
+// HM_WAIT_GEQ relay the plugin uses is the plugin kit's, tested in wait_relay_test.cc.
 #include "test_support.hpp"
 
 #include <hetmesh/core/device.hpp>
@@ -15,15 +12,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace hetmesh {
@@ -217,169 +209,6 @@ TEST(RocmPlugin, DescribesEachGpu) {
     EXPECT_FALSE(device.has(HM_CAP_HOST_ADDRESSABLE_DEVICE_MEMORY));
     EXPECT_NE(p.pci_bus_id[0], '\0');
   }
-}
-
-// ---- the HM_WAIT_GEQ relay ----
-
-using hm::rocm::cyclic_geq;
-using hm::rocm::CyclicWaitRelay;
-
-TEST(RocmCyclicWait, GeqIsCyclicAsTheAbiDefinesIt) {
-  EXPECT_TRUE(cyclic_geq(5, 5));
-  EXPECT_TRUE(cyclic_geq(6, 5));
-  EXPECT_FALSE(cyclic_geq(4, 5));
-  EXPECT_TRUE(cyclic_geq(1, 0xfffffffe));  // wrapped past 2^32: after
-  EXPECT_FALSE(cyclic_geq(0xfffffffd, 0xfffffffe));
-  EXPECT_FALSE(cyclic_geq(0xfffffff0, 5));  // just before the wrap: still behind 5
-  EXPECT_TRUE(cyclic_geq(5 + 0x7fffffffu, 5));
-  EXPECT_FALSE(cyclic_geq(5 + 0x80000000u, 5));
-}
-
-// A runtime without a GPU: gates in host memory, and a "stream wait" that only records the ticket
-// the stream would wait for. Device words live in `device_memory`.
-class FakeBackend final : public CyclicWaitRelay::Backend {
- public:
-  void* allocate_gates(size_t bytes) override {
-    void* chunk = std::aligned_alloc(64, bytes);
-    std::memset(chunk, 0, bytes);
-    ++chunks_allocated;
-    return chunk;
-  }
-  void free_gates(void* chunk) override { std::free(chunk); }
-  void wait_for_ticket(void*, uint64_t*, uint64_t ticket) override {
-    if (fail_next_wait.exchange(false)) throw std::runtime_error("stream wait refused");
-    last_ticket = ticket;
-  }
-  bool read_device_word(const CyclicWaitRelay::Word& word, uint32_t* value) override {
-    *value = std::atomic_ref<const uint32_t>(*word.address).load();
-    ++device_reads;
-    return true;
-  }
-
-  std::atomic<uint64_t> last_ticket{0};
-  std::atomic<bool> fail_next_wait{false};
-  std::atomic<int> device_reads{0};
-  int chunks_allocated = 0;
-};
-
-struct Relay {
-  FakeBackend* backend = new FakeBackend;
-  CyclicWaitRelay relay{std::unique_ptr<CyclicWaitRelay::Backend>(backend)};
-
-  // Enqueues a wait and returns the ticket the stream waits for.
-  uint64_t wait(uint64_t* gate, const uint32_t* word, uint32_t value, bool host = true) {
-    relay.enqueue(nullptr, gate, CyclicWaitRelay::Word{word, 0, host}, value);
-    return backend->last_ticket.load();
-  }
-};
-
-bool is_open(const uint64_t* gate, uint64_t ticket) {
-  return std::atomic_ref<const uint64_t>(*gate).load(std::memory_order_acquire) >= ticket;
-}
-
-// True once the gate opens for `ticket`, false if it stays closed for `within`.
-bool opens(const uint64_t* gate, uint64_t ticket, std::chrono::milliseconds within) {
-  auto deadline = std::chrono::steady_clock::now() + within;
-  while (!is_open(gate, ticket)) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  return true;
-}
-
-void store(uint32_t* word, uint32_t value) {
-  std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release);
-}
-
-constexpr std::chrono::milliseconds kStaysClosed{30};
-constexpr std::chrono::milliseconds kOpensWithin{10000};  // a hang guard, not a latency bound
-
-TEST(RocmCyclicWait, OpensOnceTheWordPassesTheValueAcrossTheWrap) {
-  Relay r;
-  uint32_t word = 0xfffffffd;
-  uint64_t* gate = r.relay.acquire_gate();
-  uint64_t ticket = r.wait(gate, &word, 0xfffffffe);
-  EXPECT_FALSE(opens(gate, ticket, kStaysClosed)) << "opened while the word was behind";
-  store(&word, 1);  // unsigned 1 < 0xfffffffe, but cyclically after it
-  EXPECT_TRUE(opens(gate, ticket, kOpensWithin));
-}
-
-TEST(RocmCyclicWait, ABehindWordNearTheWrapKeepsTheGateClosed) {
-  Relay r;
-  uint32_t word = 0xfffffff0;  // unsigned >= 5, cyclically 21 behind it
-  uint64_t* gate = r.relay.acquire_gate();
-  uint64_t ticket = r.wait(gate, &word, 5);
-  EXPECT_FALSE(opens(gate, ticket, kStaysClosed));
-  store(&word, 5);
-  EXPECT_TRUE(opens(gate, ticket, kOpensWithin));
-}
-
-TEST(RocmCyclicWait, AStreamsWaitsOpenInOrder) {
-  Relay r;
-  uint32_t first = 0, second = 0;
-  uint64_t* gate = r.relay.acquire_gate();
-  uint64_t t1 = r.wait(gate, &first, 1);
-  uint64_t t2 = r.wait(gate, &second, 1);
-  ASSERT_GT(t2, t1);
-  store(&second, 1);  // the later wait's condition alone opens nothing
-  EXPECT_FALSE(opens(gate, t1, kStaysClosed));
-  store(&first, 1);
-  EXPECT_TRUE(opens(gate, t2, kOpensWithin));
-}
-
-TEST(RocmCyclicWait, StreamsHaveIndependentGates) {
-  Relay r;
-  uint32_t a = 0, b = 0;
-  uint64_t* gate_a = r.relay.acquire_gate();
-  uint64_t* gate_b = r.relay.acquire_gate();
-  ASSERT_NE(gate_a, gate_b);
-  uint64_t ta = r.wait(gate_a, &a, 3);
-  uint64_t tb = r.wait(gate_b, &b, 3);
-  store(&b, 3);
-  EXPECT_TRUE(opens(gate_b, tb, kOpensWithin));
-  EXPECT_FALSE(is_open(gate_a, ta));
-  store(&a, 4);
-  EXPECT_TRUE(opens(gate_a, ta, kOpensWithin));
-}
-
-TEST(RocmCyclicWait, DeviceWordsAreReadThroughTheBackend) {
-  Relay r;
-  uint32_t device_word = 0;
-  uint64_t* gate = r.relay.acquire_gate();
-  uint64_t ticket = r.wait(gate, &device_word, 2, /*host=*/false);
-  EXPECT_FALSE(opens(gate, ticket, kStaysClosed));
-  store(&device_word, 2);
-  EXPECT_TRUE(opens(gate, ticket, kOpensWithin));
-  EXPECT_GT(r.backend->device_reads.load(), 0);
-}
-
-TEST(RocmCyclicWait, AReleasedGateIsReusedOnlyAfterItsWaitsOpen) {
-  Relay r;
-  uint32_t word = 0;
-  uint64_t* gate = r.relay.acquire_gate();
-  uint64_t ticket = r.wait(gate, &word, 1);
-  r.relay.release_gate(gate);  // the stream is destroyed with a wait pending
-  std::vector<uint64_t*> others;
-  for (size_t i = 1; i < CyclicWaitRelay::kGateChunkBytes / sizeof(uint64_t); ++i)
-    others.push_back(r.relay.acquire_gate());
-  for (uint64_t* other : others)
-    EXPECT_NE(other, gate);
-  EXPECT_EQ(r.backend->chunks_allocated, 1);
-  store(&word, 1);
-  EXPECT_TRUE(opens(gate, ticket, kOpensWithin));
-  EXPECT_EQ(r.relay.acquire_gate(), gate) << "the drained gate went back to the pool";
-  EXPECT_EQ(r.backend->chunks_allocated, 1);
-}
-
-TEST(RocmCyclicWait, ARefusedStreamWaitLeavesNothingPending) {
-  Relay r;
-  uint32_t word = 0;
-  uint64_t* gate = r.relay.acquire_gate();
-  r.backend->fail_next_wait = true;
-  EXPECT_THROW(r.relay.enqueue(nullptr, gate, CyclicWaitRelay::Word{&word, 0, true}, 1),
-               std::runtime_error);
-  r.relay.release_gate(gate);
-  EXPECT_EQ(r.relay.acquire_gate(), gate) << "a gate without pending waits is free at once";
 }
 
 }  // namespace

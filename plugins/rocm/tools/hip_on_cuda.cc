@@ -343,6 +343,12 @@ hipError_t hipStreamWriteValue32(hipStream_t s, void* pointer, uint32_t value, u
   });
 }
 
+hipError_t hipStreamWriteValue64(hipStream_t s, void* pointer, uint64_t value, unsigned flags) {
+  return on_word(s, pointer, [&](CUstream stream, CUdeviceptr target) {
+    return cuStreamWriteValue64(stream, target, value, flags);
+  });
+}
+
 hipError_t hipStreamWaitValue32(hipStream_t s, void* pointer, uint32_t value, unsigned flags,
                                 uint32_t mask) {
   if (mask != ~uint32_t{0}) return record(CUDA_ERROR_NOT_SUPPORTED);

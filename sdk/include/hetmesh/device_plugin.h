@@ -134,7 +134,8 @@
  *         work on the stream is visible before the word changes.
  *  HM-R35 stream_wait_value32 holds later work on the stream until the word satisfies the
  *         condition (HM_WAIT_GEQ is cyclic), without blocking the host; anyone may write the word:
- *         another process, the host, a NIC, another stream.
+ *         another process, the host, a NIC, another stream. The condition is judged from when the
+ *         stream reaches the wait: its own earlier work (a write resetting the word) comes first.
  *
  * IPC and dma-buf
  *  HM-R36 ipc_export (HM_CAP_IPC) describes the device or pinned allocation from mem_alloc that

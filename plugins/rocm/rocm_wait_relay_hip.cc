@@ -1,5 +1,5 @@
 // The HM_WAIT_GEQ relay's HIP side: gate words, the ticket wait, reading words in device memory.
-#include "rocm_geq_relay_hip.hpp"
+#include "rocm_wait_relay_hip.hpp"
 
 #include "rocm_state.hpp"
 
@@ -26,6 +26,12 @@ void HipRelayBackend::free_gates(void* chunk) {
   (void)hip_.hipHostFree(chunk);  // at shutdown: nothing is left to report it to
 }
 
+void HipRelayBackend::signal_arrival(void* stream, uint64_t* arrival, uint64_t ticket) {
+  // HIP's stream writes follow the stream's earlier work, whose writes are visible first.
+  check(hip_.hipStreamWriteValue64(static_cast<hipStream_t>(stream), arrival, ticket, 0),
+        "hipStreamWriteValue64");
+}
+
 void HipRelayBackend::wait_for_ticket(void* stream, uint64_t* gate, uint64_t ticket) {
   // Gte on 64 bits: tickets never reach the sign bit, so signed or unsigned compares agree.
   check(hip_.hipStreamWaitValue64(static_cast<hipStream_t>(stream), gate, ticket,
@@ -33,7 +39,7 @@ void HipRelayBackend::wait_for_ticket(void* stream, uint64_t* gate, uint64_t tic
         "hipStreamWaitValue64");
 }
 
-bool HipRelayBackend::read_device_word(const CyclicWaitRelay::Word& word, uint32_t* value) {
+bool HipRelayBackend::read_device_word(const hm::kit::gpu::WaitRelay::Word& word, uint32_t* value) {
   // Device memory is not host-addressable: copy the word out on a stream that nothing blocks.
   hipError_t error = hip_.hipSetDevice(word.device);
   hipStream_t& stream = read_streams_[word.device];
