@@ -176,9 +176,11 @@ void Vendor::discover(State& s) {
       d->capabilities = caps;
       log(HM_LOG_DEBUG,
           d->name + ": compute queue group " + std::to_string(d->compute_ordinal) +
-              (d->copy_ordinal >= 0 ? ", copy-only group " + std::to_string(d->copy_ordinal) +
-                                          " (unused: streams carry memops and events too)"
-                                    : ", no copy-only group"));
+              (d->copy_ordinal >= 0
+                   ? ", copy-only group " + std::to_string(d->copy_ordinal) +
+                         " (streams stay on the compute group: they carry memops and events too; "
+                         "the wait relay reads device words on the copy group)"
+                   : ", no copy-only group"));
       s.devices.push_back(std::move(d));
     }
     s.drivers.push_back(std::move(driver));

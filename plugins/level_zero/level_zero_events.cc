@@ -35,6 +35,8 @@ void Vendor::record_event(ZeEvent* event, Queue* q) {
             nullptr);
     else
       HM_ZE(zeCommandListAppendSignalEvent, q->list, mark->event);
+    // Every wait appended so far is behind this signal: the events it waited on go with it.
+    mark->passed.swap(q->held);
   }
   std::lock_guard lock(event->mutex);
   event->current = std::move(mark);  // the previous record's goes back to the pool

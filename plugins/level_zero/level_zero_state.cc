@@ -64,6 +64,10 @@ State::~State() = default;
 // ---- event pools ----
 
 EventPool::~EventPool() {
+  for (auto& mark : marks_) {  // back to this pool while it still stands
+    std::vector<MarkRef> passed;
+    passed.swap(mark->passed);
+  }
   State* s = hm::kit::gpu::state_pointer<State>();
   if (s == nullptr) return;
   for (auto& mark : marks_)
@@ -108,6 +112,7 @@ void EventPool::grow() {
 
 MarkRef EventPool::acquire() {
   Mark* mark = nullptr;
+  std::vector<MarkRef> passed;  // released after the lock: their deleters take it
   {
     std::lock_guard lock(mutex_);
     // The oldest returned events first: the likeliest to have signaled.
@@ -116,9 +121,10 @@ MarkRef EventPool::acquire() {
       Mark* candidate = returned_.front();
       returned_.pop_front();
       if (ze().zeEventQueryStatus(candidate->event) == ZE_RESULT_SUCCESS &&
-          ze().zeEventHostReset(candidate->event) == ZE_RESULT_SUCCESS)
+          ze().zeEventHostReset(candidate->event) == ZE_RESULT_SUCCESS) {
         mark = candidate;
-      else
+        passed.swap(mark->passed);
+      } else
         returned_.push_back(candidate);  // its signal is still pending somewhere
     }
     if (mark == nullptr) {

@@ -41,13 +41,19 @@ struct Driver;
 // slot of host memory for a global timestamp. Marks are handed out fresh (unsignaled) and come
 // back when the last MarkRef drops; a returned mark is reused only once it has signaled, so a
 // signal still pending on a stream never lands on its next use.
+struct Mark;
+using MarkRef = std::shared_ptr<Mark>;
+
 struct Mark {
   ze_event_handle_t event = nullptr;
   uint64_t* timestamp = nullptr;
+  // Events a stream waited on before this one's signal: passed once it signaled, released when
+  // the pool reuses this one (so a stream that is only ever synchronized through events does not
+  // hold them for good).
+  std::vector<MarkRef> passed;
 };
 
 class EventPool;
-using MarkRef = std::shared_ptr<Mark>;
 
 class EventPool {
  public:
