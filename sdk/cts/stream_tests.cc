@@ -513,6 +513,12 @@ TEST_P(DeviceTest, AWaitJudgesTheWordAsTheStreamFindsIt) {
     stream.wait_value32(word.address(), c.value, c.condition);
     stream.write_value32(marker.address(), 1);
     go.set(1);
+    // The stream's reset lands first (else the host's write below could come before it).
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);  // a hang guard
+    while (std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(word.word)).load() != c.reset &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    ASSERT_EQ(*word.word, c.reset) << c.name << ": the stream's write never landed";
     EXPECT_EQ(api().stream_synchronize(stream.native(), 2'000'000), HM_ERR_TIMEOUT)
         << c.name << ": the stream passed a wait on a word its own earlier write had reset";
     EXPECT_EQ(*marker.word, 0u) << c.name;
