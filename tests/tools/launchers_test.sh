@@ -27,7 +27,14 @@ fail() {
   echo "FAIL: $*"
   failures=$((failures + 1))
 }
-port() { echo $((20000 + RANDOM % 20000)); }
+port() {  # a port nothing listens on now (other tests pick theirs at random too)
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 20000))
+    [[ -z $(ss -Hltn "sport = :$p" 2>/dev/null) ]] && break
+  done
+  echo "$p"
+}
 verified() {  # $1 = what ran, $2 = its output: both As verified
   local count
   count=$(grep -c "verified: final hidden states" <<<"$2")
@@ -71,7 +78,7 @@ fi
 # A Slurm cluster of this machine alone: munged with a key of its own, slurmctld and slurmd with
 # a config of their own (SLURM_CONF), no cgroups; as root, which slurmd needs.
 start_slurm() {
-  local dir=$scratch/slurm host
+  local dir=$scratch/slurm$1 host
   host=$(hostname -s)
   mkdir -p "$dir"/{munge,state,spool,log}
   mungekey --create --keyfile="$dir/munge/munge.key" --force >/dev/null 2>&1 &&
@@ -79,12 +86,14 @@ start_slurm() {
   munged --force --socket="$dir/munge/socket" --key-file="$dir/munge/munge.key" \
     --log-file="$dir/munge/log" --pid-file="$dir/munge/pid" --seed-file="$dir/munge/seed" || return 1
   daemons+=("$dir/munge/pid")
-  local control=$(port)
+  local control slurmd_port
+  control=$(port)
+  slurmd_port=$(port)
   cat >"$dir/slurm.conf" <<CONF
 ClusterName=hetmesh-test
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$control
-SlurmdPort=$((control + 1))
+SlurmdPort=$slurmd_port
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$dir/munge/socket
@@ -111,19 +120,31 @@ CONF
   export SLURM_CONF=$dir/slurm.conf
   slurmctld -f "$SLURM_CONF" && daemons+=("$dir/slurmctld.pid") || return 1
   slurmd -f "$SLURM_CONF" && daemons+=("$dir/slurmd.pid") || return 1
-  for _ in $(seq 1 100); do  # until the node is idle (at most 10 s)
+  for _ in $(seq 1 300); do  # until the node is idle (at most 30 s: two busy CPUs are slow)
     [[ $(sinfo -h -o %t 2>/dev/null) == idle ]] && return 0
     sleep 0.1
   done
-  echo "slurm: the node did not come up: $(sinfo 2>&1; tail -5 "$dir"/log/*.log)"
+  echo "slurm: the node did not come up: $(sinfo 2>&1; tail -n 5 "$dir"/log/*.log)"
   return 1
+}
+# A second try on other ports, after the first try's daemons are gone (a port taken in between).
+start_slurm_twice() {
+  start_slurm 1 && return 0
+  [[ -n ${SLURM_CONF:-} ]] && scancel --user root >/dev/null 2>&1
+  for pid_file in "${daemons[@]}"; do
+    [[ -f $pid_file ]] && kill "$(cat "$pid_file")" 2>/dev/null
+  done
+  daemons=()
+  sleep 1
+  echo "slurm: trying again on other ports"
+  start_slurm 2
 }
 
 if [[ $(id -u) != 0 ]]; then
   fail "srun: slurmd needs root to start tasks here (CI runs as root)"
 elif ! command -v slurmctld >/dev/null; then
   fail "no slurmctld (Debian's slurm-wlm; ci/install-deps.sh installs it)"
-elif start_slurm; then
+elif start_slurm_twice; then
   echo "== srun --ntasks 4"
   out=$(MASTER_ADDR=127.0.0.1 MASTER_PORT=$(port) timeout -k 5 120 srun --ntasks 4 --overcommit \
     "$hetmesh" run --config "$config" 2>&1) || fail "srun --ntasks 4 failed: $out"
