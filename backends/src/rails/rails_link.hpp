@@ -31,8 +31,10 @@
 // A move the peer has not answered within io_timeout moves on to the next rail.
 // Only a link with no rail left is lost (peer_lost). After a
 // cooldown (kCooldown, doubled after each try and each failure that follows a try, up to
-// kCooldownMost, and back to kCooldown once the rail carried a stripe again) both ends connect a
-// failed rail again, each on its own, as connect() did; once its new connection is made it takes
+// kCooldownMost, and back to kCooldown once the rail carried a stripe again; every wait but the
+// first drawn from half to one and a half of it, so that two ends that missed each other once do
+// not miss each other at every try) both ends connect a failed rail again, each on its own, as
+// connect() did; once its new connection is made it takes
 // stripes again, once each end heard the other on it (an acknowledgement of nothing, sent by each
 // as it has the connection), its counts starting from zero (a generation later: remote regions
 // are imported on it again when first written).

@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -150,8 +151,8 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   void adopt_orphans(size_t rail, ConnectionId child);
   // A rail's connection no link has any more: its late events are dropped, early ones forgotten.
   void retire(size_t rail, ConnectionId child);
-  // Tries the rail again after its cooldown, which doubles for the try after.
-  void schedule_revival(RailsLink& link, size_t rail);
+  // Tries the rail again after its cooldown, which doubles for the try after; answers the wait.
+  std::chrono::milliseconds schedule_revival(RailsLink& link, size_t rail);
   // Fails every open write with `why`; with `tell`, the user hears peer_lost (else the user
   // dropped the connection).
   void lose(RailsLink& link, const std::string& why, bool tell);
@@ -170,7 +171,8 @@ class RailsCore : public std::enable_shared_from_this<RailsCore> {
   EventQueue events_;
   std::atomic<ConnectionId> next_id_{1};
 
-  std::mutex mutex_;  // everything below, and every RailsLink
+  std::mutex mutex_;                                 // everything below, and every RailsLink
+  std::minstd_rand jitter_{std::random_device{}()};  // of the waits between a rail's tries
   std::map<std::pair<size_t, ConnectionId>, std::weak_ptr<RailsLink>> by_child_;
   std::vector<std::shared_ptr<RailsLink>> links_;      // every connection not dropped
   std::vector<std::vector<TransportEvent>> orphans_;   // per rail
@@ -923,15 +925,15 @@ void RailsCore::rail_down(RailsLink& link, size_t r, const std::string& why) {
     return;
   }
   const bool again = !stopping_ && !threads_[r]->broken;
+  const auto wait = again ? schedule_revival(link, r) : std::chrono::milliseconds(0);
   log(LogLevel::warn,
       "rails: connection {}: rail {} ({}) is down: {}; {} piece(s) not acknowledged go again on "
       "rail {}{}",
       link.id, r, rail.name, why, rail.unacked.size(), link.lead,
-      again ? fmt::format(", and the rail is tried again in {} ms", rail.cooldown.count())
+      again ? fmt::format(", and the rail is tried again in {} ms", wait.count())
             : std::string(", and the rail takes no more writes"));
   close_rail(link, r);
   rail.down_since = std::chrono::steady_clock::now();
-  if (again) schedule_revival(link, r);
   const std::deque<uint64_t> unacked = std::move(rail.unacked);
   rail.unacked.clear();
   rail.acked = rail.posted = rail.issued;
@@ -964,13 +966,13 @@ void RailsCore::lead_down(RailsLink& link, size_t r, const std::string& why) {
     lose(link, lost, /*tell=*/true);
     return;
   }
+  const auto wait = again ? schedule_revival(link, r) : std::chrono::milliseconds(0);
   log(LogLevel::warn,
       "rails: connection {}: rail {} ({}) is down: {}; rail {} ({}) carries the notifications "
       "from now, and {} piece(s) not acknowledged go again there unless the peer has them{}",
       link.id, r, rail.name, why, next, link.rails[next].name, link.stranded.size(),
-      again ? fmt::format("; the rail is tried again in {} ms", rail.cooldown.count())
+      again ? fmt::format("; the rail is tried again in {} ms", wait.count())
             : std::string("; the rail takes no more writes"));
-  if (again) schedule_revival(link, r);
   link.lead = next;
   link.moving = true;
   link.move_deadline = std::chrono::steady_clock::now() + options_.io_timeout;
@@ -1087,11 +1089,19 @@ void RailsCore::send_again(RailsLink& link, uint64_t id) {
   send_on_lead(link, id_again);
 }
 
-void RailsCore::schedule_revival(RailsLink& link, size_t r) {
+std::chrono::milliseconds RailsCore::schedule_revival(RailsLink& link, size_t r) {
   auto& rail = link.rails[r];
-  revivals_.push_back({link.weak_from_this(), r, std::chrono::steady_clock::now() + rail.cooldown});
+  // Both ends try on their own, each try a window of kReviveWindow: with equal waits, two ends
+  // whose windows missed each other once would miss each other at every try after. So every wait
+  // but the first is drawn from [cooldown / 2, cooldown * 3 / 2).
+  auto wait = rail.cooldown;
+  if (rail.cooldown > kCooldown)
+    wait = rail.cooldown / 2 + std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(
+                                   0, rail.cooldown.count() - 1)(jitter_));
+  revivals_.push_back({link.weak_from_this(), r, std::chrono::steady_clock::now() + wait});
   rail.cooldown = std::min(rail.cooldown * 2, kCooldownMost);
   revive_ready_.notify_one();
+  return wait;
 }
 
 void RailsCore::revive_loop() {
@@ -1144,10 +1154,10 @@ void RailsCore::revive_loop() {
       retire(r, connection->id());
       closing_.push_back(std::move(connection));
     } else if (wanted) {
+      const auto wait = schedule_revival(*link, r);
       log(LogLevel::info,
           "rails: connection {}: rail {} ({}) is not back yet ({}); next try in {} ms", link->id, r,
-          rail.name, why, rail.cooldown.count());
-      schedule_revival(*link, r);
+          rail.name, why, wait.count());
     }
     link.reset();
     close_outside(lock);
