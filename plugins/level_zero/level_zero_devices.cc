@@ -96,6 +96,32 @@ std::string no_driver_reason(ze_result_t result) {
   return reason;
 }
 
+// Whether the device's memory can be exported as a dma-buf: a page allocated exportable, and its
+// fd asked for ("" if it works, else why not). Drivers without the external memory extension
+// refuse the descriptor or answer no fd.
+std::string probe_dmabuf(const Driver& driver, ze_device_handle_t device) {
+  const Loader& z = state().ze;
+  ze_external_memory_export_desc_t exportable{};
+  exportable.stype = ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC;
+  exportable.flags = ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF;
+  ze_device_mem_alloc_desc_t desc{};
+  desc.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC;
+  desc.pNext = &exportable;
+  void* page = nullptr;
+  const size_t size = hm::kit::page_size();
+  ze_result_t result = z.zeMemAllocDevice(driver.context, &desc, size, size, device, &page);
+  if (result != ZE_RESULT_SUCCESS)
+    return "zeMemAllocDevice of exportable memory returned " + result_name(result);
+  std::string why;
+  try {
+    driver_dmabuf_fd(driver, page);
+  } catch (const hm::kit::Failure& f) {
+    why = f.message;
+  }
+  z.zeMemFree(driver.context, page);
+  return why;
+}
+
 }  // namespace
 
 std::string Vendor::load(State& s) {
@@ -173,6 +199,11 @@ void Vendor::discover(State& s) {
       hm_capabilities caps = HM_CAP_DEVICE_MEMORY | HM_CAP_PINNED_HOST_MEMORY | HM_CAP_IPC |
                              HM_CAP_HOST_CALLBACK | HM_CAP_EVENT_TIMING;
       if (driver->no_memory_sync.empty()) caps |= HM_CAP_STREAM_MEMOPS;
+      d->no_dmabuf = probe_dmabuf(*driver, d->handle);
+      if (d->no_dmabuf.empty())
+        caps |= HM_CAP_DMABUF_EXPORT;
+      else
+        log(HM_LOG_INFO, d->name + ": no dma-buf export: " + d->no_dmabuf);
       d->capabilities = caps;
       log(HM_LOG_DEBUG,
           d->name + ": compute queue group " + std::to_string(d->compute_ordinal) +

@@ -22,7 +22,8 @@ hm_device_plugin_api make_table() {
                 ZE_MAJOR_VERSION(ZE_API_VERSION_CURRENT), ZE_MINOR_VERSION(ZE_API_VERSION_CURRENT));
   hm_device_plugin_api t = hm::kit::gpu::gpu_plugin_table<l::Vendor>(version);  // "level_zero"
   t.shutdown = l::shutdown;
-  // dmabuf_export / dmabuf_release stay NULL (HM_CAP_DMABUF_EXPORT is clear): README.md, TODO.
+  t.dmabuf_export = l::dmabuf_export;
+  t.dmabuf_release = l::dmabuf_release;
   // get_extension stays NULL: no vendor extensions yet.
   return t;
 }

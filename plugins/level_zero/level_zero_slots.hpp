@@ -38,4 +38,10 @@ struct Vendor : hm::kit::gpu::VendorBase<State, Stream, Event, DeviceScope, IpcN
 // level_zero_devices.cc
 hm_status shutdown();
 
+// level_zero_dmabuf.cc
+hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out);
+hm_status dmabuf_release(const hm_dmabuf* dmabuf);
+// The dma-buf fd the driver answers for the allocation at `base` (the driver's own); fails without.
+int driver_dmabuf_fd(const Driver& driver, const void* base);
+
 }  // namespace hm::level_zero

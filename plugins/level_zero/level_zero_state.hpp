@@ -102,6 +102,7 @@ struct DeviceState : hm::kit::gpu::Device {
   int64_t copy_ordinal = -1;  // a copy-only group, if any: the wait relay reads device words there
   double timer_resolution_ns = 1.0;
   uint32_t timestamp_valid_bits = 64;
+  std::string no_dmabuf;  // why HM_CAP_DMABUF_EXPORT is clear, "" when it is set
 };
 
 class Service;

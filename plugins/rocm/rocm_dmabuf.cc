@@ -5,12 +5,7 @@ namespace hm::rocm {
 
 hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
   return guarded("dmabuf_export", [&] {
-    Memory m = hm::kit::gpu::dmabuf_range<Vendor>(ptr, size, out);
-    const auto start = reinterpret_cast<uintptr_t>(ptr);
-    if (start - m.base + size > m.size)
-      fail(HM_ERR_INVALID_ARGUMENT, "%p + %llu overruns its allocation (%llu bytes at %p)", ptr,
-           static_cast<unsigned long long>(size), static_cast<unsigned long long>(m.size),
-           reinterpret_cast<void*>(m.base));
+    hm::kit::gpu::dmabuf_range<Vendor>(ptr, size, out);
     const HsaDmabuf& hsa = state().hsa;
     int fd = -1;
     uint64_t offset = 0;

@@ -1,7 +1,9 @@
 // The level_zero plugin, wherever it is built. It must load on every machine: without the Level
 // Zero loader or a GPU driver (CI) it reports zero devices with the reason in last_error. Through
 // the host stand-in driver (plugins/level_zero/tools), hetmesh-cts-level_zero-host covers the
-// devices; here: that HM_CAP_STREAM_MEMOPS follows the driver's experimental memory-sync calls.
+// devices; here: that HM_CAP_STREAM_MEMOPS follows the driver's experimental memory-sync calls and
+// HM_CAP_DMABUF_EXPORT its external memory export, and that the plugin itself refuses a copy past
+// its allocation.
 // Level Zero initialises once per process, so each driver setup runs in a child process (this
 // executable again, with the environment the case needs).
 #include "test_support.hpp"
@@ -55,10 +57,8 @@ TEST(LevelZeroPlugin, LoadsAndNegotiatesTheAbi) {
   EXPECT_TRUE(api.shutdown && api.stream_add_callback && api.event_elapsed_ms &&
               api.stream_write_value32 && api.stream_wait_value32 && api.ipc_export &&
               api.ipc_open && api.ipc_close);
-  // dma-buf export is a TODO (README.md), and there are no vendor extensions yet.
-  EXPECT_EQ(api.dmabuf_export, nullptr);
-  EXPECT_EQ(api.dmabuf_release, nullptr);
-  EXPECT_EQ(api.get_extension, nullptr);
+  EXPECT_TRUE(api.dmabuf_export && api.dmabuf_release);
+  EXPECT_EQ(api.get_extension, nullptr);  // no vendor extensions yet
 }
 
 TEST(LevelZeroPlugin, WithoutADriverReportsZeroDevicesAndWhy) {
@@ -95,12 +95,21 @@ TEST(LevelZeroPlugin, ChildReport) {
   if (count > 0) {
     Device device(plugin, 0);
     line += std::string(" memops=") + (device.has(HM_CAP_STREAM_MEMOPS) ? "1" : "0");
+    line += std::string(" dmabuf=") + (device.has(HM_CAP_DMABUF_EXPORT) ? "1" : "0");
     hm_stream stream = nullptr;
     void* word = nullptr;
     ASSERT_EQ(api.stream_create(0, 0, &stream), HM_OK);
     ASSERT_EQ(api.mem_alloc(0, 4096, HM_MEM_PINNED_HOST, &word), HM_OK);
     line += " write=" + std::to_string(api.stream_write_value32(stream, word, 7, 0));
+    // A copy running past the end of a device allocation: refused by the plugin itself (a real
+    // driver may map more than was asked, and not notice).
+    void* memory = nullptr;
+    ASSERT_EQ(api.mem_alloc(0, 4096, HM_MEM_DEVICE, &memory), HM_OK);
+    const hm_status past = api.memcpy_async(stream, static_cast<char*>(memory) + 4080, word, 32);
+    line += " past=" + std::to_string(past) +
+            (contains(api.last_error(), "dst range") ? "/plugin" : "/driver");
     EXPECT_EQ(api.stream_synchronize(stream, HM_TIMEOUT_INFINITE), HM_OK);
+    EXPECT_EQ(api.mem_free(memory), HM_OK);
     EXPECT_EQ(api.stream_destroy(stream), HM_OK);
     EXPECT_EQ(api.mem_free(word), HM_OK);
   }
@@ -109,18 +118,17 @@ TEST(LevelZeroPlugin, ChildReport) {
 
 #ifdef HETMESH_TEST_ZE_HOST_DRIVER
 // The report of a child process whose Level Zero loader finds the stand-in driver.
-std::string child_report(bool withhold_memory_sync) {
+std::string child_report(bool withhold_memory_sync, bool withhold_dmabuf = false) {
   setenv(kChildEnv, "1", 1);
   setenv("ZE_ENABLE_ALT_DRIVERS", HETMESH_TEST_ZE_HOST_DRIVER, 1);
-  if (withhold_memory_sync)
-    setenv("HETMESH_ZE_HOST_NO_MEMORY_SYNC", "1", 1);
-  else
-    unsetenv("HETMESH_ZE_HOST_NO_MEMORY_SYNC");
+  setenv("HETMESH_ZE_HOST_NO_MEMORY_SYNC", withhold_memory_sync ? "1" : "0", 1);
+  setenv("HETMESH_ZE_HOST_NO_DMABUF", withhold_dmabuf ? "1" : "0", 1);
   ProcessResult r = run_process({self_executable(), "--gtest_filter=LevelZeroPlugin.ChildReport"},
                                 std::chrono::milliseconds(60000));
   unsetenv(kChildEnv);
   unsetenv("ZE_ENABLE_ALT_DRIVERS");
   unsetenv("HETMESH_ZE_HOST_NO_MEMORY_SYNC");
+  unsetenv("HETMESH_ZE_HOST_NO_DMABUF");
   EXPECT_EQ(r.exit_code, 0) << r.describe() << "\n" << r.out << r.err;
   const size_t at = r.out.find("REPORT ");
   if (at == std::string::npos) return "no report: " + r.out + r.err;
@@ -128,9 +136,20 @@ std::string child_report(bool withhold_memory_sync) {
 }
 
 TEST(LevelZeroPlugin, StreamMemopsFollowTheDriversMemorySyncCalls) {
-  EXPECT_EQ(child_report(false), "devices=2 memops=1 write=" + std::to_string(HM_OK));
+  const std::string past = " past=" + std::to_string(HM_ERR_INVALID_ARGUMENT) + "/plugin";
+  EXPECT_EQ(child_report(false),
+            "devices=2 memops=1 dmabuf=1 write=" + std::to_string(HM_OK) + past);
   // Without zexCommandListAppendWaitOnMemory(64) the capability is clear and the slot refuses.
-  EXPECT_EQ(child_report(true), "devices=2 memops=0 write=" + std::to_string(HM_ERR_NOT_SUPPORTED));
+  EXPECT_EQ(child_report(true),
+            "devices=2 memops=0 dmabuf=1 write=" + std::to_string(HM_ERR_NOT_SUPPORTED) + past);
+}
+
+// A driver that refuses exportable allocations: HM_CAP_DMABUF_EXPORT is clear, and allocations
+// are made without the export descriptor (else every allocation would fail).
+TEST(LevelZeroPlugin, DmabufExportFollowsTheDriversExternalMemory) {
+  EXPECT_EQ(child_report(false, true),
+            "devices=2 memops=1 dmabuf=0 write=" + std::to_string(HM_OK) +
+                " past=" + std::to_string(HM_ERR_INVALID_ARGUMENT) + "/plugin");
 }
 #endif
 

@@ -43,8 +43,9 @@ struct _ze_device_handle_t {
   int index = 0;
   CUdevice cu = 0;
   CUcontext context = nullptr;
-  CUmodule module = nullptr;  // the timestamp kernel, loaded on first use
+  CUmodule module = nullptr;  // the kernels below, loaded on first use
   CUfunction timestamp = nullptr;
+  CUfunction host_copy = nullptr;
   std::mutex module_mutex;
 };
 struct _ze_command_list_handle_t {
@@ -72,8 +73,10 @@ struct Allocation {
   ze_memory_type_t type = ZE_MEMORY_TYPE_UNKNOWN;
   _ze_device_handle_t* device = nullptr;
   CUmemGenericAllocationHandle handle = 0;
-  int export_fd = -1;     // made by the first zeMemGetIpcHandle, closed by zeMemFree
-  bool imported = false;  // mapped by zeMemOpenIpcHandle
+  int export_fd = -1;       // made by the first zeMemGetIpcHandle, closed by zeMemFree
+  bool imported = false;    // mapped by zeMemOpenIpcHandle
+  bool exportable = false;  // allocated with a dma-buf export descriptor
+  int dmabuf_fd = -1;       // made by the first export query, closed by zeMemFree
 };
 
 struct Driver {
@@ -342,6 +345,20 @@ ze_result_t ZE_APICALL DevicePciGetPropertiesExt(ze_device_handle_t d, ze_pci_ex
 
 // ---- memory ----
 
+// Whether a device allocation's pNext asks for dma-buf export (the only extension taken).
+ze_result_t export_request(const void* pNext, bool* exportable) {
+  for (auto* next = static_cast<const ze_base_desc_t*>(pNext); next != nullptr;
+       next = static_cast<const ze_base_desc_t*>(next->pNext)) {
+    if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC)
+      return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+    if (reinterpret_cast<const ze_external_memory_export_desc_t*>(next)->flags !=
+        ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF)
+      return ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION;
+    *exportable = true;
+  }
+  return ZE_RESULT_SUCCESS;
+}
+
 CUmemAllocationProp allocation_properties(const _ze_device_handle_t* d) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -394,8 +411,12 @@ ze_result_t ZE_APICALL MemAllocDevice(ze_context_handle_t c, const ze_device_mem
   if (desc == nullptr || out == nullptr) return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
   if (size == 0) return ZE_RESULT_ERROR_UNSUPPORTED_SIZE;
   if (alignment & (alignment - 1)) return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
+  bool exportable = false;
+  if (ze_result_t r = export_request(desc->pNext, &exportable); r != ZE_RESULT_SUCCESS) return r;
   if (ze_result_t r = current(d); r != ZE_RESULT_SUCCESS) return r;
   CUmemAllocationProp prop = allocation_properties(d);
+  // A dma-buf of VMM memory is for RDMA NICs: the allocation must be made for GPUDirect RDMA.
+  if (exportable) prop.allocFlags.gpuDirectRDMACapable = 1;
   size_t granularity = 0;
   ZOC_TRY(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   size_t bytes = round_up(size, std::max(granularity, alignment));
@@ -412,6 +433,7 @@ ze_result_t ZE_APICALL MemAllocDevice(ze_context_handle_t c, const ze_device_mem
   a.type = ZE_MEMORY_TYPE_DEVICE;
   a.device = d;
   a.handle = handle;
+  a.exportable = exportable;
   std::lock_guard lock(g_driver->mutex);
   g_driver->allocations[reinterpret_cast<uintptr_t>(ptr)] = a;
   *out = ptr;
@@ -444,6 +466,7 @@ ze_result_t release(void* ptr, const Allocation& a) {
   if (ze_result_t r = current(a.device); r != ZE_RESULT_SUCCESS) return r;
   unmap_handle(ptr, a.mapped);
   if (a.export_fd >= 0) close(a.export_fd);
+  if (a.dmabuf_fd >= 0) close(a.dmabuf_fd);
   return ze_error(cuMemRelease(a.handle));
 }
 
@@ -474,6 +497,24 @@ ze_result_t ZE_APICALL MemGetAllocProperties(ze_context_handle_t c, const void* 
   p->pageSize = 0;
   if (device != nullptr) *device = nullptr;
   if (it == g_driver->allocations.end()) return ZE_RESULT_SUCCESS;
+  // The dma-buf of memory allocated exportable, kept by the driver as Intel's keeps its fd.
+  for (auto* next = static_cast<ze_base_properties_t*>(p->pNext); next != nullptr;
+       next = static_cast<ze_base_properties_t*>(next->pNext)) {
+    if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_FD) continue;
+    auto* out = reinterpret_cast<ze_external_memory_export_fd_t*>(next);
+    Allocation& a = it->second;
+    if (out->flags != ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF)
+      return ZE_RESULT_ERROR_INVALID_ENUMERATION;
+    if (!a.exportable) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    if (a.dmabuf_fd < 0) {
+      if (ze_result_t r = current(a.device); r != ZE_RESULT_SUCCESS) return r;
+      int fd = -1;
+      ZOC_TRY(cuMemGetHandleForAddressRange(&fd, static_cast<CUdeviceptr>(it->first), a.mapped,
+                                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+      a.dmabuf_fd = fd;
+    }
+    out->fd = a.dmabuf_fd;
+  }
   p->type = it->second.type;
   p->id = it->first;
   p->pageSize = it->second.type == ZE_MEMORY_TYPE_DEVICE ? it->second.mapped : 4096;
@@ -657,6 +698,80 @@ ze_result_t ZE_APICALL EventHostReset(ze_event_handle_t event) {
   return ZE_RESULT_SUCCESS;
 }
 
+// ---- kernels ----
+
+// hm_ze_timestamp: one thread stores %globaltimer (ns) at dst. hm_ze_host_copy: copies n bytes
+// between device-mapped host buffers, a byte per thread and step. PTX the driver compiles for the
+// GPU it runs on.
+constexpr char kKernelsPtx[] = R"(
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry hm_ze_timestamp(.param .u64 dst)
+{
+  .reg .b64 %rd<3>;
+  ld.param.u64 %rd1, [dst];
+  mov.u64 %rd2, %globaltimer;
+  st.u64 [%rd1], %rd2;
+  ret;
+}
+.visible .entry hm_ze_host_copy(.param .u64 dst, .param .u64 src, .param .u64 n)
+{
+  .reg .pred %p;
+  .reg .b32 %r<6>;
+  .reg .b64 %rd<9>;
+  ld.param.u64 %rd1, [dst];
+  ld.param.u64 %rd2, [src];
+  ld.param.u64 %rd3, [n];
+  mov.u32 %r1, %ctaid.x;
+  mov.u32 %r2, %ntid.x;
+  mov.u32 %r3, %tid.x;
+  mov.u32 %r4, %nctaid.x;
+  cvt.u64.u32 %rd4, %r3;
+  mad.wide.u32 %rd4, %r1, %r2, %rd4;
+  mul.wide.u32 %rd5, %r4, %r2;
+LOOP:
+  setp.ge.u64 %p, %rd4, %rd3;
+  @%p bra DONE;
+  add.u64 %rd6, %rd2, %rd4;
+  ld.u8 %r5, [%rd6];
+  add.u64 %rd7, %rd1, %rd4;
+  st.u8 [%rd7], %r5;
+  add.u64 %rd4, %rd4, %rd5;
+  bra LOOP;
+DONE:
+  ret;
+}
+)";
+
+ze_result_t load_kernels(_ze_device_handle_t* d) {
+  std::lock_guard lock(d->module_mutex);
+  if (d->module == nullptr) {
+    CUmodule module = nullptr;
+    ZOC_TRY(cuModuleLoadData(&module, kKernelsPtx));
+    if (cuModuleGetFunction(&d->timestamp, module, "hm_ze_timestamp") != CUDA_SUCCESS ||
+        cuModuleGetFunction(&d->host_copy, module, "hm_ze_host_copy") != CUDA_SUCCESS) {
+      cuModuleUnload(module);
+      return ZE_RESULT_ERROR_UNKNOWN;
+    }
+    d->module = module;
+  }
+  return ZE_RESULT_SUCCESS;
+}
+
+ze_result_t launch_host_copy(ze_command_list_handle_t list, void* dst, const void* src,
+                             size_t size) {
+  if (ze_result_t r = load_kernels(list->device); r != ZE_RESULT_SUCCESS) return r;
+  CUdeviceptr to = device_address(dst), from = device_address(src);
+  uint64_t n = size;
+  void* params[] = {&to, &from, &n};
+  constexpr unsigned kThreads = 256;
+  auto blocks = static_cast<unsigned>(std::min<uint64_t>((n + kThreads - 1) / kThreads, 1024));
+  ZOC_TRY(cuLaunchKernel(list->device->host_copy, blocks, 1, 1, kThreads, 1, 1, 0, list->stream,
+                         params, nullptr));
+  return ZE_RESULT_SUCCESS;
+}
+
 // ---- command lists: CUDA streams ----
 
 ze_result_t ZE_APICALL CommandListCreateImmediate(ze_context_handle_t c, ze_device_handle_t d,
@@ -701,14 +816,31 @@ ze_result_t finish(ze_command_list_handle_t list, ze_event_handle_t event) {
   return ze_error(cuStreamWriteValue32(list->stream, device_address(event->word), 1, 0));
 }
 
+// Both ends in host memory of this driver (zeMemAllocHost): CUDA would copy host to host on the
+// calling thread once the stream got there (its host-to-host copies are synchronous), which
+// deadlocks a caller that releases the stream only after enqueueing; Intel's copy is asynchronous.
+bool host_to_host(const void* dst, const void* src, size_t size) {
+  std::lock_guard lock(g_driver->mutex);
+  for (const void* p : {dst, src}) {
+    auto it = find_locked(p);
+    if (it == g_driver->allocations.end() || it->second.type != ZE_MEMORY_TYPE_HOST ||
+        reinterpret_cast<uintptr_t>(p) + size > it->first + it->second.size)
+      return false;
+  }
+  return true;
+}
+
 ze_result_t ZE_APICALL CommandListAppendMemoryCopy(ze_command_list_handle_t list, void* dst,
                                                    const void* src, size_t size,
                                                    ze_event_handle_t signal, uint32_t waits,
                                                    ze_event_handle_t* events) {
   if (dst == nullptr || src == nullptr) return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
   if (ze_result_t r = begin(list, waits, events); r != ZE_RESULT_SUCCESS) return r;
-  if (size > 0)
+  if (size > 0 && host_to_host(dst, src, size)) {
+    if (ze_result_t r = launch_host_copy(list, dst, src, size); r != ZE_RESULT_SUCCESS) return r;
+  } else if (size > 0) {
     ZOC_TRY(cuMemcpyAsync(device_address(dst), device_address(src), size, list->stream));
+  }
   return finish(list, signal);
 }
 
@@ -751,31 +883,6 @@ ze_result_t ZE_APICALL CommandListAppendEventReset(ze_command_list_handle_t list
   return ze_error(cuStreamWriteValue32(list->stream, device_address(event->word), 0, 0));
 }
 
-// One thread stores %globaltimer (ns) at dst: PTX the driver compiles for the GPU it runs on.
-constexpr char kTimestampPtx[] = R"(
-.version 7.0
-.target sm_70
-.address_size 64
-.visible .entry hm_ze_timestamp(.param .u64 dst)
-{
-  .reg .b64 %rd<3>;
-  ld.param.u64 %rd1, [dst];
-  mov.u64 %rd2, %globaltimer;
-  st.u64 [%rd1], %rd2;
-  ret;
-}
-)";
-
-ze_result_t timestamp_kernel(_ze_device_handle_t* d, CUfunction* out) {
-  std::lock_guard lock(d->module_mutex);
-  if (d->timestamp == nullptr) {
-    ZOC_TRY(cuModuleLoadData(&d->module, kTimestampPtx));
-    ZOC_TRY(cuModuleGetFunction(&d->timestamp, d->module, "hm_ze_timestamp"));
-  }
-  *out = d->timestamp;
-  return ZE_RESULT_SUCCESS;
-}
-
 ze_result_t ZE_APICALL CommandListAppendWriteGlobalTimestamp(ze_command_list_handle_t list,
                                                              uint64_t* dst,
                                                              ze_event_handle_t signal,
@@ -783,11 +890,11 @@ ze_result_t ZE_APICALL CommandListAppendWriteGlobalTimestamp(ze_command_list_han
                                                              ze_event_handle_t* events) {
   if (dst == nullptr) return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
   if (ze_result_t r = begin(list, waits, events); r != ZE_RESULT_SUCCESS) return r;
-  CUfunction kernel = nullptr;
-  if (ze_result_t r = timestamp_kernel(list->device, &kernel); r != ZE_RESULT_SUCCESS) return r;
+  if (ze_result_t r = load_kernels(list->device); r != ZE_RESULT_SUCCESS) return r;
   CUdeviceptr address = device_address(dst);
   void* params[] = {&address};
-  ZOC_TRY(cuLaunchKernel(kernel, 1, 1, 1, 1, 1, 1, 0, list->stream, params, nullptr));
+  ZOC_TRY(
+      cuLaunchKernel(list->device->timestamp, 1, 1, 1, 1, 1, 1, 0, list->stream, params, nullptr));
   return finish(list, signal);
 }
 

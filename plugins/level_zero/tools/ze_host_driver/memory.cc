@@ -141,6 +141,22 @@ std::string memfd_name(uint64_t nonce, uint64_t serial) {
   return name;
 }
 
+// What a device allocation's pNext asks: only a dma-buf export, which
+// HETMESH_ZE_HOST_NO_DMABUF=1 makes the driver refuse (the plugin's "capability off" path).
+static ze_result_t export_request(const void* pNext, bool& exportable) {
+  for (auto* next = static_cast<const ze_base_desc_t*>(pNext); next != nullptr;
+       next = static_cast<const ze_base_desc_t*>(next->pNext)) {
+    if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC)
+      return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+    const auto* desc = reinterpret_cast<const ze_external_memory_export_desc_t*>(next);
+    const char* off = std::getenv("HETMESH_ZE_HOST_NO_DMABUF");  // read at each allocation
+    if (desc->flags != ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF || (off != nullptr && off[0] == '1'))
+      return ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION;
+    exportable = true;
+  }
+  return ZE_RESULT_SUCCESS;
+}
+
 ze_result_t ZE_APICALL MemAllocDevice(ze_context_handle_t context,
                                       const ze_device_mem_alloc_desc_t* desc, size_t size,
                                       size_t alignment, ze_device_handle_t device_handle,
@@ -153,6 +169,8 @@ ze_result_t ZE_APICALL MemAllocDevice(ze_context_handle_t context,
     if (size == 0) return ZE_RESULT_ERROR_UNSUPPORTED_SIZE;
     if (alignment != 0 && !power_of_two(alignment)) return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
     if (size > kDeviceMemoryBytes) return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
+    bool exportable = false;
+    if (auto r = export_request(desc->pNext, exportable); r != ZE_RESULT_SUCCESS) return r;
     const size_t mapped = round_up(size, page_size());
     // The device's 16 GiB is a budget, not a reservation: memfd pages are only used when touched.
     uint64_t used = device->allocated_bytes.load();
@@ -167,6 +185,7 @@ ze_result_t ZE_APICALL MemAllocDevice(ze_context_handle_t context,
     alloc->device = device;
     alloc->context = context;
     alloc->serial = next_serial();
+    alloc->exportable = exportable;
     auto give_back = [&](ze_result_t r) {
       device->allocated_bytes.fetch_sub(mapped);
       return r;
@@ -241,6 +260,17 @@ ze_result_t ZE_APICALL MemGetAllocProperties(ze_context_handle_t context, const 
       properties->pageSize = 0;
       if (device != nullptr) *device = nullptr;
       return ZE_RESULT_SUCCESS;
+    }
+    // The dma-buf of memory allocated exportable: its memfd, kept by the driver as Intel's keeps
+    // its fd (a memfd is no dma-buf, but lseek and mmap answer as one of host memory would).
+    for (auto* next = static_cast<ze_base_properties_t*>(properties->pNext); next != nullptr;
+         next = static_cast<ze_base_properties_t*>(next->pNext)) {
+      if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_FD) continue;
+      auto* out = reinterpret_cast<ze_external_memory_export_fd_t*>(next);
+      if (out->flags != ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF)
+        return ZE_RESULT_ERROR_INVALID_ENUMERATION;
+      if (!alloc->exportable) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+      out->fd = alloc->fd;
     }
     properties->type =
         alloc->kind == AllocKind::kHost ? ZE_MEMORY_TYPE_HOST : ZE_MEMORY_TYPE_DEVICE;

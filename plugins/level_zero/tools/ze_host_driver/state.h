@@ -127,7 +127,8 @@ struct Allocation {
   int fd = -1;        // the memfd (device, imported); -1 for host memory
   Device* device = nullptr;
   const void* context = nullptr;
-  uint64_t serial = 0;  // unique in this process; part of the memfd's name
+  uint64_t serial = 0;      // unique in this process; part of the memfd's name
+  bool exportable = false;  // allocated with a dma-buf export descriptor
   ~Allocation();
 };
 

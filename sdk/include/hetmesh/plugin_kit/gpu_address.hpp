@@ -40,6 +40,22 @@ Memory classify(const void* ptr) {
   return V::classify_foreign(ptr);
 }
 
+// Fails if [ptr, ptr+size) starts in memory of the plugin's own table and runs past its end (the
+// table holds sizes as requested; the runtime may map more, a VMM allocation whole granules, and
+// then would not notice). Memory the table does not know is the runtime's to check.
+template <typename V>
+void check_known_range(const void* ptr, uint64_t size, const char* what) {
+  auto hit = V::state().table.find(ptr);
+  if (!hit) return;
+  uint64_t offset = reinterpret_cast<uintptr_t>(ptr) - hit->base;
+  if (size > hit->allocation.size - offset)
+    fail(HM_ERR_INVALID_ARGUMENT,
+         "%s range %p+%llu overruns its allocation (%llu bytes at offset %llu)", what, ptr,
+         static_cast<unsigned long long>(size),
+         static_cast<unsigned long long>(hit->allocation.size),
+         static_cast<unsigned long long>(offset));
+}
+
 // What the runtime says of a pointer the plugin did not allocate: `kind` is HM_MEM_DEVICE (kept
 // only on one of the plugin's `devices`), HM_MEM_PINNED_HOST (of the runtime's device `ordinal` if
 // it is one of ours, else device 0) or HM_MEM_UNKNOWN (managed memory included).
@@ -63,8 +79,8 @@ inline Memory foreign_memory(int32_t kind, int ordinal, size_t devices, uintptr_
   return m;
 }
 
-// A dma-buf range: page-aligned, starting in device memory of a device with
-// HM_CAP_DMABUF_EXPORT. Whether it overruns the allocation is the runtime's to say.
+// A dma-buf range: page-aligned, inside one allocation of device memory of a device with
+// HM_CAP_DMABUF_EXPORT.
 template <typename V>
 Memory dmabuf_range(const void* ptr, uint64_t size, const hm_dmabuf* out) {
   require_struct(out, HM_DMABUF_SIZE_V1, "out");
@@ -77,6 +93,10 @@ Memory dmabuf_range(const void* ptr, uint64_t size, const hm_dmabuf* out) {
   if (size == 0 || start % page != 0 || size % page != 0)
     fail(HM_ERR_INVALID_ARGUMENT, "dma-buf ranges must be page-aligned: %p + %llu (page size %llu)",
          ptr, static_cast<unsigned long long>(size), static_cast<unsigned long long>(page));
+  if (start - m.base + size > m.size)
+    fail(HM_ERR_INVALID_ARGUMENT, "%p + %llu overruns its allocation (%llu bytes at %p)", ptr,
+         static_cast<unsigned long long>(size), static_cast<unsigned long long>(m.size),
+         reinterpret_cast<void*>(m.base));
   return m;
 }
 

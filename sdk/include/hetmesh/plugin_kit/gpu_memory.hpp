@@ -77,6 +77,8 @@ hm_status memcpy_async(hm_stream stream, void* dst, const void* src, uint64_t si
     auto& s = stream_of<typename V::Stream>(stream);
     if (size == 0) return;
     if (dst == nullptr || src == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "dst or src is NULL");
+    check_known_range<V>(dst, size, "dst");
+    check_known_range<V>(src, size, "src");
     typename V::Scope scope(s.device);
     // Unified addressing: the runtime finds each side's memory (any device, pinned, registered or
     // pageable host memory) and picks the direction, a peer copy included.
@@ -101,6 +103,7 @@ hm_status memset_async(hm_stream stream, void* dst, int32_t value, uint64_t size
     auto& s = stream_of<typename V::Stream>(stream);
     if (size == 0) return;
     if (dst == nullptr) fail(HM_ERR_INVALID_ARGUMENT, "dst is NULL");
+    check_known_range<V>(dst, size, "dst");
     Memory m = classify<V>(dst);
     typename V::Scope scope(s.device);
     if (m.kind != HM_MEM_UNKNOWN && !m.host) {
@@ -131,7 +134,18 @@ hm_status host_register(void* ptr, uint64_t size) {
     a.kind = HM_MEM_REGISTERED_HOST;
     a.device = 0;
     a.host = true;
-    a.device_address = V::register_host(0, ptr, size);
+    // Memory another user of the runtime in this process pinned (a framework's pinned tensor, or
+    // a second plugin over the same driver) is reachable as it is, and the runtime would refuse
+    // to register it again: it is recorded, and host_unregister leaves it pinned.
+    if (Memory pinned = V::classify_foreign(ptr); pinned.kind == HM_MEM_PINNED_HOST) {
+      if (size > pinned.size - (reinterpret_cast<uintptr_t>(ptr) - pinned.base))
+        fail(HM_ERR_INVALID_ARGUMENT,
+             "[%p, +%llu) starts in memory the runtime pinned already and runs past its end", ptr,
+             static_cast<unsigned long long>(size));
+      a.adopted = true;
+    } else {
+      a.device_address = V::register_host(0, ptr, size);
+    }
     s.table.insert(ptr, a);
   });
 }
@@ -145,6 +159,7 @@ hm_status host_unregister(void* ptr) {
         hit->allocation.kind != HM_MEM_REGISTERED_HOST)
       fail(HM_ERR_INVALID_ARGUMENT, "%p was not registered with host_register", ptr);
     s.table.erase(ptr);
+    if (hit->allocation.adopted) return;
     typename V::Scope scope(hit->allocation.device);
     V::unregister_host(ptr);
   });

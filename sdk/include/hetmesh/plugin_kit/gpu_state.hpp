@@ -34,6 +34,7 @@ struct Allocation {
   int fd = -1;                  // memfd behind pinned memory (the exporter's or our mapping's)
   uint64_t mapped = 0;          // bytes mmap()ed by the plugin (memfd-backed memory), else 0
   uint32_t ipc_opens = 1;       // an IPC mapping: the ipc_open calls the runtime answered with it
+  bool adopted = false;  // registered host memory the runtime had pinned already: left pinned
 };
 
 // `D`: the plugin's DeviceState, derived from Device.
