@@ -53,6 +53,14 @@ class AllocationTable {
     return hit;
   }
 
+  // True if [address, address+size) shares a byte with any allocation.
+  bool overlaps(const void* address, uint64_t size) const {
+    if (find(address)) return true;
+    std::shared_lock lock(mutex_);
+    auto next = by_base_.upper_bound(key(address));
+    return next != by_base_.end() && next->first - key(address) < size;
+  }
+
   size_t count() const {
     std::shared_lock lock(mutex_);
     return by_base_.size();

@@ -40,13 +40,14 @@ Memory classify(const void* ptr) {
   return V::classify_foreign(ptr);
 }
 
-// Fails if [ptr, ptr+size) starts in memory of the plugin's own table and runs past its end (the
-// table holds sizes as requested; the runtime may map more, a VMM allocation whole granules, and
-// then would not notice). Memory the table does not know is the runtime's to check.
+// Fails if [ptr, ptr+size) starts in device memory of the plugin's own table and runs past its end
+// (the table holds sizes as requested; the runtime may map more, a VMM allocation whole granules,
+// and then would not notice). Host memory may run on into plain host memory, which copies take;
+// memory the table does not know is the runtime's to check.
 template <typename V>
 void check_known_range(const void* ptr, uint64_t size, const char* what) {
   auto hit = V::state().table.find(ptr);
-  if (!hit) return;
+  if (!hit || hit->allocation.host) return;
   uint64_t offset = reinterpret_cast<uintptr_t>(ptr) - hit->base;
   if (size > hit->allocation.size - offset)
     fail(HM_ERR_INVALID_ARGUMENT,
@@ -93,7 +94,7 @@ Memory dmabuf_range(const void* ptr, uint64_t size, const hm_dmabuf* out) {
   if (size == 0 || start % page != 0 || size % page != 0)
     fail(HM_ERR_INVALID_ARGUMENT, "dma-buf ranges must be page-aligned: %p + %llu (page size %llu)",
          ptr, static_cast<unsigned long long>(size), static_cast<unsigned long long>(page));
-  if (start - m.base + size > m.size)
+  if (size > m.size - (start - m.base))
     fail(HM_ERR_INVALID_ARGUMENT, "%p + %llu overruns its allocation (%llu bytes at %p)", ptr,
          static_cast<unsigned long long>(size), static_cast<unsigned long long>(m.size),
          reinterpret_cast<void*>(m.base));

@@ -126,7 +126,7 @@ hm_status host_register(void* ptr, uint64_t size) {
            s.no_device_reason.c_str());
     require(*s.devices[0], HM_CAP_HOST_REGISTER, "host_register");
     if (ptr == nullptr || size == 0) fail(HM_ERR_INVALID_ARGUMENT, "empty range");
-    if (s.table.find(ptr) || s.table.find(static_cast<char*>(ptr) + size - 1))
+    if (s.table.overlaps(ptr, size))
       fail(HM_ERR_INVALID_ARGUMENT, "[%p, +%llu) overlaps memory this plugin already knows", ptr,
            static_cast<unsigned long long>(size));
     Allocation a;
@@ -136,9 +136,11 @@ hm_status host_register(void* ptr, uint64_t size) {
     a.host = true;
     // Memory another user of the runtime in this process pinned (a framework's pinned tensor, or
     // a second plugin over the same driver) is reachable as it is, and the runtime would refuse
-    // to register it again: it is recorded, and host_unregister leaves it pinned.
+    // to register it again: it is recorded, and host_unregister leaves it pinned. It stays
+    // reachable only while that user keeps it pinned.
     if (Memory pinned = V::classify_foreign(ptr); pinned.kind == HM_MEM_PINNED_HOST) {
-      if (size > pinned.size - (reinterpret_cast<uintptr_t>(ptr) - pinned.base))
+      const auto start = reinterpret_cast<uintptr_t>(ptr);
+      if (start < pinned.base || size > pinned.size - (start - pinned.base))
         fail(HM_ERR_INVALID_ARGUMENT,
              "[%p, +%llu) starts in memory the runtime pinned already and runs past its end", ptr,
              static_cast<unsigned long long>(size));
