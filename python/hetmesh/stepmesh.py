@@ -221,6 +221,7 @@ def _bytes(tensor):
 _LAYOUT = b"hetmesh.stepmesh.layout:"
 _MAX_LAYOUTS = 4096  # an A's layouts known at once (more: it says them again)
 _MAX_TRACES = 4096  # round trips fetch_trace still knows
+_MAX_VIEWS = 64  # places one layout of one A has views kept for
 
 
 def _layout_of(tensors, keys) -> tuple:
@@ -497,6 +498,10 @@ class _Server:
         self.layouts: dict[int, dict[int, list]] = {}
         self.refused: dict[int, str] = {}  # A rank -> why its last malformed layout was dropped
         self.rows: dict[tuple, Any] = {}  # (mb, tensor name) -> the row space as 1-D bytes
+        # (A rank, layout number) -> (that layout, {(mb, row offset, sizes): (tensors, keys)}):
+        # the views a part's bytes made, made again only for a new layout, place or size (three
+        # torch calls a tensor cost more than the rest of a round trip's Python here).
+        self.views: dict[tuple, tuple] = {}
         self.next_handler = 1
         self.parts: dict[int, tuple] = {}  # handler -> (batch, part index)
         # (micro-batch, A rank) -> the tensor its last answer is sent from: held until that slot's
@@ -547,11 +552,27 @@ class _Server:
                                f"get_batch: attention {part.rank} pushed layout {part.tag}, "
                                f"which it never said"
                                + (f" (the last it said and was refused: {last})" if last else ""))
+        sizes = tuple(part.rows("tokens" if i == 0 else f"push{i}") for i in range(len(layout)))
+        made = self.views.get((part.rank, part.tag))
+        if made is None or made[0] is not layout:
+            if len(self.views) >= _MAX_LAYOUTS:
+                self.views.clear()
+            made = self.views[(part.rank, part.tag)] = (layout, {})
+        place = (batch.micro_batch, part.row_offset, sizes)
+        views = made[1].get(place)
+        if views is None:
+            views = self.make_views(batch.micro_batch, part, layout, sizes)
+            if len(made[1]) >= _MAX_VIEWS:
+                made[1].clear()
+            made[1][place] = views
+        return list(views[0]), list(views[1])
+
+    def make_views(self, mb: int, part, layout: list, sizes: tuple) -> tuple[list, list]:
         tensors = []
         for i, (key, dtype, trailing, dims, first) in enumerate(layout):
             name = "tokens" if i == 0 else f"push{i}"
-            size = part.rows(name)
-            data = self.row_space(batch.micro_batch, name)[part.row_offset:part.row_offset + size]
+            size = sizes[i]
+            data = self.row_space(mb, name)[part.row_offset:part.row_offset + size]
             try:
                 data = data.view(dtype)
                 tensors.append(data.view(()) if dims == 0 else data.view(first, *trailing))
