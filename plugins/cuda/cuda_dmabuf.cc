@@ -1,9 +1,7 @@
-// The cuda plugin's dma-buf slots: fds for RDMA NICs (cuMemGetHandleForAddressRange) over
-// page-aligned ranges of one device allocation.
+// The cuda plugin's dma-buf export: fds for RDMA NICs (cuMemGetHandleForAddressRange) over
+// page-aligned ranges of one device allocation, released by the kit's close_dmabuf.
 #include "cuda_slots.hpp"
 #include "cuda_state.hpp"
-
-#include <unistd.h>
 
 #include <cstdint>
 
@@ -26,14 +24,6 @@ hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
     out->fd = fd;
     out->offset = 0;
     out->length = size;
-  });
-}
-
-hm_status dmabuf_release(const hm_dmabuf* dmabuf) {
-  return guarded("dmabuf_release", [&] {
-    hm::kit::require_struct(dmabuf, HM_DMABUF_SIZE_V1, "dmabuf");
-    if (dmabuf->fd < 0 || close(dmabuf->fd) != 0)
-      fail(HM_ERR_INVALID_ARGUMENT, "fd %d is not open", dmabuf->fd);
   });
 }
 

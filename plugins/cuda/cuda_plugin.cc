@@ -51,7 +51,7 @@ hm_device_plugin_api make_table() {
   hm_device_plugin_api t = hm::kit::gpu::gpu_plugin_table<Vendor>(version);  // named "cuda"
   t.shutdown = shutdown;
   t.dmabuf_export = dmabuf_export;
-  t.dmabuf_release = dmabuf_release;
+  t.dmabuf_release = hm::kit::gpu::close_dmabuf;
   t.get_extension = get_extension;
   return t;
 }

@@ -30,6 +30,5 @@ hm_status shutdown();
 
 // cuda_dmabuf.cc
 hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out);
-hm_status dmabuf_release(const hm_dmabuf* dmabuf);
 
 }  // namespace hm::cuda

@@ -2,11 +2,10 @@
 // ze_external_memory_export_desc_t (DMA_BUF), and zeMemGetAllocProperties with a
 // ze_external_memory_export_fd_t answers the allocation's dma-buf. The driver keeps that fd
 // (compute-runtime caches it with the allocation, as for IPC), so the caller gets a duplicate,
-// which dmabuf_release closes.
+// which the kit's close_dmabuf closes.
 #include "level_zero_slots.hpp"
 
 #include <fcntl.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -40,14 +39,6 @@ hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out) {
     out->fd = fd;
     out->offset = reinterpret_cast<uintptr_t>(ptr) - m.base;
     out->length = size;
-  });
-}
-
-hm_status dmabuf_release(const hm_dmabuf* dmabuf) {
-  return guarded("dmabuf_release", [&] {
-    hm::kit::require_struct(dmabuf, HM_DMABUF_SIZE_V1, "dmabuf");
-    if (dmabuf->fd < 0 || close(dmabuf->fd) != 0)
-      fail(HM_ERR_INVALID_ARGUMENT, "fd %d is not open", dmabuf->fd);
   });
 }
 

@@ -23,7 +23,7 @@ hm_device_plugin_api make_table() {
   hm_device_plugin_api t = hm::kit::gpu::gpu_plugin_table<l::Vendor>(version);  // "level_zero"
   t.shutdown = l::shutdown;
   t.dmabuf_export = l::dmabuf_export;
-  t.dmabuf_release = l::dmabuf_release;
+  t.dmabuf_release = hm::kit::gpu::close_dmabuf;
   // get_extension stays NULL: no vendor extensions yet.
   return t;
 }

@@ -40,7 +40,6 @@ hm_status shutdown();
 
 // level_zero_dmabuf.cc
 hm_status dmabuf_export(const void* ptr, uint64_t size, hm_dmabuf* out);
-hm_status dmabuf_release(const hm_dmabuf* dmabuf);
 // The dma-buf fd the driver answers for the allocation at `base` (the driver's own); fails without.
 int driver_dmabuf_fd(const Driver& driver, const void* base);
 

@@ -9,6 +9,8 @@
 
 #include <hetmesh/device_plugin.h>
 
+#include <unistd.h>
+
 #include <cstdint>
 
 namespace hm::kit::gpu {
@@ -99,6 +101,16 @@ Memory dmabuf_range(const void* ptr, uint64_t size, const hm_dmabuf* out) {
          static_cast<unsigned long long>(size), static_cast<unsigned long long>(m.size),
          reinterpret_cast<void*>(m.base));
   return m;
+}
+
+// dmabuf_release for plugins whose dma-buf is a descriptor of the caller's own (cuda's, and
+// level_zero's duplicate): closed here.
+inline hm_status close_dmabuf(const hm_dmabuf* dmabuf) {
+  return guarded("dmabuf_release", [&] {
+    require_struct(dmabuf, HM_DMABUF_SIZE_V1, "dmabuf");
+    if (dmabuf->fd < 0 || close(dmabuf->fd) != 0)
+      fail(HM_ERR_INVALID_ARGUMENT, "fd %d is not open", dmabuf->fd);
+  });
 }
 
 }  // namespace hm::kit::gpu
