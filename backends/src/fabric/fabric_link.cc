@@ -245,7 +245,7 @@ void FabricLink::retire_locked() {
   while (!pending_.empty() && pending_.front().ops == 0) {
     TransportEvent done{TransportEvent::Type::write_done, id_};
     done.cookie = pending_.front().cookie;
-    shared_->events.push(std::move(done));
+    shared_->raise(std::move(done));
     pending_.pop_front();
   }
 }
@@ -272,7 +272,7 @@ void FabricLink::received_locked(const MessageHeader& h, uint64_t bytes) {
   if (h.flags & kNotify) {
     TransportEvent note{TransportEvent::Type::notification, id_};
     note.value = h.value;
-    shared_->events.push(std::move(note));
+    shared_->raise(std::move(note));
   }
 }
 
@@ -299,14 +299,14 @@ void FabricLink::fail_locked(const std::string& reason, hm_status status) {
     done.cookie = p.cookie;
     done.status = status;
     done.message = message;
-    shared_->events.push(std::move(done));
+    shared_->raise(std::move(done));
   }
   pending_.clear();
   if (!closing_) {
     TransportEvent lost{TransportEvent::Type::peer_lost, id_};
     lost.status = kStatusPeerLost;
     lost.message = message;
-    shared_->events.push(std::move(lost));
+    shared_->raise(std::move(lost));
   }
   socket_.shutdown();
 }
@@ -344,7 +344,7 @@ void FabricLink::receive() {
       TransportEvent control{TransportEvent::Type::control, id_};
       control.payload.resize(frame.length);
       recv_all(socket_.get(), control.payload.data(), frame.length, "control payload");
-      shared_->events.push(std::move(control));
+      shared_->raise(std::move(control));
     }
   } catch (const Error& e) {
     if (!closing_) lose(e.what());
@@ -353,7 +353,8 @@ void FabricLink::receive() {
 
 void FabricLink::lose(const std::string& reason) {
   // What the peer sent on the fabric before its socket ended is delivered before its loss: the
-  // progress thread takes two more turns (a bounded wait: it turns at least every few ms).
+  // completion queue's reader (the progress thread, or a caller of poll()) finishes two more
+  // reads (a bounded wait: one comes at least every few ms).
   const uint64_t turn = shared_->turns.load();
   const auto until = Clock::now() + std::chrono::milliseconds(200);
   while (shared_->turns.load() < turn + 2 && Clock::now() < until) {

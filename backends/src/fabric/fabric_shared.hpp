@@ -3,11 +3,13 @@
 //
 // One lock, `progress_mutex`, serialises the fabric calls that post and reap operations (a poster
 // posts at once when it can, the progress thread reaps and posts what had to wait) and guards
-// every link's operation state. Only fi_cq_sread runs outside it (the provider is FI_THREAD_SAFE),
-// so that the progress thread sleeps in the provider when nothing moves.
+// every link's operation state. Only the reads of the completion queue run outside it (the
+// provider is FI_THREAD_SAFE), so that its reader sleeps in the provider when nothing moves; what
+// they return is handled under it.
 #pragma once
 
 #include "common/event_queue.hpp"
+#include "common/spin_window.hpp"
 #include "common/staging.hpp"
 #include "fabric/fabric_endpoint.hpp"
 #include "fabric/fabric_wire.hpp"
@@ -147,12 +149,28 @@ struct FabricShared {
   std::vector<FabricOp> receive_ops;
   std::vector<uint32_t> unposted_receives;
 
-  // The progress thread's turns (a link that lost its socket lets it finish one, so that what
-  // the peer sent before it went is delivered first), and whether it sleeps in fi_cq_sread.
+  // The completion queue's reads, by either reader (a link that lost its socket lets two more
+  // finish, so that what the peer sent before it went is delivered first), and whether the
+  // progress thread sleeps in fi_cq_sread.
   std::atomic<uint64_t> turns{0};
   std::atomic<bool> sleeping{false};
-  // Wakes the progress thread if it sleeps: an operation was posted that needs its progress.
+  // Who reads the completion queue (fabric_completions.hpp): the holder of `reader`, the progress
+  // thread unless a poller took it (`poller_reads`); `pollers` want it (the progress thread steps
+  // aside), and whether the poller holding it sleeps in fi_cq_sread.
+  std::timed_mutex reader;
+  std::atomic<bool> poller_reads{false};
+  std::atomic<int> pollers{0};
+  std::atomic<bool> poller_sleeping{false};
+  // How long a poller that reads the queue spins before it sleeps, and whether it may: with
+  // busy_poll, or on a machine with the cores for it (SpinPolicy's rule: on two CPUs a spinning
+  // poller halved a stream's bandwidth at 64 KiB over tcp, its CPU the kernel's sockets needed).
+  SpinWindow spin;
+  const bool may_spin;
+  // Wakes whichever thread sleeps in fi_cq_sread: an operation was posted that needs progress.
   void kick();
+  // Queues an event for the poller, waking it if it sleeps in fi_cq_sread (the event comes from
+  // elsewhere than the completion queue: a control message, a lost peer).
+  void raise(TransportEvent event);
   // Posts what is waiting on every link. Caller holds progress_mutex.
   void post_waiting_locked();
   // Posts a receive buffer (again). Caller holds progress_mutex. Returns the provider's error

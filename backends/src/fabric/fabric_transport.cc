@@ -1,16 +1,18 @@
 // The fabric transport (libfabric): the front the user holds. It opens the provider the options
 // name (fabric_endpoint.hpp), registers memory (host memory as it is, device memory the NIC
 // cannot reach through a host mirror), connects peers over an out-of-band socket that proves the
-// job's secret (one FabricLink each), and hands out the events its progress thread raises.
+// job's secret (one FabricLink each), and hands out the events raised by whoever reads the
+// completion queue (fabric_completions.hpp) and by the links' sockets.
 //
 // Threads: one progress thread per transport (reaps the completion queue, applies the peers'
 // messages, posts what had to wait; spins after a completion where SpinPolicy lets it, then
-// sleeps in fi_cq_sread), and per
-// connection a thread reading control frames from the socket.
+// sleeps in fi_cq_sread; a caller waiting in poll() reads the queue itself meanwhile:
+// fabric_completions.hpp), and per connection a thread reading control frames from the socket.
 #include "common/transports.hpp"
 
 #include "common/descriptor.hpp"
 #include "common/socket_link.hpp"
+#include "fabric/fabric_completions.hpp"
 #include "fabric/fabric_library.hpp"
 #include "fabric/fabric_link.hpp"
 #include "fabric/fabric_shared.hpp"
@@ -102,7 +104,9 @@ FabricShared::FabricShared(const TransportOptions& options)
       endpoint(options.fabric_provider, options.listen_host, options.fabric_domain),
       sends(endpoint, kSlots, "the fabric transport's send buffers"),
       receives(endpoint, kSlots, "the fabric transport's receive buffers"),
-      receive_ops(kSlots) {
+      receive_ops(kSlots),
+      spin(options.busy_poll),
+      may_spin(options.busy_poll || SpinPolicy::usable_cpus() >= SpinPolicy::kMinCpus) {
   std::lock_guard lock(progress_mutex);
   for (uint32_t slot = 0; slot < kSlots; ++slot) {
     receive_ops[slot].kind = FabricOp::kReceive;
@@ -128,7 +132,14 @@ void FabricShared::repost_locked(uint32_t slot) {
 }
 
 void FabricShared::kick() {
-  if (sleeping.load(std::memory_order_acquire)) fi_cq_signal(endpoint.cq());
+  if (sleeping.load() || poller_sleeping.load()) fi_cq_signal(endpoint.cq());
+}
+
+void FabricShared::raise(TransportEvent event) {
+  events.push(std::move(event));
+  // Against the poller's announcement that it sleeps, then its last look at the events.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (poller_sleeping.load()) fi_cq_signal(endpoint.cq());
 }
 
 int FabricShared::post_receive_locked(uint32_t slot) {
@@ -154,10 +165,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The progress thread: reaps completions and applies messages, under progress_mutex.
+// The progress thread: reads the completion queue unless a poller does (fabric_completions.hpp),
+// posts what had to wait, and fails links whose writes stopped completing.
 class FabricProgress {
  public:
-  explicit FabricProgress(std::shared_ptr<FabricShared> shared) : shared_(std::move(shared)) {
+  FabricProgress(std::shared_ptr<FabricShared> shared, FabricCompletions& completions)
+      : shared_(std::move(shared)), completions_(completions) {
     thread_ = start_thread("hm-fabric", [this] { run(); });
   }
   ~FabricProgress() {
@@ -167,7 +180,12 @@ class FabricProgress {
   }
 
  private:
-  static constexpr int kBatch = 16;
+  static constexpr int kBatch = FabricCompletions::kBatch;
+  // While a poller reads the queue, the progress thread looks in this often. A poller that leaves
+  // is not waited for (its caller usually polls again at once), so the queue may go unread this
+  // long after a poll() returns: a write's completion then waits for the caller's next poll, or
+  // for this, bounded.
+  static constexpr std::chrono::milliseconds kAside{1};
 
   void run() {
     fi_cq_data_entry entries[kBatch];
@@ -176,11 +194,15 @@ class FabricProgress {
     auto next_check = idle_since;
     bool slept = false;
     while (!stop_) {
-      bool busy, waiting;
+      std::unique_lock reader(shared_->reader, std::defer_lock);
+      const bool aside = shared_->pollers.load() > 0 || !reader.try_lock();
+      bool busy = false, waiting;
       {
         std::lock_guard lock(shared_->progress_mutex);
-        busy = reap_locked(fi_cq_read(shared_->endpoint.cq(), entries, kBatch), entries);
-        shared_->post_waiting_locked();
+        if (!aside) {  // else the poller reaps and posts
+          busy = completions_.reap_locked(read(entries), entries);
+          shared_->post_waiting_locked();
+        }
         waiting = !shared_->waiting.empty() || !shared_->unposted_receives.empty();
         if (auto now = Clock::now(); now >= next_check) {
           // A peer whose writes stopped completing (stopped, wedged) fails after io_timeout.
@@ -188,6 +210,10 @@ class FabricProgress {
             if (auto link = weak.lock()) link->check_stall_locked(now);
           next_check = now + std::chrono::milliseconds(100);
         }
+      }
+      if (aside) {
+        std::this_thread::sleep_for(kAside);
+        continue;
       }
       shared_->turns.fetch_add(1, std::memory_order_release);
       const auto now = Clock::now();
@@ -198,24 +224,31 @@ class FabricProgress {
         continue;
       }
       if (waiting) {  // the provider refused a post for now: retry after a yield
+        reader.unlock();
         std::this_thread::yield();
         continue;
       }
       if (!slept && policy.should_spin() && now - idle_since < SpinPolicy::kSpin) {
+        reader.unlock();
         cpu_relax();
         continue;
       }
       slept = true;
       if (!shared_->endpoint.waitable()) {
+        reader.unlock();
         std::this_thread::sleep_for(std::chrono::microseconds(50));
         continue;
       }
-      shared_->sleeping.store(true, std::memory_order_release);
-      ssize_t n = fi_cq_sread(shared_->endpoint.cq(), entries, kBatch, nullptr, 2);
-      shared_->sleeping.store(false, std::memory_order_release);
+      // Announced before the last look for a poller, which kicks a sleeper after announcing
+      // itself: one of the two sees the other.
+      shared_->sleeping.store(true);
+      ssize_t n = shared_->pollers.load() > 0
+                      ? 0
+                      : fi_cq_sread(shared_->endpoint.cq(), entries, kBatch, nullptr, 2);
+      shared_->sleeping.store(false);
       if (n > 0 || n == -FI_EAVAIL) {
         std::lock_guard lock(shared_->progress_mutex);
-        reap_locked(n, entries);
+        completions_.reap_locked(n, entries);
         policy.record(Clock::now() - idle_since, false);
         idle_since = Clock::now();
         slept = false;
@@ -223,81 +256,13 @@ class FabricProgress {
     }
   }
 
-  // Handles what fi_cq_read or fi_cq_sread returned; true if there was anything.
-  bool reap_locked(ssize_t n, fi_cq_data_entry* entries) {
-    if (n == -FI_EAVAIL) {
-      fi_cq_err_entry error{};
-      if (fi_cq_readerr(shared_->endpoint.cq(), &error, 0) == 1) failed_locked(error);
-      return true;
-    }
-    if (n <= 0) return false;
-    for (ssize_t i = 0; i < n; ++i) {
-      auto* op = static_cast<FabricOp*>(entries[i].op_context);
-      if (op->kind == FabricOp::kReceive) {
-        message_locked(op->slot, entries[i].len);
-        shared_->repost_locked(op->slot);
-      } else {
-        finish_locked(op, nullptr);
-      }
-    }
-    return true;
-  }
-
-  void finish_locked(FabricOp* op, const std::string* error) {
-    std::shared_ptr<FabricLink> link = std::move(op->link);
-    shared_->in_flight.erase(op);
-    link->completed_locked(*op, error);
-    delete op;
-  }
-
-  void failed_locked(const fi_cq_err_entry& error) {
-    char text[256] = "";
-    fi_cq_strerror(shared_->endpoint.cq(), error.prov_errno, error.err_data, text, sizeof text);
-    auto* op = static_cast<FabricOp*>(error.op_context);
-    if (op == nullptr) return;
-    if (op->kind == FabricOp::kReceive) {
-      // A message that did not fit a receive buffer, from a stranger or a broken peer.
-      warn_once(fmt::format("a message could not be received: {} ({})", fabric_strerror(error.err),
-                            text));
-      shared_->repost_locked(op->slot);
-      return;
-    }
-    const std::string message = fmt::format(
-        "{} failed: {} ({})", op->kind == FabricOp::kWrite ? "an RMA write" : "a message",
-        fabric_strerror(error.err), text);
-    finish_locked(op, &message);
-  }
-
-  // A message in receive buffer `slot`: it must come from a connection of ours, with its token.
-  void message_locked(uint32_t slot, uint64_t bytes) {
-    const uint8_t* data = shared_->receives.at(slot);
-    if (bytes < sizeof(MessageHeader) || bytes > kMessageBytes)
-      return warn_once(fmt::format("a message of {} bytes is not one of ours; dropped", bytes));
-    MessageHeader h;
-    std::memcpy(&h, data, sizeof h);
-    std::shared_ptr<FabricLink> link;
-    if (auto it = shared_->links.find(h.link); it != shared_->links.end()) link = it->second.lock();
-    if (h.magic != kMessageMagic || h.version != kMessageVersion || !link ||
-        link->token() != h.token || h.reserved != 0 || h.reserved2 != 0 ||
-        (h.flags & ~kNotify) != 0)
-      return warn_once(fmt::format(
-          "a message (magic {:08x}, version {}) for no connection of this endpoint (link {}); "
-          "dropped",
-          h.magic, h.version, h.link));
-    link->received_locked(h, bytes - sizeof h);
-  }
-
-  // Strangers' messages are logged at most once a second.
-  void warn_once(const std::string& what) {
-    auto now = Clock::now();
-    if (now - last_warning_ < std::chrono::seconds(1)) return;
-    last_warning_ = now;
-    log(LogLevel::warn, "fabric: {}", what);
+  ssize_t read(fi_cq_data_entry* entries) {
+    return fi_cq_read(shared_->endpoint.cq(), entries, kBatch);
   }
 
   std::shared_ptr<FabricShared> shared_;
+  FabricCompletions& completions_;
   std::atomic<bool> stop_{false};
-  Clock::time_point last_warning_{};
   std::thread thread_;
 };
 
@@ -329,10 +294,11 @@ class FabricTransport : public Transport {
  public:
   explicit FabricTransport(const TransportOptions& options)
       : shared_(std::make_shared<FabricShared>(options)),
+        completions_(*shared_),
         listener_(
             SocketAddress{fmt::format("tcp://{}:{}", options.listen_host, options.listen_port)},
             shared_->id, link_secret(options)) {
-    progress_.emplace(shared_);
+    progress_.emplace(shared_, completions_);
   }
 
   ~FabricTransport() override {
@@ -393,11 +359,12 @@ class FabricTransport : public Transport {
   }
 
   size_t poll(std::vector<TransportEvent>& out, std::chrono::nanoseconds timeout) override {
-    return shared_->events.poll(out, timeout);
+    return completions_.poll(out, timeout);
   }
 
  private:
   std::shared_ptr<FabricShared> shared_;
+  FabricCompletions completions_;
   Listener listener_;
   std::atomic<ConnectionId> next_connection_{1};
   std::optional<FabricProgress> progress_;  // started last, stopped first

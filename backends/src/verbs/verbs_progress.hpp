@@ -1,8 +1,8 @@
 // The verbs transport's progress threads, one of each per transport.
 //
 // CompletionPoller ("hm-verbs-poll", pinnable): polls every link's send and receive CQs while no
-// caller of poll() does, spinning for the SpinWindow (verbs_spin.hpp) after the last completion,
-// then arming the CQs and blocking on the completion channel; and handles the device's
+// caller of poll() does, spinning for the SpinWindow (common/spin_window.hpp) after the last
+// completion, then arming the CQs and blocking on the completion channel; and handles the device's
 // asynchronous events.
 //
 // DeliveryThread ("hm-verbs-stage"): copies staged writes from the registered host mirror to the

@@ -6,9 +6,9 @@
 #include "common/descriptor.hpp"
 #include "common/event_queue.hpp"
 #include "common/socket_link.hpp"
+#include "common/spin_window.hpp"
 #include "verbs/verbs_device.hpp"
 #include "verbs/verbs_memory.hpp"
-#include "verbs/verbs_spin.hpp"
 
 #include <hetmesh/core/log.hpp>
 

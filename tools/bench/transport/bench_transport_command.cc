@@ -118,7 +118,7 @@ void add_bench_transport_command(CLI::App& bench) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--json", o->json, "also write the results here");
   cmd->add_flag("--busy-poll", o->busy_poll,
-                "verbs: the completion pollers of both ends spin instead of sleeping");
+                "verbs, fabric: the completion pollers of both ends spin instead of sleeping");
   cmd->add_option("--staging-slots", o->staging_slots,
                   "ipc: slots of each side's staging ring (between two plugins' device memories)")
       ->capture_default_str()

@@ -71,7 +71,9 @@ struct TransportOptions {
   std::chrono::milliseconds io_timeout{10000};
   // verbs: RDMA device ("" = the first active one; the AFD engines also take "auto", the NIC
   // nearest their device), GID index (-1 = the first IPv4-mapped one),
-  // the CPU the completion poller is pinned to (-1 = not pinned), and busy polling.
+  // the CPU the completion poller is pinned to (-1 = not pinned), and busy polling (verbs and
+  // fabric: a caller of poll() spins on the completion queues for its whole timeout; for fabric,
+  // a timeout of 1 ms or more, where the provider's queue can be waited on).
   std::string rdma_device;
   int gid_index = -1;
   int poller_cpu = -1;

@@ -1,8 +1,8 @@
-// How long the thread that watches the verbs completion queues spins
-// (backends/src/verbs/verbs_spin.hpp): a window that follows the gap between completions, clamped,
-// measured from a caller's own start while completions are recent, and none once the transport has
-// been quiet.
-#include "verbs/verbs_spin.hpp"
+// How long the thread that watches a transport's completion queues spins (verbs, fabric)
+// (backends/src/common/spin_window.hpp): a window that follows the gap between completions,
+// clamped, measured from a caller's own start while completions are recent, and none once the
+// transport has been quiet.
+#include "common/spin_window.hpp"
 
 #include <gtest/gtest.h>
 

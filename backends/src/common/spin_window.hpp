@@ -1,4 +1,5 @@
-// How long the thread that watches a verbs transport's completion queues spins before it sleeps.
+// How long the thread that watches a transport's completion queues spins before it sleeps (verbs,
+// fabric).
 //
 // A sleep and the wake-up after it cost each hop of a round trip two thread wake-ups (the poller's
 // on the completion channel, then the caller's on the event queue): microseconds on a host, and
