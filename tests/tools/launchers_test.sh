@@ -27,11 +27,11 @@ fail() {
   echo "FAIL: $*"
   failures=$((failures + 1))
 }
-port() {  # a port nothing listens on now (other tests pick theirs at random too)
-  local p
+port() {  # a port nothing listens on now, nor on the next (other tests pick theirs at random too)
+  local p  # the next: under torchrun, hetmesh's store takes MASTER_PORT + 1 (once taken: CI failed)
   for _ in $(seq 1 50); do
     p=$((20000 + RANDOM % 20000))
-    [[ -z $(ss -Hltn "sport = :$p" 2>/dev/null) ]] && break
+    [[ -z $(ss -Hltn "( sport = :$p or sport = :$((p + 1)) )" 2>/dev/null) ]] && break
   done
   echo "$p"
 }
