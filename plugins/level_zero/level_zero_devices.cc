@@ -101,9 +101,7 @@ std::string no_driver_reason(ze_result_t result) {
 // refuse the descriptor or answer no fd.
 std::string probe_dmabuf(const Driver& driver, ze_device_handle_t device) {
   const Loader& z = state().ze;
-  ze_external_memory_export_desc_t exportable{};
-  exportable.stype = ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC;
-  exportable.flags = ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF;
+  ze_external_memory_export_desc_t exportable = dmabuf_exportable();
   ze_device_mem_alloc_desc_t desc{};
   desc.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC;
   desc.pNext = &exportable;

@@ -36,11 +36,8 @@ void* Vendor::alloc_device(uint64_t size, Allocation* a) {
   ze_device_mem_alloc_desc_t desc{};
   desc.stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC;
   desc.ordinal = 0;
-  // Exportable as a dma-buf where the device can (dmabuf_export; Level Zero exports only memory
-  // allocated so).
-  ze_external_memory_export_desc_t exportable{};
-  exportable.stype = ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC;
-  exportable.flags = ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF;
+  // Exportable as a dma-buf where the device can (dmabuf_export).
+  ze_external_memory_export_desc_t exportable = dmabuf_exportable();
   if (d.capabilities & HM_CAP_DMABUF_EXPORT) desc.pNext = &exportable;
   void* result = nullptr;
   HM_ZE(zeMemAllocDevice, d.driver->context, &desc, size, hm::kit::gpu::kMemoryAlignment, d.handle,

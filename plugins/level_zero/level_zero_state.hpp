@@ -133,6 +133,15 @@ inline void log(int32_t level, const std::string& message) {
   hm::kit::gpu::log<State>("level_zero", level, message);
 }
 
+// The pNext of a device allocation made exportable as a dma-buf (Level Zero exports only memory
+// allocated so).
+inline ze_external_memory_export_desc_t dmabuf_exportable() {
+  ze_external_memory_export_desc_t exportable{};
+  exportable.stype = ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC;
+  exportable.flags = ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF;
+  return exportable;
+}
+
 // Fails with the call's name and the ze_result_t's name.
 void check(ze_result_t result, const char* call);
 

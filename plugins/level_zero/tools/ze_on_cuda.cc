@@ -19,6 +19,7 @@
 //   only, and CUDA's GEQ is cyclic where Intel's is unsigned (the plugin waits GEQ only on 64-bit
 //   tickets, which never wrap).
 #include "ze_driver_calls.h"
+#include "ze_export_chain.h"
 #include "ze_memory_sync.h"
 
 #include <cuda.h>
@@ -345,20 +346,6 @@ ze_result_t ZE_APICALL DevicePciGetPropertiesExt(ze_device_handle_t d, ze_pci_ex
 
 // ---- memory ----
 
-// Whether a device allocation's pNext asks for dma-buf export (the only extension taken).
-ze_result_t export_request(const void* pNext, bool* exportable) {
-  for (auto* next = static_cast<const ze_base_desc_t*>(pNext); next != nullptr;
-       next = static_cast<const ze_base_desc_t*>(next->pNext)) {
-    if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC)
-      return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
-    if (reinterpret_cast<const ze_external_memory_export_desc_t*>(next)->flags !=
-        ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF)
-      return ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION;
-    *exportable = true;
-  }
-  return ZE_RESULT_SUCCESS;
-}
-
 CUmemAllocationProp allocation_properties(const _ze_device_handle_t* d) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -498,13 +485,10 @@ ze_result_t ZE_APICALL MemGetAllocProperties(ze_context_handle_t c, const void* 
   if (device != nullptr) *device = nullptr;
   if (it == g_driver->allocations.end()) return ZE_RESULT_SUCCESS;
   // The dma-buf of memory allocated exportable, kept by the driver as Intel's keeps its fd.
-  for (auto* next = static_cast<ze_base_properties_t*>(p->pNext); next != nullptr;
-       next = static_cast<ze_base_properties_t*>(next->pNext)) {
-    if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_FD) continue;
-    auto* out = reinterpret_cast<ze_external_memory_export_fd_t*>(next);
+  ze_external_memory_export_fd_t* out = nullptr;
+  if (ze_result_t r = export_fd_request(p, &out); r != ZE_RESULT_SUCCESS) return r;
+  if (out != nullptr) {
     Allocation& a = it->second;
-    if (out->flags != ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF)
-      return ZE_RESULT_ERROR_INVALID_ENUMERATION;
     if (!a.exportable) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
     if (a.dmabuf_fd < 0) {
       if (ze_result_t r = current(a.device); r != ZE_RESULT_SUCCESS) return r;

@@ -12,6 +12,7 @@
 #include <shared_mutex>
 
 #include "state.h"
+#include "ze_export_chain.h"
 
 namespace hetmesh_ze {
 namespace {
@@ -141,22 +142,6 @@ std::string memfd_name(uint64_t nonce, uint64_t serial) {
   return name;
 }
 
-// What a device allocation's pNext asks: only a dma-buf export, which
-// HETMESH_ZE_HOST_NO_DMABUF=1 makes the driver refuse (the plugin's "capability off" path).
-static ze_result_t export_request(const void* pNext, bool& exportable) {
-  for (auto* next = static_cast<const ze_base_desc_t*>(pNext); next != nullptr;
-       next = static_cast<const ze_base_desc_t*>(next->pNext)) {
-    if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_DESC)
-      return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
-    const auto* desc = reinterpret_cast<const ze_external_memory_export_desc_t*>(next);
-    const char* off = std::getenv("HETMESH_ZE_HOST_NO_DMABUF");  // read at each allocation
-    if (desc->flags != ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF || (off != nullptr && off[0] == '1'))
-      return ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION;
-    exportable = true;
-  }
-  return ZE_RESULT_SUCCESS;
-}
-
 ze_result_t ZE_APICALL MemAllocDevice(ze_context_handle_t context,
                                       const ze_device_mem_alloc_desc_t* desc, size_t size,
                                       size_t alignment, ze_device_handle_t device_handle,
@@ -170,7 +155,12 @@ ze_result_t ZE_APICALL MemAllocDevice(ze_context_handle_t context,
     if (alignment != 0 && !power_of_two(alignment)) return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
     if (size > kDeviceMemoryBytes) return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
     bool exportable = false;
-    if (auto r = export_request(desc->pNext, exportable); r != ZE_RESULT_SUCCESS) return r;
+    if (auto r = export_request(desc->pNext, &exportable); r != ZE_RESULT_SUCCESS) return r;
+    // HETMESH_ZE_HOST_NO_DMABUF=1 (read at each allocation) makes the driver refuse the export:
+    // the plugin's "capability off" path.
+    const char* off = std::getenv("HETMESH_ZE_HOST_NO_DMABUF");
+    if (exportable && off != nullptr && off[0] == '1')
+      return ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION;
     const size_t mapped = round_up(size, page_size());
     // The device's 16 GiB is a budget, not a reservation: memfd pages are only used when touched.
     uint64_t used = device->allocated_bytes.load();
@@ -263,12 +253,9 @@ ze_result_t ZE_APICALL MemGetAllocProperties(ze_context_handle_t context, const 
     }
     // The dma-buf of memory allocated exportable: its memfd, kept by the driver as Intel's keeps
     // its fd (a memfd is no dma-buf, but lseek and mmap answer as one of host memory would).
-    for (auto* next = static_cast<ze_base_properties_t*>(properties->pNext); next != nullptr;
-         next = static_cast<ze_base_properties_t*>(next->pNext)) {
-      if (next->stype != ZE_STRUCTURE_TYPE_EXTERNAL_MEMORY_EXPORT_FD) continue;
-      auto* out = reinterpret_cast<ze_external_memory_export_fd_t*>(next);
-      if (out->flags != ZE_EXTERNAL_MEMORY_TYPE_FLAG_DMA_BUF)
-        return ZE_RESULT_ERROR_INVALID_ENUMERATION;
+    ze_external_memory_export_fd_t* out = nullptr;
+    if (auto r = export_fd_request(properties, &out); r != ZE_RESULT_SUCCESS) return r;
+    if (out != nullptr) {
       if (!alloc->exportable) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
       out->fd = alloc->fd;
     }
