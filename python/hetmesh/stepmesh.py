@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -502,14 +503,12 @@ class _Server:
         # the views a part's bytes made, made again only for a new layout, place or size (three
         # torch calls a tensor cost more than the rest of a round trip's Python here).
         self.views: dict[tuple, tuple] = {}
-        self.next_handler = 1
-        self.parts: dict[int, tuple] = {}  # handler -> (batch, part index)
-        # (micro-batch, A rank) -> the tensor its last answer is sent from: held until that slot's
-        # next answer (its A pushes again only once this one arrived), as StepMesh's responses
-        # hold theirs, since the engine sends after respond() returns.
-        self.answering: dict[tuple, Any] = {}
         self.timeout_ms = config.timeout_ms
-        self.lock = threading.Lock()
+        # Batches whose every part lies where one did before, and answers from memory answered
+        # from before, go from C++; it also keeps the handlers handed out, and the tensor each
+        # (micro-batch, worker)'s last answer is sent from.
+        self.fast = hetmesh._native._StepMeshServer(self.engine,
+                                                    _current_raw_stream(_device(env)))
 
     def take_messages(self) -> None:
         """The layouts said since the last call (only when a part names one not known yet: the
@@ -528,6 +527,8 @@ class _Server:
                 self.refused[rank] = str(error)
                 continue
             said = self.layouts.setdefault(rank, {})
+            if number in said:  # numbered from 1 again: that worker was replaced
+                self.fast.forget(rank)
             if len(said) >= 2 * _MAX_LAYOUTS:  # an A uses only the last _MAX_LAYOUTS it said
                 for old in list(said)[:_MAX_LAYOUTS]:
                     del said[old]
@@ -586,7 +587,7 @@ class _Server:
     def get_batch(self) -> list:
         while True:
             try:
-                batch = self.engine.get_batch(self.timeout_ms)
+                batch = self.fast.get_batch(self.timeout_ms)
                 break
             except hetmesh.TimeoutError:
                 # A server waits for its workers as long as they live (a lost one is served
@@ -595,38 +596,43 @@ class _Server:
                     raise
         if batch is None:
             return []
+        if isinstance(batch, list):  # every part where one lay before: handed out in C++
+            return batch
         # Every part's tensors first, then the handlers. A part whose push is not what its worker
         # said costs the others nothing: it is not handed out, so that worker's wait times out
         # naming this server, and the log here says why.
         views = []
         for index, part in sorted(enumerate(batch.parts), key=lambda item: item[1].rank):
             try:
-                views.append((index, *self.part_tensors(batch, part)))
+                tensors, keys = self.part_tensors(batch, part)
             except hetmesh.ProtocolError as error:
                 _log.error("fserver_lib: %s: its part is not handed out", error)
-        out = []
-        with self.lock:
-            for index, tensors, keys in views:
-                handler = self.next_handler
-                self.next_handler += 1
-                self.parts[handler] = (batch, index)
-                out.append((handler, tensors, keys))
-        return out
+                continue
+            self.fast.learn(part, batch.micro_batch, tensors, keys)
+            views.append((index, list(tensors), list(keys)))
+        return [(self.fast.hand_out(batch, index), tensors, keys)
+                for index, tensors, keys in views]
 
     def respond(self, tensors, handler: int, need_event: bool) -> None:
-        with self.lock:
-            entry = self.parts.pop(handler, None)
+        given = handler
+        try:
+            handler = operator.index(handler)
+        except TypeError:
+            handler = 0  # refused below, as every handler never handed out
+        need_event = bool(need_event)
+        if 0 < handler < 1 << 63 and self.fast.respond(tensors, handler, need_event):
+            return
+        tensors = list(tensors)
+        size = sum(_nbytes(t) for t in tensors)
+        entry = self.fast.take(handler) if 0 < handler < 1 << 63 else None
         if entry is None:
             raise _errors.make(InvalidArgumentError,
-                               f"respond: handler {handler} is not a part get_batch handed out "
+                               f"respond: handler {given} is not a part get_batch handed out "
                                f"and not yet answered")
         batch, index = entry
         part = batch.parts[index]
-        tensors = list(tensors)
-        size = sum(_nbytes(t) for t in tensors)
         if len(tensors) > 1 or size != part.result_rows:
-            with self.lock:
-                self.parts[handler] = entry
+            self.fast.put_back(handler, batch, index)
             raise _errors.make(
                 InvalidArgumentError,
                 f"respond: {len(tensors)} tensor(s) of {size} bytes for worker "
@@ -646,12 +652,14 @@ class _Server:
                     stream = _current_stream(t)
             self.engine.respond(batch, part=index, outputs=[output], stream=stream)
         except BaseException:
-            with self.lock:  # not answered: the handler stays, to respond to again
-                self.parts[handler] = entry
+            self.fast.put_back(handler, batch, index)  # not answered: to respond to again
             raise
-        self.answering[(batch.micro_batch, part.rank)] = output
+        self.fast.hold(batch.micro_batch, part.rank, output)
+        if output is not None:
+            self.fast.learn_output(output)
 
     def close(self) -> None:
+        self.fast.close()
         self.engine.close()
 
 

@@ -6,6 +6,7 @@
 #include "engines.hpp"
 
 #include "caller_tensor.hpp"
+#include "ffn_batch.hpp"
 #include "stepmesh_fast_path.hpp"
 #include "teardown.hpp"
 
@@ -472,18 +473,6 @@ afd::FfnEngine& ffn_of(Context& c) {
   return engine_of<afd::FfnEngine>(c);
 }
 
-// One A's part of a micro-batch, as an F sees it.
-struct PyPart {
-  afd::Batch::FromAttention part;
-  py::object engine;  // the PyFfn whose memory the slots are in
-};
-
-struct PyBatch {
-  afd::Batch batch;
-  py::object parts;              // a list of Part
-  const void* engine = nullptr;  // the FfnEngine it came from: only it may respond to it
-};
-
 // A packed batch (its parts back to back), or the error that says why it is not one.
 const afd::Batch& packed_of(const PyBatch& b) {
   if (!b.batch.packed)
@@ -877,6 +866,10 @@ py::object stepmesh_push(Context& c, int mb, const py::handle& pushes, const py:
 }
 
 }  // namespace
+
+Device ffn_device(const py::handle& engine) {
+  return engine.cast<const PyFfn&>().live()->device();
+}
 
 void bind_engines(py::module_& m) {
   py::class_<PyStream>(m, "Stream", gc_visible<PyStream, &PyStream::owner>(),

@@ -82,4 +82,5 @@ PYBIND11_MODULE(_native, m) {
   bind_config(m);
   bind_store(m);
   bind_engines(m);
+  bind_stepmesh_serve(m);
 }

@@ -541,7 +541,9 @@ def test_tensors_at_new_addresses_go_through_the_slots_past_the_bound():
 # Calls of a layout and memory seen before are checked and pushed in C++: the shim's Python path
 # runs for the first call of each layout (and each new piece of memory) only, and the answers of
 # every call are right. A shape past what the memory learnt (more rows from the same start) or a
-# new layout goes back to the Python path.
+# new layout goes back to the Python path. The server's side likewise: batches whose parts lie
+# where one did before are handed out, and answers from memory answered from before are sent,
+# from C++.
 STEADY = """
 import torch, os
 import fserver_lib as f
@@ -575,17 +577,27 @@ if os.environ.get('DMLC_ROLE') == 'worker':
     assert len(slow) == 3, slow
     print("worker test done", flush=True)
 elif os.environ.get('DMLC_ROLE') == 'server':
+    out_buffer = torch.zeros([64, 128], dtype=torch.bfloat16, device=dev)
     for _ in range(15):
         batch = f.get_batch()
         for handler, tensors, keys in batch:
-            out = tensors[0] * (tensors[1].view(-1, 1) if len(tensors) > 1 else 1) + 1
-            f.respond([out.to(torch.bfloat16)], handler)
+            out = out_buffer[:tensors[0].shape[0]]
+            out.copy_(tensors[0] * (tensors[1].view(-1, 1) if len(tensors) > 1 else 1) + 1)
+            f.respond([out], handler, need_event=True)
+            tensors.clear(), keys.clear()  # the caller's own lists: the next batch's are whole
+    # Batches (3 micro-batches): 16 rows with a scale x10, 8, 32 x2, 16 without x2. A part's
+    # views are made in Python at the first batch of each micro-batch and rows: 7 handed out
+    # from C++. Answers: from out_buffer's first 16 rows, then 32 (learnt in Python): 13 from C++.
+    counters = s._state["server"].fast.counters()
+    assert counters["batches_from_cpp"] == 7 and counters["answers_from_cpp"] == 13, counters
+    assert counters["parts_unanswered"] == 0, counters
     print("server test done", flush=True)
 f.stop()
 """
 
 
 def test_calls_of_a_layout_seen_before_skip_the_python_path():
-    results = Job(STEADY).finish()
+    results = Job(STEADY, HETMESH_STEPMESH_MICRO_BATCHES="3").finish()
     assert_all_passed(results)
     assert "worker test done" in results["worker0.0"][1]
+    assert "server test done" in results["server0.0"][1]
