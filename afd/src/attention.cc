@@ -447,7 +447,8 @@ struct AttentionEngine::State final : PeerHandler {
           const RemoteRegion& into = to.regions[i] ? *to.regions[i] : link->region("a2f_payload");
           const uint64_t into_at = to.regions[i] ? to.offsets[i] + uint64_t{row_offset} * row_bytes
                                                  : ffn_input_offset(spec, f, mb, t, row_offset);
-          c.write(from, from_at, into, into_at, bytes, std::nullopt, 0);
+          c.write(from, from_at, into, into_at, bytes, std::nullopt, 0,
+                  /*more=*/true);  // the header follows
           moved.add(from, source.region != nullptr, bytes);
         }
         c.write(*a2f_header_region, (mb * spec.ffn + f) * sizeof(WireHeader),

@@ -474,7 +474,7 @@ struct FfnEngine::State final : PeerHandler {
               output.region ? output.offset : ffn_output_offset(spec, spec.rank, mb, row_offset),
               reply ? *reply : link->region("f2a_payload"),
               reply ? reply_offset : remote_slot * spec.f2a_slot_bytes(), h->payload_bytes,
-              std::nullopt, 0);
+              std::nullopt, 0, /*more=*/true);  // the header follows
           moved.add(from, output.region != nullptr, h->payload_bytes);
         }
         {

@@ -111,6 +111,12 @@ class IpcConnection : public Connection {
   }
 
   ~IpcConnection() override {
+    if (held_inline_.exchange(false)) {  // a run its caller left open: what landed is told
+      try {
+        link_->flush();
+      } catch (const Error&) {  // the peer is gone: nobody to tell
+      }
+    }
     {
       std::lock_guard lock(queue_mutex_);
       link_->close();
@@ -140,8 +146,12 @@ class IpcConnection : public Connection {
     return remote;
   }
 
+  using Connection::write;  // the overload without `more`
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
-             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) override {
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie, bool more) override {
+    // A write without `more` ends a run: what earlier writes held goes first (their bytes have
+    // landed), so it goes even if this write is refused below.
+    if (!more) flush_held();
     auto* source = region_cast<const IpcRegion>(src);
     auto* target = region_cast<const IpcRemoteRegion>(dst);
     if (source == nullptr || target == nullptr)
@@ -163,7 +173,7 @@ class IpcConnection : public Connection {
     size_t slot = claim_slot(lock, "write");
     if (route == IpcRoute::host_copy && head_ == tail_ && ring_.drained() &&
         length <= kInlineCopyBytes)
-      return write_now(to, from, length, notify, cookie, target->id);
+      return write_now(to, from, length, notify, cookie, target->id, more);
     // Bytes land in issue order. Ring bytes land when the peer's reader gets to them, so a write
     // that goes straight into the peer's memory while ring bytes may still be on their way is
     // left to the completion thread, which first waits for every ring slot to come back. (Host
@@ -252,15 +262,19 @@ class IpcConnection : public Connection {
 
   // A host copy with nothing pending ahead of it, the common case: the bytes, the notification
   // and write_done all go now, in the caller's thread, with no thread hop, no system call and no
-  // allocation (a peer that polls reads the notification straight from shared memory).
+  // allocation (a peer that polls reads the notification straight from shared memory). With
+  // `more`, the notification is put in the ring and published with the run's last.
   void write_now(uint8_t* to, const uint8_t* from, uint64_t length, std::optional<uint32_t> notify,
-                 uint64_t cookie, uint32_t region) {
+                 uint64_t cookie, uint32_t region, bool more) {
     std::memcpy(to, from, length);
     TransportEvent done{TransportEvent::Type::write_done, id()};
     done.cookie = cookie;
     try {
       link_->check_open();
-      if (notify) link_->send_notification(*notify);
+      if (notify) {
+        link_->send_notification(*notify, more);
+        held_inline_.store(more, std::memory_order_relaxed);  // without: it published the run
+      }
     } catch (const Error& e) {
       done.status = e.status();
       done.message =
@@ -271,6 +285,17 @@ class IpcConnection : public Connection {
   }
 
   // ---- issuing writes ----
+
+  // Publishes the notifications that earlier inline writes with `more` held, if any. A failure
+  // loses the peer (the writes still queued then fail through their write_done).
+  void flush_held() {
+    if (!held_inline_.load(std::memory_order_relaxed) || !held_inline_.exchange(false)) return;
+    try {
+      link_->flush();
+    } catch (const Error& e) {
+      link_->lost_on_send(e.what());
+    }
+  }
 
   // Waits (bounded) for room in the queue; returns the slot the next operation goes to.
   size_t claim_slot(std::unique_lock<std::mutex>& lock, const char* what) {
@@ -439,6 +464,9 @@ class IpcConnection : public Connection {
   // Operations in issue order: [head_, tail_) are pending, queue_[i % kMaxInFlight] holds the
   // i-th.
   std::mutex queue_mutex_;
+  // An inline write with `more` held its notification back (the link's ring has it, unpublished):
+  // the next write without `more`, or the end, publishes it.
+  std::atomic<bool> held_inline_{false};
   std::condition_variable queued_;
   std::condition_variable space_;
   std::vector<PendingOp> queue_;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 namespace hetmesh::detail {
 
@@ -86,16 +87,27 @@ IpcLink::IpcLink(ConnectionId id, std::shared_ptr<IpcShared> shared, std::string
 
 // ---- sending ----
 
-void IpcLink::send(const Frame& frame, const void* payload, size_t size) {
+void IpcLink::send(const Frame& frame, const void* payload, size_t size, bool more) {
   std::lock_guard lock(send_mutex_);
   if (closing_) throw Error(kStatusPeerLost, "the connection was closed");
   if (!alive_) throw Error(kStatusPeerLost, fmt::format("the peer {} was lost", peer_id_));
   MessageRing& ring = rings_.messages_out;
   uint64_t bytes = record_bytes(size);
-  if (!ring.has_room(bytes)) await_room(bytes);
-  ring.put(0, &frame, sizeof frame);
-  if (size > 0) ring.put(sizeof frame, payload, size);
-  if (ring.publish(bytes)) wake_peer();
+  if (!ring.has_room(held_ + bytes)) {
+    // The peer can make room only from what it sees: what is held goes first.
+    publish_held();
+    if (!ring.has_room(bytes)) await_room(bytes);
+  }
+  ring.put(held_, &frame, sizeof frame);
+  if (size > 0) ring.put(held_ + sizeof frame, payload, size);
+  held_ += bytes;
+  if (!more) publish_held();
+}
+
+void IpcLink::publish_held() {
+  if (held_ == 0) return;
+  const uint64_t bytes = std::exchange(held_, 0);
+  if (rings_.messages_out.publish(bytes)) wake_peer();
 }
 
 // The peer reads its ring whenever it polls, and its progress thread does when it does not, so a

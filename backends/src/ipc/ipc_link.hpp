@@ -76,16 +76,25 @@ class IpcLink {
   // ---- sending (callers serialise their frames' order; this serialises the ring) ----
 
   // Appends a frame and its payload to the peer's message ring, waiting (bounded) for room, and
-  // wakes the peer if it asked. Throws Error(kStatusPeerLost) if the link is closed or lost,
-  // Error(HM_ERR_TIMEOUT) if the peer reads nothing for kProgressTimeout.
-  void send(const Frame& frame, const void* payload = nullptr, size_t size = 0);
+  // wakes the peer if it asked. With `more`, the frame is held (not yet visible) until the next
+  // send without it, which makes every held frame visible at once: one publication, one fence and
+  // one look at the peer's wake-up request for the lot. Throws Error(kStatusPeerLost) if the link
+  // is closed or lost, Error(HM_ERR_TIMEOUT) if the peer reads nothing for kProgressTimeout.
+  void send(const Frame& frame, const void* payload = nullptr, size_t size = 0, bool more = false);
   // Registers the incoming ring with `device`'s plugin now, for the chunks it lands in that
   // device's regions (else at the first such chunk).
   void register_ring_with(const Device& device) { ring_registered_.ensure(device); }
-  void send_notification(uint32_t value) {
+  // Makes the frames that sends with `more` held visible, if any (a write without `more` and
+  // without a notification of its own ends the run). Throws Error(kStatusPeerLost) if waking the
+  // peer fails.
+  void flush() {
+    std::lock_guard lock(send_mutex_);
+    publish_held();
+  }
+  void send_notification(uint32_t value, bool more = false) {
     Frame f = make_frame(kNotify);
     f.value = value;
-    send(f);
+    send(f, nullptr, 0, more);
   }
   // Wakes the peer's progress thread whether or not it asked: we wait on the peer (a staging slot
   // to come back), and its application may have stopped polling. Throws as send does.
@@ -128,6 +137,8 @@ class IpcLink {
   void receive_chunk(const Frame& f, std::vector<TransportEvent>& out);
   void return_slot(uint16_t slot);
   void await_room(uint64_t bytes);
+  // Makes the frames held by sends with `more` visible. Caller holds send_mutex_.
+  void publish_held();
   void wake_peer();
   void wake_progress();
   // Empties the socket of wake-up bytes; false at EOF or on an error (then `why` says which).
@@ -143,6 +154,7 @@ class IpcLink {
   std::atomic<bool> alive_{true};
   std::atomic<bool> closing_{false};
   std::mutex send_mutex_;  // the outgoing message ring
+  uint64_t held_ = 0;      // bytes put in it and not yet published (send with `more`)
   std::mutex role_;        // the reader role of the incoming message ring
 };
 

@@ -196,8 +196,10 @@ class RailsConnection final : public Connection {
   std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) override {
     return core_->import_region(*link_, descriptor);
   }
+  using Connection::write;  // the overload without `more`
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
-             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) override {
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie,
+             bool /*more: each notification goes at once*/) override {
     core_->write(link_, src, src_offset, dst, dst_offset, length, notify, cookie);
   }
   void send_control(std::span<const uint8_t> message) override {

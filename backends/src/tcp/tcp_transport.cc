@@ -101,8 +101,10 @@ class TcpConnection : public Connection {
     return std::make_shared<TcpRemoteRegion>(d.region, d.size);
   }
 
+  using Connection::write;  // the overload without `more`
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
-             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) override {
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie,
+             bool /*more: each notification goes at once*/) override {
     auto* source = region_cast<TcpRegion>(const_cast<Region&>(src));
     auto* target = region_cast<const TcpRemoteRegion>(dst);
     if (source == nullptr || target == nullptr)

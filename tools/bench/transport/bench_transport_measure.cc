@@ -75,7 +75,10 @@ void measure_bandwidth(Row& row, End& end, Connection& connection, const RemoteR
       });
     std::optional<uint32_t> notify;
     if ((i + 1) % o.notify_every == 0 || i + 1 == count) notify = kBandwidthTag | notified++;
-    connection.write(*end.region, 0, target, 0, size, notify, 0);
+    // Another write follows at once while the window has room: the transport may deliver the
+    // run's notifications together (`more`, as FI_MORE).
+    const bool more = in_flight + 1 < o.window && i + 1 < count;
+    connection.write(*end.region, 0, target, 0, size, notify, 0, more);
     ++in_flight;
   }
   send_text(connection, fmt::format("count {}", notified));

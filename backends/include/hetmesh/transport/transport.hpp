@@ -181,9 +181,18 @@ class Connection {
   virtual std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor) = 0;
   // Starts a one-sided write; a write_done event with `cookie` reports its end. Throws Error
   // (INVALID_ARGUMENT) for a range outside either region, or if the peer is lost.
+  // `more` (libfabric's FI_MORE): the caller issues another write on this connection right away.
+  // The transport may hold this write's notification back (its write_done may come first) until
+  // a later write without `more` (from any thread, even one refused) or a control message sent,
+  // which delivers every one held, in order; a caller that sets it must follow with one. A hint:
+  // a transport may deliver at once.
   virtual void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst,
                      uint64_t dst_offset, uint64_t length, std::optional<uint32_t> notify,
-                     uint64_t cookie) = 0;
+                     uint64_t cookie, bool more) = 0;
+  void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie) {
+    write(src, src_offset, dst, dst_offset, length, notify, cookie, false);
+  }
   // A small message (at most kMaxControlBytes), delivered in order with other control messages.
   virtual void send_control(std::span<const uint8_t> message) = 0;
   // send_control, unless that would first wait for the connection (another send in progress):
