@@ -26,9 +26,8 @@ import json
 import logging
 import operator
 import os
-import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import hetmesh
 from . import _errors
@@ -221,7 +220,6 @@ def _bytes(tensor):
 
 _LAYOUT = b"hetmesh.stepmesh.layout:"
 _MAX_LAYOUTS = 4096  # an A's layouts known at once (more: it says them again)
-_MAX_TRACES = 4096  # round trips fetch_trace still knows
 _MAX_VIEWS = 64  # places one layout of one A has views kept for
 
 
@@ -231,6 +229,15 @@ def _layout_of(tensors, keys) -> tuple:
     return tuple((int(k), t.dtype, tuple(t.shape[1:]), t.dim(),
                   t.shape[0] if t.dim() > 1 and 0 in t.shape[1:] else -1)
                  for t, k in zip(tensors, keys))
+
+
+def _handler(value) -> int:
+    """A handler as the int it is, or 0 (no handler is 0) where it cannot be one."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        return 0
+    return number if 0 < number < 1 << 63 else 0
 
 
 def _flat(tensor):
@@ -282,15 +289,6 @@ def _decode_layout(rank: int, text: bytes, tensors: int) -> tuple[int, list]:
 
 # ---- the module's state ----
 
-class _Trip(NamedTuple):
-    """A push_pull in flight."""
-    handle: int  # the engine's
-    count: int  # handlers it answers to (get_all_handlers)
-    mb: int
-    copies: list  # (F, pull tensor) answers that land in the engine's result slot, copied at wait
-    tensors: tuple  # the caller's, held until wait
-
-
 def _open(engine_class, env: _Environment, config: hetmesh.Config):
     """This instance's engine of the job, taking tensors as their bytes."""
     engine = engine_class(config, rank=env.rank, store=env.store, device=_device(env),
@@ -317,11 +315,9 @@ class _Worker:
         self.pull_in_place = _in_place("pull tensors", limit)
         self.layouts: dict[tuple, int] = {}
         self.said = 0  # layouts said so far: the last one's number (numbers are never reused)
-        self.pushes = 0
-        self.next_handler = 1
-        self.trips: dict[int, _Trip] = {}  # push_pulls not yet waited for
-        self.traces: dict[int, Any] = {}  # handler -> (count, RoundTrip), the latest _MAX_TRACES
-        self.lock = threading.Lock()
+        # The push_pulls in flight and waited for, by handler, and the steady state's push (C++).
+        self.fast = hetmesh._native._StepMeshWorker(self.engine, self.micro_batches,
+                                                    hetmesh.TimeoutError)
         # Calls of a layout and memory seen before are checked and pushed in C++; the rest come
         # here (_push_pull), which tells the fast path what it learnt.
         self.engine._stepmesh_fast_path(self.rail, self.extra_names, self.max_bytes,
@@ -359,16 +355,11 @@ class _Worker:
         return answer
 
     def push_pull(self, push_tensors, push_keys, pull_tensors, pull_keys, need_event) -> int:
-        with self.lock:
-            mb = self.pushes % self.micro_batches
-        handle = None
-        if len(pull_keys) == len(pull_tensors):
-            handle = self.engine._stepmesh_push(mb, push_tensors, push_keys, pull_tensors,
-                                                need_event)
-        if handle is None:
+        handler = self.fast.push_pull(push_tensors, push_keys, pull_tensors, pull_keys,
+                                      bool(need_event))
+        if handler is None:
             return self._push_pull(push_tensors, push_keys, pull_tensors, pull_keys, need_event)
-        count = max(1, len(push_tensors) + (1 if pull_tensors else 0))
-        return self._track(handle, count, mb, [], (tuple(push_tensors), tuple(pull_tensors)))
+        return handler
 
     def _push_pull(self, push_tensors, push_keys, pull_tensors, pull_keys, need_event) -> int:
         # Each tensor's size is read once.
@@ -393,8 +384,7 @@ class _Worker:
         answer = self.check_sizes(push_sizes, pull_sizes)
         tag = self.layout_number(_layout_of(push_tensors, push_keys))
         # The n-th push of every worker is micro-batch n mod MICRO_BATCHES: counted once sent.
-        with self.lock:
-            mb = self.pushes % self.micro_batches
+        mb = self.fast.micro_batch()
         # The caller's tensors in place, or (past the allocations kept) copied into the slots.
         send, tensors, copied = None, {}, False
         rows = dict.fromkeys(self.extra_names, 0)
@@ -435,55 +425,36 @@ class _Worker:
         return handler
 
     def _track(self, handle, count: int, mb: int, copies: list, tensors: tuple) -> int:
-        with self.lock:
-            self.pushes += 1
-            handler = self.next_handler
-            self.next_handler += count
-            # The caller's tensors are held until wait: the engine reads and writes them meanwhile
-            # (StepMesh's requests hold them alike), even where the caller dropped its own.
-            self.trips[handler] = _Trip(handle, count, mb, copies, tensors)
-        return handler
+        # The caller's tensors are held until wait: the engine reads and writes them meanwhile
+        # (StepMesh's requests hold them alike), even where the caller dropped its own.
+        return self.fast.track(handle, count, mb, copies, tensors)
 
     def wait(self, handler: int, timeout_ms: float) -> None:
-        with self.lock:
-            trip = self.trips.pop(handler, None)
-        if trip is None:
+        got = self.fast.wait(number, timeout_ms) if (number := _handler(handler)) else None
+        if got is None:
             raise _errors.make(InvalidArgumentError,
                                f"wait: handler {handler} is not a push_pull in flight")
-        try:
-            result = self.engine.wait(trip.handle, timeout_ms)
-        except hetmesh.TimeoutError:
-            with self.lock:  # still in flight: it can be waited for again
-                self.trips[handler] = trip
-            raise
-        for f, t in trip.copies:
-            slot = hetmesh.import_torch().from_dlpack(self.engine.result(trip.mb, f))
+        mb, copies = got
+        for f, t in copies:
+            slot = hetmesh.import_torch().from_dlpack(self.engine.result(mb, f))
             _bytes(t).copy_(slot.view(-1)[:_nbytes(t)])
-        with self.lock:
-            if len(self.traces) >= _MAX_TRACES:
-                self.traces.pop(next(iter(self.traces)))
-            self.traces[handler] = (trip.count, result)
 
     def all_handlers(self, handler: int) -> list[int]:
-        with self.lock:
-            entry = self.trips.get(handler) or self.traces.get(handler)
-        count = 1 if entry is None else entry.count if isinstance(entry, _Trip) else entry[0]
-        return list(range(handler, handler + count))
+        number = _handler(handler)
+        return list(range(handler, handler + self.fast.handlers(number))) if number else [handler]
 
     def trace(self, handler: int) -> list[int]:
-        with self.lock:
-            for base, (count, trip) in reversed(self.traces.items()):
-                if base <= handler < base + count:
-                    break
-            else:
-                raise _errors.make(InvalidArgumentError,
-                                   f"fetch_trace: handler {handler} has not been waited for")
+        trip = self.fast.round_trip(number) if (number := _handler(handler)) else None
+        if trip is None:
+            raise _errors.make(InvalidArgumentError,
+                               f"fetch_trace: handler {handler} has not been waited for")
         # The server whose answer came last; its stamps on its own clock, A's on A's.
         per = max((trip.ffn[f] for f in self.rail), key=lambda p: p.received_at_a)
         return [trip.push_start, per.posted_at_a, per.f_received, per.f_batch_ready,
                 per.f_compute_end, per.f_posted, per.received_at_a, trip.completed]
 
     def close(self) -> None:
+        self.fast.close()
         self.engine.close()
 
 
@@ -614,17 +585,13 @@ class _Server:
                 for index, tensors, keys in views]
 
     def respond(self, tensors, handler: int, need_event: bool) -> None:
-        given = handler
-        try:
-            handler = operator.index(handler)
-        except TypeError:
-            handler = 0  # refused below, as every handler never handed out
+        given, handler = handler, _handler(handler)
         need_event = bool(need_event)
-        if 0 < handler < 1 << 63 and self.fast.respond(tensors, handler, need_event):
+        if handler and self.fast.respond(tensors, handler, need_event):
             return
         tensors = list(tensors)
         size = sum(_nbytes(t) for t in tensors)
-        entry = self.fast.take(handler) if 0 < handler < 1 << 63 else None
+        entry = self.fast.take(handler) if handler else None
         if entry is None:
             raise _errors.make(InvalidArgumentError,
                                f"respond: handler {given} is not a part get_batch handed out "

@@ -1,5 +1,6 @@
 // The engines, their job config and the store, bound for Python (engines.cc, store.cc), and
-// hetmesh.stepmesh's server in steady state (stepmesh_serve.cc).
+// hetmesh.stepmesh's server in steady state and its worker's bookkeeping (stepmesh_serve.cc,
+// stepmesh_worker.cc).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -11,6 +12,7 @@ namespace py = pybind11;
 void bind_config(py::module_& m);
 void bind_store(py::module_& m);
 void bind_engines(py::module_& m);
-void bind_stepmesh_serve(py::module_& m);  // stepmesh_serve.cc
+void bind_stepmesh_serve(py::module_& m);   // stepmesh_serve.cc
+void bind_stepmesh_worker(py::module_& m);  // stepmesh_worker.cc
 
 }  // namespace hetmesh::python

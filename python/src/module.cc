@@ -83,4 +83,5 @@ PYBIND11_MODULE(_native, m) {
   bind_store(m);
   bind_engines(m);
   bind_stepmesh_serve(m);
+  bind_stepmesh_worker(m);
 }

@@ -545,8 +545,9 @@ def test_tensors_at_new_addresses_go_through_the_slots_past_the_bound():
 # where one did before are handed out, and answers from memory answered from before are sent,
 # from C++.
 STEADY = """
-import torch, os
+import torch, os, time
 import fserver_lib as f
+import hetmesh
 import hetmesh.stepmesh as s
 dev = 'cuda:0' if os.environ.get('HM_TEST_STEPMESH_DEVICE') == 'cuda' else 'cpu'
 f.init()
@@ -575,21 +576,40 @@ if os.environ.get('DMLC_ROLE') == 'worker':
     trip(16, 6, with_scale=False)  # a new layout: the Python path, once
     trip(16, 7, with_scale=False)
     assert len(slow) == 3, slow
+    # A wait that times out leaves the push_pull in flight (the server answers this one late);
+    # waited for again, it ends, and is known to get_all_handlers and fetch_trace.
+    h = f.push_pull([x[:16], scale[:16]], [0, 1], [y[:16]], [9])
+    try:
+        f.wait(h, 50)
+        raise SystemExit("the wait did not time out")
+    except hetmesh.TimeoutError:
+        pass
+    f.wait(h)
+    assert f.get_all_handlers(h) == [h, h + 1, h + 2] and len(f.fetch_trace(h + 2)) == 8
+    try:
+        f.wait(h)
+        raise SystemExit("a push_pull was waited for twice")
+    except hetmesh.InvalidArgumentError as error:
+        assert f"handler {h} is not a push_pull in flight" in str(error), error
+    assert len(slow) == 3, slow
     print("worker test done", flush=True)
 elif os.environ.get('DMLC_ROLE') == 'server':
     out_buffer = torch.zeros([64, 128], dtype=torch.bfloat16, device=dev)
-    for _ in range(15):
+    for n in range(16):
         batch = f.get_batch()
+        if n == 15:
+            time.sleep(0.5)  # the worker's first wait for it times out
         for handler, tensors, keys in batch:
             out = out_buffer[:tensors[0].shape[0]]
             out.copy_(tensors[0] * (tensors[1].view(-1, 1) if len(tensors) > 1 else 1) + 1)
             f.respond([out], handler, need_event=True)
             tensors.clear(), keys.clear()  # the caller's own lists: the next batch's are whole
-    # Batches (3 micro-batches): 16 rows with a scale x10, 8, 32 x2, 16 without x2. A part's
-    # views are made in Python at the first batch of each micro-batch and rows: 7 handed out
-    # from C++. Answers: from out_buffer's first 16 rows, then 32 (learnt in Python): 13 from C++.
+    # Batches (3 micro-batches): 16 rows with a scale x10, 8, 32 x2, 16 without x2, 16 with a
+    # scale. A part's views are made in Python at the first batch of each micro-batch and rows: 8
+    # handed out from C++. Answers: from out_buffer's first 16 rows, then 32 (learnt in Python):
+    # 14 from C++.
     counters = s._state["server"].fast.counters()
-    assert counters["batches_from_cpp"] == 7 and counters["answers_from_cpp"] == 13, counters
+    assert counters["batches_from_cpp"] == 8 and counters["answers_from_cpp"] == 14, counters
     assert counters["parts_unanswered"] == 0, counters
     print("server test done", flush=True)
 f.stop()
