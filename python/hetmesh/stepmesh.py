@@ -454,8 +454,8 @@ class _Worker:
                 per.f_compute_end, per.f_posted, per.received_at_a, trip.completed]
 
     def close(self) -> None:
+        self.engine.close()  # first: the engine may still use the tensors of trips in flight
         self.fast.close()
-        self.engine.close()
 
 
 class _Server:
@@ -626,8 +626,8 @@ class _Server:
             self.fast.learn_output(output)
 
     def close(self) -> None:
+        self.engine.close()  # first: the engine may still send from the answers held
         self.fast.close()
-        self.engine.close()
 
 
 _state: dict[str, Any] = {}

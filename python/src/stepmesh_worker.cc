@@ -3,9 +3,15 @@
 // wait each run one call of the shim's Python. The shim's Python path records its calls here too.
 #include "engines.hpp"
 
+#include <hetmesh/core/error.hpp>
+
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <utility>
 
 namespace hetmesh::python {
@@ -48,13 +54,17 @@ class StepMeshWorker {
     ++pushes_;
     const int64_t handler = next_handler_;
     next_handler_ += std::max<int64_t>(1, count);
-    trips_.emplace(handler, Trip{handle, count, mb, std::move(copies), std::move(tensors)});
+    trips_.emplace(handler, Trip{handle, std::max<int64_t>(1, count), mb, std::move(copies),
+                                 std::move(tensors)});
     return handler;
   }
 
   // Waits for a push_pull in flight: (micro-batch, copies), or None if `handler` is not one. A
-  // wait that times out leaves it in flight (to wait for again); any other error ends it.
-  py::object wait(int64_t handler, const py::object& timeout_ms) {
+  // wait that times out, or is refused before it waits, leaves it in flight (to wait for again);
+  // any other error ends it, as it ended in the engine.
+  py::object wait(int64_t handler, std::optional<double> timeout_ms) {
+    if (timeout_ms && !(*timeout_ms >= 0))
+      throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("timeout_ms {} is not >= 0", *timeout_ms));
     auto it = trips_.find(handler);
     if (it == trips_.end()) return py::none();
     Trip trip = std::move(it->second);
@@ -66,7 +76,8 @@ class StepMeshWorker {
       if (e.matches(timeout_error_)) trips_.emplace(handler, trip);
       throw;
     }
-    if (traces_.size() >= kMaxTraces) traces_.erase(traces_.begin());  // the oldest push's
+    // The lowest handler's goes: a push_pull waited for long after later ones may go first.
+    if (traces_.size() >= kMaxTraces) traces_.erase(traces_.begin());
     traces_.insert_or_assign(handler, Traced{trip.count, std::move(result)});
     return py::make_tuple(trip.mb, std::move(trip.copies));
   }

@@ -584,7 +584,13 @@ if os.environ.get('DMLC_ROLE') == 'worker':
         raise SystemExit("the wait did not time out")
     except hetmesh.TimeoutError:
         pass
-    f.wait(h)
+    try:
+        f.wait(h, -1)
+        raise SystemExit("a negative timeout was taken")
+    except hetmesh.InvalidArgumentError:
+        pass
+    f.wait(h)  # still in flight after both
+    assert torch.equal(y[:16], torch.full_like(y[:16], 7 * 2 + 1)), y[:16]
     assert f.get_all_handlers(h) == [h, h + 1, h + 2] and len(f.fetch_trace(h + 2)) == 8
     try:
         f.wait(h)
