@@ -604,7 +604,7 @@ elif os.environ.get('DMLC_ROLE') == 'server':
     for n in range(16):
         batch = f.get_batch()
         if n == 15:
-            time.sleep(0.5)  # the worker's first wait for it times out
+            time.sleep(2)  # the worker's first wait for it times out
         for handler, tensors, keys in batch:
             out = out_buffer[:tensors[0].shape[0]]
             out.copy_(tensors[0] * (tensors[1].view(-1, 1) if len(tensors) > 1 else 1) + 1)

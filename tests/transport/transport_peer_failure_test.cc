@@ -1,6 +1,7 @@
 // A peer that fails under TransportTest: stopped (SIGSTOP), it fails a write over tcp (the tcp
 // transport, or libfabric's tcp provider) within the io_timeout rather than blocking it; killed
-// (SIGKILL), it is reported lost within a bound, and writes to it throw.
+// (SIGKILL), it is reported lost within a bound, and writes to it throw (except over libfabric's
+// shm provider, which cannot survive it).
 #include "transport_support.hpp"
 
 #include <hetmesh/core/error.hpp>
@@ -52,6 +53,11 @@ TEST_P(TransportTest, StoppedPeerFailsATcpWriteInsteadOfBlocking) {
 }
 
 TEST_P(TransportTest, KilledPeerIsReportedWithinTheTimeout) {
+  // libfabric 1.17's shm: a peer killed while it holds the spinlock of a segment both map leaves
+  // this process spinning inside the provider for good (probe in docs/failures.md). Nothing of
+  // ours can bound that; "auto" never picks shm (fabric_loading_test.cc).
+  if (GetParam().kind == TransportKind::fabric && GetParam().provider == "shm")
+    GTEST_SKIP() << "libfabric's shm provider does not survive a killed peer (docs/failures.md)";
   for (int k = 0; k < 4; ++k)
     write(5);  // 1 MiB writes in flight
   peer_->kill(SIGKILL);

@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string_view>
 
 #include <unistd.h>
 
@@ -39,6 +41,11 @@ namespace {
 // keys and binds registrations to the endpoint.
 constexpr uint64_t kMrModes =
     FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+
+bool is_shm(const fi_info& info) {
+  return info.fabric_attr->prov_name != nullptr &&
+         std::string_view(info.fabric_attr->prov_name) == "shm";
+}
 
 bool wildcard(const std::string& host) {
   return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
@@ -94,10 +101,33 @@ FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& h
                             "the providers this libfabric has, `fi_info -v` their domains)",
                             provider == "auto" ? "at all" : "'" + provider + "'",
                             domain_name.empty() ? "" : " in domain '" + domain_name + "'", why));
-  info_ = fabric_library().dupinfo(list);
+  // "auto" never takes shm: it does not survive a peer's death (below), and on one host the ipc
+  // transport does what it does.
+  const fi_info* pick = list;
+  if (provider == "auto")
+    while (pick != nullptr && is_shm(*pick))
+      pick = pick->next;
+  if (pick == nullptr) {
+    fabric_library().freeinfo(list);
+    throw Error(HM_ERR_NOT_SUPPORTED,
+                "fabric: \"auto\" found only libfabric's shm provider here, which it does not "
+                "choose (a killed peer can wedge it: docs/failures.md); name provider = \"shm\" "
+                "to use it anyway, or use the ipc transport within a host");
+  }
+  info_ = fabric_library().dupinfo(pick);
   fabric_library().freeinfo(list);
   if (info_ == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "fabric: fi_dupinfo");
-  if (this->provider() == "shm") {
+  if (is_shm(*info_)) {
+    // libfabric 1.17's shm (Debian 12's) keeps a spinlock in each process's shared segment, taken
+    // by the peers that write to it: a peer killed while it holds one leaves the survivor spinning
+    // inside fi_cq_read or a post for good, beyond any timeout of ours.
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      log(LogLevel::warn,
+          "fabric: libfabric's shm provider does not survive a peer killed mid-operation (a "
+          "lock in their shared segment stays held and this process then spins inside "
+          "libfabric); for tests, or use the ipc transport within a host (docs/failures.md)");
+    });
     // shm names endpoints after the process by default, which two endpoints of one process (or
     // a process whose pid came back) share: fi_enable then fails with EBUSY. A random name each.
     uint8_t nonce[8];

@@ -91,7 +91,8 @@ struct TransportOptions {
   // name as many. Not for ipc.
   std::vector<std::string> rails;
   // fabric: the libfabric provider ("tcp", "shm", "verbs;ofi_rxm", "efa", ...; "auto" = the
-  // first that offers reliable datagrams with messages and RMA writes). Both ends name the same.
+  // first but shm that offers reliable datagrams with messages and RMA writes; shm does not
+  // survive a killed peer). Both ends name the same.
   std::string fabric_provider = "auto";
   // fabric: the provider's domain, where it has several (an RDMA device for verbs;ofi_rxm, an EFA
   // device for efa); "" = the first, on listen_host's interface where the provider has addresses.
