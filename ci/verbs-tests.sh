@@ -24,6 +24,7 @@ require_tests "$build/bin/transport_test" 'RegistrationFallback/*verbs*' 5
 require_tests "$build/bin/transport_test" '*fabric_verbs_ofi_rxm*' 36
 require_tests "$build/bin/transport_test" '*verbs_rails*' 18
 require_tests "$build/bin/rails_test" '*verbs*' 8
+require_tests "$build/bin/write_more_test" '*verbs*' 4
 require_tests "$build/bin/transport_selection_test" '*ThisHostAgreesWithSysfs*' 1
 require_tests "$build/bin/afd_engine_test" '*verbs*' 2
 require_tests "$build/bin/afd_fault_test" '*verbs*' 4
@@ -33,6 +34,9 @@ require_tests "$build/bin/afd_tensors_test" '*verbs*' 1
 
 echo "== transport suite over verbs (registration fallback order included)"
 "$build/bin/transport_test" --gtest_filter='*verbs*:-*fabric*' --gtest_brief=1
+
+echo "== runs of writes with \`more\` over verbs: held, then posted together"
+"$build/bin/write_more_test" --gtest_filter='*verbs*' --gtest_brief=1
 
 echo "== rails over rxe0 and rxe1 (verbs, and libfabric's verbs;ofi_rxm): a striped write crosses both; rxe1's link taken down mid-stream, then rxe0's (the lead); back after its cooldown"
 FI_UNIVERSE_SIZE=32 "$build/bin/rails_test" --gtest_filter='*verbs*' --gtest_brief=1

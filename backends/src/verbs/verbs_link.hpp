@@ -88,8 +88,11 @@ class VerbsLink : public std::enable_shared_from_this<VerbsLink> {
   // --- the data path (verbs_link_io.cc) ---
 
   std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor);
+  // With `more`, the write's work requests wait in the software queue for the run's last write
+  // (one without `more`, even a refused one) or a control message: the run goes in one
+  // ibv_post_send, one doorbell (on soft-RoCE one system call) for the lot.
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
-             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie);
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie, bool more);
   void send_control(std::span<const uint8_t> message);
 
   // Poller: handles what both CQs hold; returns how many completions there were. `wcs` has room
@@ -141,6 +144,8 @@ class VerbsLink : public std::enable_shared_from_this<VerbsLink> {
   void done_locked(uint64_t cookie, hm_status status, const std::string& message);
   // Posts as much of the software queue as the send queue has room for, in one call.
   void post_locked();
+  // Posts what writes with `more` left in the queue.
+  void post_held();
   void on_send_locked(const ibv_wc& wc);
   void on_recv(const ibv_wc& wc, ibv_wc* spare);
   // The control thread: reads control frames until the socket ends.

@@ -30,7 +30,15 @@ std::shared_ptr<RemoteRegion> VerbsLink::import_region(const RegionDescriptor& d
 
 void VerbsLink::write(const Region& src, uint64_t src_offset, const RemoteRegion& dst,
                       uint64_t dst_offset, uint64_t length, std::optional<uint32_t> notify,
-                      uint64_t cookie) {
+                      uint64_t cookie, bool more) {
+  // A refused write without `more` still ends the run before it.
+  struct EndsRun {
+    VerbsLink& link;
+    bool armed;
+    ~EndsRun() {
+      if (armed) link.post_held();
+    }
+  } ends_run{*this, !more};
   const auto* source = region_cast<const VerbsRegion>(src);
   const auto* target = region_cast<const VerbsRemoteRegion>(dst);
   if (source == nullptr || target == nullptr)
@@ -85,7 +93,13 @@ void VerbsLink::write(const Region& src, uint64_t src_offset, const RemoteRegion
                   length};
     waiting_.push_back(op);
   }
-  post_locked();
+  ends_run.armed = false;
+  if (!more) post_locked();
+}
+
+void VerbsLink::post_held() {
+  std::lock_guard lock(mutex_);
+  if (!failed_) post_locked();
 }
 
 void VerbsLink::send_control(std::span<const uint8_t> message) {
@@ -93,6 +107,7 @@ void VerbsLink::send_control(std::span<const uint8_t> message) {
     throw Error(HM_ERR_INVALID_ARGUMENT, fmt::format("control message of {} bytes exceeds {}",
                                                      message.size(), Connection::kMaxControlBytes));
   if (!alive_) throw Error(kStatusPeerLost, fmt::format("send_control: peer {} is lost", peer_id_));
+  post_held();
   FrameHeader header{kFrameMagic, kFrameVersion, kControl, 0, message.size()};
   try {
     std::lock_guard lock(send_mutex_);

@@ -44,9 +44,8 @@ class VerbsConnection : public Connection {
   }
   using Connection::write;  // the overload without `more`
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
-             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie,
-             bool /*more: each notification goes at once*/) override {
-    link_->write(src, src_offset, dst, dst_offset, length, notify, cookie);
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie, bool more) override {
+    link_->write(src, src_offset, dst, dst_offset, length, notify, cookie, more);
   }
   void send_control(std::span<const uint8_t> message) override { link_->send_control(message); }
 
