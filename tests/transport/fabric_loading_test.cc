@@ -55,6 +55,7 @@ TEST(FabricLoading, AutoNeverChoosesShm) {
   }
   options.fabric_provider = "shm";
   EXPECT_EQ(Transport::create(options)->kind(), TransportKind::fabric);
+  unsetenv("FI_PROVIDER");
 }
 
 }  // namespace

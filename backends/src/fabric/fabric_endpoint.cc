@@ -117,28 +117,28 @@ FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& h
   info_ = fabric_library().dupinfo(pick);
   fabric_library().freeinfo(list);
   if (info_ == nullptr) throw Error(HM_ERR_OUT_OF_MEMORY, "fabric: fi_dupinfo");
-  if (is_shm(*info_)) {
-    // libfabric 1.17's shm (Debian 12's) keeps a spinlock in each process's shared segment, taken
-    // by the peers that write to it: a peer killed while it holds one leaves the survivor spinning
-    // inside fi_cq_read or a post for good, beyond any timeout of ours.
-    static std::once_flag warned;
-    std::call_once(warned, [] {
-      log(LogLevel::warn,
-          "fabric: libfabric's shm provider does not survive a peer killed mid-operation (a "
-          "lock in their shared segment stays held and this process then spins inside "
-          "libfabric); for tests, or use the ipc transport within a host (docs/failures.md)");
-    });
-    // shm names endpoints after the process by default, which two endpoints of one process (or
-    // a process whose pid came back) share: fi_enable then fails with EBUSY. A random name each.
-    uint8_t nonce[8];
-    random_bytes(nonce);
-    std::string name = fmt::format("fi_shm://hetmesh-{}-{:02x}", getpid(), fmt::join(nonce, ""));
-    free(info_->src_addr);
-    info_->src_addr = strdup(name.c_str());
-    info_->src_addrlen = name.size() + 1;
-  }
   const std::string where = fmt::format("provider {}, domain {}", this->provider(), domain());
-  try {
+  try {  // from here on, close() frees what was opened, info_ included
+    if (is_shm(*info_)) {
+      // libfabric 1.17's shm (Debian 12's) keeps a spinlock in each process's shared segment, taken
+      // by the peers that write to it: a peer killed while it holds one leaves the survivor
+      // spinning inside fi_cq_read or a post for good, beyond any timeout of ours.
+      static std::once_flag warned;
+      std::call_once(warned, [] {
+        log(LogLevel::warn,
+            "fabric: libfabric's shm provider does not survive a peer killed mid-operation (a "
+            "lock in their shared segment stays held and this process then spins inside "
+            "libfabric); for tests, or use the ipc transport within a host (docs/failures.md)");
+      });
+      // shm names endpoints after the process by default, which two endpoints of one process (or
+      // a process whose pid came back) share: fi_enable then fails with EBUSY. A random name each.
+      uint8_t nonce[8];
+      random_bytes(nonce);
+      std::string name = fmt::format("fi_shm://hetmesh-{}-{:02x}", getpid(), fmt::join(nonce, ""));
+      free(info_->src_addr);
+      info_->src_addr = strdup(name.c_str());
+      info_->src_addrlen = name.size() + 1;
+    }
     if (int ret = fabric_library().fabric(info_->fabric_attr, &fabric_, nullptr); ret != 0)
       throw_fabric("fi_fabric", ret, where);
     if (int ret = fi_domain(fabric_, info_, &domain_, nullptr); ret != 0)

@@ -42,10 +42,10 @@ class FabricMr {
 
 class FabricEndpoint {
  public:
-  // Opens the provider named (`auto`: the first that offers reliable datagrams with messages and
-  // RMA), in `domain` where one is named, else preferring a domain on `host`'s interface where the
-  // provider is address-based. Throws Error(HM_ERR_NOT_SUPPORTED) naming the provider and
-  // libfabric's answer when none fits.
+  // Opens the provider named (`auto`: the first but shm that offers reliable datagrams with
+  // messages and RMA), in `domain` where one is named, else preferring a domain on `host`'s
+  // interface where the provider is address-based. Throws Error(HM_ERR_NOT_SUPPORTED) naming the
+  // provider and libfabric's answer when none fits.
   FabricEndpoint(const std::string& provider, const std::string& host,
                  const std::string& domain_name);
   ~FabricEndpoint();

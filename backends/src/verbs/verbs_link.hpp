@@ -8,7 +8,8 @@
 // notification value) when the caller wants a notification; a range larger than the port's
 // max_msg_sz goes as several WRs. Every WR is signalled and counted, so the send queue never holds
 // more than its depth; what does not fit waits in a software queue that the completion poller
-// drains. RC ordering makes writes of one connection complete and notify in order.
+// drains, and so do the WRs of writes marked `more` until their run ends (or a completion posts
+// them sooner). RC ordering makes writes of one connection complete and notify in order.
 //
 // Staged destinations (device memory the NIC cannot reach): the writer writes into the receiver's
 // registered host mirror, then SENDs a StagedMessage; RC ordering makes the SEND arrive after the
@@ -89,8 +90,8 @@ class VerbsLink : public std::enable_shared_from_this<VerbsLink> {
 
   std::shared_ptr<RemoteRegion> import_region(const RegionDescriptor& descriptor);
   // With `more`, the write's work requests wait in the software queue for the run's last write
-  // (one without `more`, even a refused one) or a control message: the run goes in one
-  // ibv_post_send, one doorbell (on soft-RoCE one system call) for the lot.
+  // (one without `more`, even a refused one) or a control message: on an idle link the run goes in
+  // one ibv_post_send, one doorbell (on soft-RoCE one system call) for the lot.
   void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
              uint64_t length, std::optional<uint32_t> notify, uint64_t cookie, bool more);
   void send_control(std::span<const uint8_t> message);
@@ -143,8 +144,11 @@ class VerbsLink : public std::enable_shared_from_this<VerbsLink> {
   // Data path (verbs_link_io.cc).
   void done_locked(uint64_t cookie, hm_status status, const std::string& message);
   // Posts as much of the software queue as the send queue has room for, in one call.
+  // write()'s work requests into the software queue, checked; not posted.
+  void queue(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
+             uint64_t length, std::optional<uint32_t> notify, uint64_t cookie);
   void post_locked();
-  // Posts what writes with `more` left in the queue.
+  // Posts what the software queue holds (writes marked `more`, or beyond the send queue's depth).
   void post_held();
   void on_send_locked(const ibv_wc& wc);
   void on_recv(const ibv_wc& wc, ibv_wc* spare);
@@ -171,7 +175,7 @@ class VerbsLink : public std::enable_shared_from_this<VerbsLink> {
   LocalBuffer send_slots_;
 
   std::mutex mutex_;            // everything below
-  std::deque<SendOp> waiting_;  // not yet posted: the send queue was full
+  std::deque<SendOp> waiting_;  // not yet posted: the send queue was full, or a run goes on
   std::deque<Pending> posted_;  // posted, completion not yet seen (in order: RC)
   std::vector<ibv_send_wr> wrs_;
   std::vector<ibv_sge> sges_;

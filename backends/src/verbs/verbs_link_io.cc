@@ -31,14 +31,18 @@ std::shared_ptr<RemoteRegion> VerbsLink::import_region(const RegionDescriptor& d
 void VerbsLink::write(const Region& src, uint64_t src_offset, const RemoteRegion& dst,
                       uint64_t dst_offset, uint64_t length, std::optional<uint32_t> notify,
                       uint64_t cookie, bool more) {
-  // A refused write without `more` still ends the run before it.
-  struct EndsRun {
-    VerbsLink& link;
-    bool armed;
-    ~EndsRun() {
-      if (armed) link.post_held();
-    }
-  } ends_run{*this, !more};
+  try {
+    queue(src, src_offset, dst, dst_offset, length, notify, cookie);
+  } catch (...) {
+    if (!more) post_held();  // a refused write without `more` still ends the run before it
+    throw;
+  }
+  if (!more) post_held();
+}
+
+void VerbsLink::queue(const Region& src, uint64_t src_offset, const RemoteRegion& dst,
+                      uint64_t dst_offset, uint64_t length, std::optional<uint32_t> notify,
+                      uint64_t cookie) {
   const auto* source = region_cast<const VerbsRegion>(src);
   const auto* target = region_cast<const VerbsRemoteRegion>(dst);
   if (source == nullptr || target == nullptr)
@@ -93,8 +97,6 @@ void VerbsLink::write(const Region& src, uint64_t src_offset, const RemoteRegion
                   length};
     waiting_.push_back(op);
   }
-  ends_run.armed = false;
-  if (!more) post_locked();
 }
 
 void VerbsLink::post_held() {

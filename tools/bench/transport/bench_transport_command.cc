@@ -4,6 +4,7 @@
 #include "commands.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -45,6 +46,11 @@ void run_bench(const BenchOptions& o) {
   const bool perftest = same_host && o.transport == "verbs";
   const bool pingpong =
       same_host && o.transport == "fabric" && !find_on_path("fi_pingpong").empty();
+  // fi_pingpong on the provider the transport opened ("auto" resolved: libfabric's first may be
+  // one that hetmesh's "auto" passes over).
+  const std::string provider =
+      pingpong ? nlohmann::json::parse(p.end->transport->endpoint()).value("provider", o.provider)
+               : o.provider;
   std::vector<Row> rows;
   std::vector<TransportEvent> events;
   for (uint64_t size : sizes) {
@@ -58,7 +64,7 @@ void run_bench(const BenchOptions& o) {
     // little as possible between the two; our completion pollers sleep meanwhile.
     if (perftest && !o.busy_poll)
       measure_perftest(row, std::max(row.count, 200), o.window, o.rdma_device);
-    if (pingpong) measure_fi_pingpong(row, o.provider, o.iterations);
+    if (pingpong) measure_fi_pingpong(row, provider, o.iterations);
     rows.push_back(row);
   }
   send_text(*p.connection, "exit");

@@ -183,10 +183,11 @@ class Connection {
   // Starts a one-sided write; a write_done event with `cookie` reports its end. Throws Error
   // (INVALID_ARGUMENT) for a range outside either region, or if the peer is lost.
   // `more` (libfabric's FI_MORE): the caller issues another write on this connection right away.
-  // The transport may hold this write's notification back (its write_done may come first) until
-  // a later write without `more` (from any thread, even one refused) or a control message sent,
-  // which delivers every one held, in order; a caller that sets it must follow with one. A hint:
-  // a transport may deliver at once.
+  // The transport may hold this write back (ipc its notification, whose write_done may come
+  // first; verbs the whole write, write_done included) until a later write without `more` (from
+  // any thread, even one refused) or a control message sent, which delivers every one held, in
+  // order; a caller that sets it must follow with one, and not wait for this write before. A
+  // hint: a transport may deliver at once.
   virtual void write(const Region& src, uint64_t src_offset, const RemoteRegion& dst,
                      uint64_t dst_offset, uint64_t length, std::optional<uint32_t> notify,
                      uint64_t cookie, bool more) = 0;
