@@ -537,12 +537,9 @@ int run_launched(const RunOptions& o) {
   fs::create_directories(out);
   d.out = out.string();
   int rc = run_demo_instance(config, d);
-  if (rc == 0 && role == afd::Role::attention &&
-      !verify(config, afd::LocalInstances{{rank}, {}}, out))
-    rc = 1;
-  fs::remove_all(out);
   // Every process says it is done, so rank 0's store stays until the last has used it; a job whose
-  // failure was published ends the wait at once.
+  // failure was published ends the wait at once. An attention verifies its results after this,
+  // which needs no store: the others do not wait out its verification (slow under a sanitizer).
   const int processes = config.job.attention + config.job.ffn;
   try {
     auto store = connect_store(d.store, config.job.join_timeout);
@@ -556,8 +553,16 @@ int run_launched(const RunOptions& o) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   } catch (const Error& e) {
-    if (rc == 0) throw;  // else the instance's own error was said
+    if (rc == 0) {  // else the instance's own error was said
+      std::error_code ignored;
+      fs::remove_all(out, ignored);
+      throw;
+    }
   }
+  if (rc == 0 && role == afd::Role::attention &&
+      !verify(config, afd::LocalInstances{{rank}, {}}, out))
+    rc = 1;
+  fs::remove_all(out);
   return rc;
 }
 
