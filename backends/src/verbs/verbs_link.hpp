@@ -143,10 +143,10 @@ class VerbsLink : public std::enable_shared_from_this<VerbsLink> {
 
   // Data path (verbs_link_io.cc).
   void done_locked(uint64_t cookie, hm_status status, const std::string& message);
-  // Posts as much of the software queue as the send queue has room for, in one call.
   // write()'s work requests into the software queue, checked; not posted.
   void queue(const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset,
              uint64_t length, std::optional<uint32_t> notify, uint64_t cookie);
+  // Posts as much of the software queue as the send queue has room for, in one call.
   void post_locked();
   // Posts what the software queue holds (writes marked `more`, or beyond the send queue's depth).
   void post_held();
