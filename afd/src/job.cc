@@ -155,6 +155,9 @@ PluginRegistry load_plugins(const JobConfig& c) {
   PluginLoadOptions options;
   options.explicit_paths = c.plugins.paths;
   options.plugin_options = c.plugins.options;
+  for (const auto* role : {&c.devices.attention, &c.devices.ffn})
+    for (const std::string& selector : *role)
+      options.wanted.insert(selector.substr(0, selector.find(':')));
   return PluginRegistry::load(options);
 }
 

@@ -270,8 +270,10 @@ std::shared_ptr<Plugin> load_plugin_file(const std::string& path, const std::str
 PluginRegistry PluginRegistry::load(const PluginLoadOptions& options) {
   PluginRegistry registry;
   std::vector<std::string> candidates;
+  size_t searched_from = 0;  // candidates from here on were found in folders
   if (const char* forced = secure_getenv_compat("HETMESH_PLUGINS"); forced && *forced) {
     candidates = split(forced, ':');
+    searched_from = candidates.size();
     registry.searched_.push_back(
         fmt::format("HETMESH_PLUGINS: {} (nothing else searched)", forced));
   } else {
@@ -279,6 +281,7 @@ PluginRegistry PluginRegistry::load(const PluginLoadOptions& options) {
     if (!candidates.empty())
       registry.searched_.push_back(
           fmt::format("--plugin or [plugins] paths: {}", fmt::join(candidates, ", ")));
+    searched_from = candidates.size();
     if (options.search) {
       for (const auto& dir : split(secure_getenv_compat("HETMESH_PLUGIN_PATH"), ':')) {
         registry.searched_.push_back(fmt::format("HETMESH_PLUGIN_PATH: {}", dir));
@@ -291,15 +294,35 @@ PluginRegistry PluginRegistry::load(const PluginLoadOptions& options) {
     }
   }
 
-  for (const auto& path : candidates) {
-    // Options are keyed by plugin name, which is known only after loading; the name in the file
-    // name is the convention and is what we can use before that.
+  // Options and `wanted` are keyed by plugin name, which is known only after loading; the name in
+  // the file name is the convention and is what we can use before that.
+  auto guessed_name = [](const std::string& path) {
     std::string file = path.substr(path.rfind('/') + 1);
-    std::string guessed = file.rfind(HM_DEVICE_PLUGIN_PREFIX, 0) == 0
-                              ? file.substr(std::strlen(HM_DEVICE_PLUGIN_PREFIX),
-                                            file.size() - std::strlen(HM_DEVICE_PLUGIN_PREFIX) - 3)
-                              : file;
-    auto opt = options.plugin_options.find(guessed);
+    return file.rfind(HM_DEVICE_PLUGIN_PREFIX, 0) == 0
+               ? file.substr(std::strlen(HM_DEVICE_PLUGIN_PREFIX),
+                             file.size() - std::strlen(HM_DEVICE_PLUGIN_PREFIX) - 3)
+               : file;
+  };
+  if (!options.wanted.empty() && searched_from < candidates.size()) {
+    std::set<std::string> named;
+    for (const std::string& path : candidates)
+      named.insert(guessed_name(path));
+    const bool all_named = std::all_of(options.wanted.begin(), options.wanted.end(),
+                                       [&](const std::string& w) { return named.count(w) > 0; });
+    if (all_named) {
+      auto unwanted = [&](const std::string& path) {
+        return options.wanted.count(guessed_name(path)) == 0;
+      };
+      candidates.erase(std::remove_if(candidates.begin() + static_cast<ptrdiff_t>(searched_from),
+                                      candidates.end(), unwanted),
+                       candidates.end());
+      registry.searched_.push_back(fmt::format("from those folders only {} (the plugins asked for)",
+                                               fmt::join(options.wanted, ", ")));
+    }
+  }
+
+  for (const auto& path : candidates) {
+    auto opt = options.plugin_options.find(guessed_name(path));
     std::string plugin_options = opt == options.plugin_options.end() ? "" : opt->second;
 
     if (std::any_of(registry.plugins_.begin(), registry.plugins_.end(),

@@ -236,6 +236,45 @@ TEST_F(LoaderTest, PluginPathEnvironmentVariableAddsFolders) {
   EXPECT_EQ(std::count(loaded.begin(), loaded.end(), "cpu"), 1);
 }
 
+TEST_F(LoaderTest, WantedLoadsOnlyThoseFromTheFoldersAndNeverRunsTheOthers) {
+  TempDir dir;
+  std::filesystem::create_symlink(plugin_path("cpu"), dir.file("libhetmesh-device-cpu.so"));
+  // Loaded, this one would be refused (its initialize fails): it must not even be tried.
+  std::filesystem::create_symlink(cts_plugin_path("abi_init_fails"),
+                                  dir.file("libhetmesh-device-abi_init_fails.so"));
+  std::filesystem::create_symlink(cts_plugin_path("abi_newer_minor"),
+                                  dir.file("libhetmesh-device-abi_newer_minor.so"));
+  ScopedEnv env("HETMESH_PLUGIN_PATH", dir.path().string());
+  PluginLoadOptions options;
+  options.wanted = {"cpu", "asic_stub"};
+  PluginRegistry registry = PluginRegistry::load(options);
+  auto loaded = names(registry);
+  std::sort(loaded.begin(), loaded.end());
+  EXPECT_EQ(loaded, (std::vector<std::string>{"asic_stub", "cpu"}));  // asic_stub: installed
+  EXPECT_TRUE(registry.refused().empty()) << registry.refused()[0].path;
+  EXPECT_THAT(registry.searched().back(), HasSubstr("only asic_stub, cpu"));
+
+  // An explicit path is loaded whatever is wanted, and counts as the wanted name it carries.
+  options.explicit_paths = {cts_plugin_path("abi_newer_minor")};
+  options.wanted = {"cpu", "abi_newer_minor"};
+  loaded = names(PluginRegistry::load(options));
+  std::sort(loaded.begin(), loaded.end());
+  EXPECT_EQ(loaded, (std::vector<std::string>{"abi_newer_minor", "cpu"}));
+}
+
+TEST_F(LoaderTest, AWantedNameNoFileCarriesLoadsEveryFileToFindIt) {
+  TempDir dir;
+  // A vendor's file named otherwise than its plugin: found only by loading it.
+  std::filesystem::create_symlink(cts_plugin_path("abi_newer_minor"),
+                                  dir.file("libhetmesh-device-vendor_x.so"));
+  ScopedEnv env("HETMESH_PLUGIN_PATH", dir.path().string());
+  PluginLoadOptions options;
+  options.wanted = {"abi_newer_minor"};
+  PluginRegistry registry = PluginRegistry::load(options);
+  EXPECT_NE(registry.find("abi_newer_minor"), nullptr);
+  EXPECT_NE(registry.find("cpu"), nullptr);  // everything was loaded
+}
+
 TEST_F(LoaderTest, PluginsEnvironmentVariableIsExclusive) {
   TempDir dir;
   std::filesystem::create_symlink(cts_plugin_path("abi_newer_minor"),

@@ -154,6 +154,25 @@ TEST(CliRefusal, TemporaryFolderThatIsAFileIsNamed) {
                                    dir.file("file"), dir.file("file"))});
 }
 
+// A plugin in the folders that crashes its process in initialize() (another vendor's broken
+// runtime): a job whose devices do not name it never loads it, so it runs; `hetmesh info`, which
+// looks at every plugin in a child first, names it.
+TEST(CliConventions, AJobLoadsOnlyThePluginsItsDevicesName) {
+  test::TempDir dir;
+  fs::create_symlink(test::cts_plugin_path("abi_init_crashes"),
+                     dir.file("libhetmesh-device-abi_init_crashes.so"));
+  const std::string path = "HETMESH_PLUGIN_PATH=" + dir.path().string();
+  CliRun run = run_cli(
+      {"demo", "--config", std::string(HETMESH_EXAMPLE_CONFIG_DIR) + "/1a1f-cpu-ipc.toml"}, {path});
+  EXPECT_EQ(run.result.exit_code, 0) << run.result.describe() << "\n" << run.result.err;
+  EXPECT_NE(run.result.out.find("verified: final hidden states"), std::string::npos)
+      << run.result.out;
+  run = run_cli({"info"}, {path});
+  EXPECT_EQ(run.result.exit_code, 0) << run.result.describe() << "\n" << run.result.err;
+  EXPECT_NE((run.result.out + run.result.err).find("abi_init_crashes"), std::string::npos)
+      << run.result.out;
+}
+
 // Out of descriptors (a real RLIMIT_NOFILE of 10, set by the shell before exec): the error names
 // what was being created, for whom, and what to do, not a bare "pipe: Too many open files".
 TEST(CliRefusal, RunningOutOfDescriptorsNamesWhatAndWhatToDo) {

@@ -30,7 +30,8 @@ TransportKind single_host_transport(const JobConfig& config);
 EngineSpec job_shape(const JobConfig& config, Role role, int rank = 0);
 EngineSpec engine_spec(const JobConfig& config, Role role, int rank);
 
-// Loads the plugins the config names (explicit paths, per-plugin options) plus the usual search.
+// Loads the plugins the config names (explicit paths, per-plugin options) plus, from the usual
+// search, those its devices name (PluginLoadOptions::wanted).
 PluginRegistry load_plugins(const JobConfig& config);
 
 // Where the launcher placed an instance (InstancePlaces, launch.hpp; `--cpus`, `--nic`).

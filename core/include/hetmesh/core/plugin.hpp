@@ -16,6 +16,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,12 @@ struct PluginLoadOptions {
   std::vector<std::string> explicit_paths;
   // Search HETMESH_PLUGIN_PATH and the install folder after the explicit paths.
   bool search = true;
+  // The plugins wanted, by name; empty: all. The searched folders' files are then loaded only
+  // where the name in the file name is wanted, so that a job never runs the initialize() of a
+  // vendor runtime it does not use (a slow or broken one held up or crashed it); where a wanted
+  // name has no such file there, every file is loaded, to find it by the name it gives itself.
+  // Explicit paths and HETMESH_PLUGINS are always loaded.
+  std::set<std::string> wanted;
   // Run each plugin's initialize() first in a child process (hetmesh-plugin-probe), so a plugin
   // that crashes or hangs is refused instead of killing this process. Costs one process per plugin.
   bool isolate = false;
