@@ -22,6 +22,8 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,15 +89,21 @@ struct Stranger {
     ASSERT_EQ(ret, 0) << fi_strerror(static_cast<int>(-ret));
   }
 
-  // An RMA write of `bytes` to `address` at `to` under a guessed `key`. The provider may refuse
-  // it at once or fail it later: either way it must not land.
-  void write(fi_addr_t to, std::vector<uint8_t> bytes, const void* address, uint64_t key) {
-    auto& data = buffers.emplace_back(std::move(bytes));
-    auto& mr = registrations.emplace_back(endpoint.register_memory(data.data(), data.size(), true));
+  // An RMA write of `bytes` to `remote` (an address or offset, as the provider takes them) at
+  // `to` under `key`, carrying `data` as its remote CQ data where given. Under a guessed key the
+  // provider may refuse it at once or fail it later: either way it must not land.
+  void write(fi_addr_t to, std::vector<uint8_t> bytes, uint64_t remote, uint64_t key,
+             std::optional<uint64_t> data = std::nullopt) {
+    auto& buffer = buffers.emplace_back(std::move(bytes));
+    auto& mr =
+        registrations.emplace_back(endpoint.register_memory(buffer.data(), buffer.size(), true));
     auto& context = contexts.emplace_back(std::make_unique<fi_context2>());
-    void* desc = mr->desc();
-    fi_write(endpoint.ep(), data.data(), data.size(), desc, to, endpoint.remote_base(address), key,
-             context.get());
+    if (data)
+      fi_writedata(endpoint.ep(), buffer.data(), buffer.size(), mr->desc(), *data, to, remote, key,
+                   context.get());
+    else
+      fi_write(endpoint.ep(), buffer.data(), buffer.size(), mr->desc(), to, remote, key,
+               context.get());
   }
 };
 
@@ -109,15 +117,15 @@ TEST_P(FabricStrangerTest, StrangersMessagesAreDroppedAndThePeerIsUnharmed) {
   auto to_a = b_connects.get();
   auto target = to_b->import_region(b.region->describe());
 
-  // The stranger learns B's fabric address (as anyone on the fabric could) and B's link number
-  // for A (1: the first), but not the token A proved the job's secret for.
+  // The stranger learns B's fabric address (as anyone on the fabric could), but neither B's
+  // number for its connection to A (random) nor the token A proved the job's secret for.
   auto endpoint = nlohmann::json::parse(b.transport->endpoint());
   auto address = from_hex(endpoint["fabric_address"].get<std::string>(), "fabric_address");
   Stranger stranger(GetParam());
   fi_addr_t b_addr = stranger.endpoint.insert(address.data(), address.size());
 
   stranger.send(b_addr, std::vector<uint8_t>(16, 0xab));  // garbage
-  // A notice for B's link 1 (A) with a guessed token.
+  // A notice for a guessed link, with a guessed token.
   std::vector<uint8_t> forged(sizeof(MessageHeader));
   MessageHeader header{
       kMessageMagic, kMessageVersion, kNotice, kNotify, 0, 1, 1, 0x1234, 0, 8, 666, 0};
@@ -127,12 +135,33 @@ TEST_P(FabricStrangerTest, StrangersMessagesAreDroppedAndThePeerIsUnharmed) {
   // process_vm_writev, which a same-user process may do to any other anyway, and libfabric 1.17's
   // shm spins for good on a message larger than the receive buffer (docs/security.md).
   if (GetParam() != "shm") {
-    // RMA writes straight into B's region under guessed keys (keys B chooses are random).
-    for (uint64_t key : {0ull, 1ull, 2ull, 3ull})
-      stranger.write(b_addr, std::vector<uint8_t>{'E', 'V', 'I', 'L', 'E', 'V', 'I', 'L'},
-                     b.memory.data(), key);
+    // Over tcp a refused write ends the stranger's connection, and what it sent after would never
+    // reach B: each of the following comes from a stranger of its own.
+    std::vector<std::unique_ptr<Stranger>> others;
+    auto another = [&]() {
+      auto& next = others.emplace_back(std::make_unique<Stranger>(GetParam()));
+      return std::make_pair(next.get(), next->endpoint.insert(address.data(), address.size()));
+    };
+    // A holder of the region's key (a peer of the job, which may write there anyway) whose data
+    // names a link it guessed: the bytes land, the notification does not.
+    auto described = nlohmann::json::parse(b.region->describe());
+    stranger.write(b_addr, std::vector<uint8_t>{'K', 'E', 'Y', 'H', 'O', 'L', 'D', 'R'},
+                   described["base"].get<uint64_t>() + 128, described["key"].get<uint64_t>(),
+                   notify_data(1, 666));
+    // RMA writes straight into B's region under guessed keys (keys B chooses are random), with
+    // and without a notification for a guessed link as their data.
+    const uint64_t region_start = stranger.endpoint.remote_base(b.memory.data());
+    for (uint64_t key : {0ull, 1ull, 2ull}) {
+      auto [plain, to_plain] = another();
+      plain->write(to_plain, std::vector<uint8_t>{'E', 'V', 'I', 'L', 'E', 'V', 'I', 'L'},
+                   region_start, key);
+      auto [with_data, to_with_data] = another();
+      with_data->write(to_with_data, std::vector<uint8_t>{'E', 'V', 'I', 'L', 'E', 'V', 'I', 'L'},
+                       region_start, key, notify_data(static_cast<uint32_t>(key + 1), 666));
+    }
     // Larger than every receive buffer: truncated and dropped.
-    stranger.send(b_addr, std::vector<uint8_t>(kMessageBytes + 100, 0xcd));
+    auto [large, to_large] = another();
+    large->send(to_large, std::vector<uint8_t>(kMessageBytes + 100, 0xcd));
   }
   std::this_thread::sleep_for(500ms);  // B's progress thread takes them in meanwhile
 
@@ -153,6 +182,9 @@ TEST_P(FabricStrangerTest, StrangersMessagesAreDroppedAndThePeerIsUnharmed) {
   const auto* bytes = static_cast<const char*>(b.memory.data());
   EXPECT_EQ(std::string(bytes + 64, 8), "GOODDATA");
   EXPECT_NE(std::string(bytes, 8), "EVILEVIL") << "a stranger's RMA write landed";
+  if (GetParam() != "shm") {
+    EXPECT_EQ(std::string(bytes + 128, 8), "KEYHOLDR");
+  }
   EXPECT_TRUE(to_a->alive());
   EXPECT_TRUE(to_b->alive());
 }

@@ -143,6 +143,11 @@ bool FabricCompletions::reap_locked(ssize_t n, fi_cq_data_entry* entries) {
   }
   if (n <= 0) return false;
   for (ssize_t i = 0; i < n; ++i) {
+    // A peer's write that carried data: no operation of ours (its context is not ours to read).
+    if (entries[i].flags & FI_REMOTE_WRITE) {
+      if (entries[i].flags & FI_REMOTE_CQ_DATA) data_locked(entries[i].data);
+      continue;
+    }
     auto* op = static_cast<FabricOp*>(entries[i].op_context);
     if (op->kind == FabricOp::kReceive) {
       message_locked(op->slot, entries[i].len);
@@ -164,6 +169,8 @@ void FabricCompletions::finish_locked(FabricOp* op, const std::string* error) {
 void FabricCompletions::failed_locked(const fi_cq_err_entry& error) {
   char text[256] = "";
   fi_cq_strerror(shared_.endpoint.cq(), error.prov_errno, error.err_data, text, sizeof text);
+  // A peer's write that failed here: no operation of ours (its context is not ours to read).
+  if (error.flags & FI_REMOTE_WRITE) return;
   auto* op = static_cast<FabricOp*>(error.op_context);
   if (op == nullptr) return;
   if (op->kind == FabricOp::kReceive) {
@@ -195,6 +202,18 @@ void FabricCompletions::message_locked(uint32_t slot, uint64_t bytes) {
                     "(link {}); dropped",
                     h.magic, h.version, h.link));
   link->received_locked(h, bytes - sizeof h);
+}
+
+// A notification carried as a write's data (notify_data): for a link of ours, with its mark.
+void FabricCompletions::data_locked(uint64_t data) {
+  std::shared_ptr<FabricLink> link;
+  const auto wire_id = static_cast<uint32_t>(data >> 32);
+  if (auto it = shared_.links.find(wire_id); it != shared_.links.end()) link = it->second.lock();
+  if (!link || (data & kDataNotify) == 0)
+    return warn_once(fmt::format(
+        "a write with data {:016x} for no connection of this endpoint; its notification dropped",
+        data));
+  link->received_data_locked(data);
 }
 
 // Strangers' messages are logged at most once a second.

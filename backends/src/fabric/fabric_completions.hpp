@@ -41,6 +41,7 @@ class FabricCompletions {
   void finish_locked(FabricOp* op, const std::string* error);
   void failed_locked(const fi_cq_err_entry& error);
   void message_locked(uint32_t slot, uint64_t bytes);
+  void data_locked(uint64_t data);
   void warn_once(const std::string& what);
 
   FabricShared& shared_;

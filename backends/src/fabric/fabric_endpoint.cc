@@ -170,6 +170,11 @@ FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& h
     throw;
   }
   ordered_ = detail::ordered(*info_);
+  notify_by_data_ = ordered_ && (info_->tx_attr->msg_order & FI_ORDER_WAS) &&
+                    (info_->rx_attr->msg_order & FI_ORDER_WAS) &&
+                    info_->domain_attr->cq_data_size >= sizeof(uint64_t) &&
+                    !(info_->domain_attr->mr_mode & FI_MR_PROV_KEY) &&
+                    info_->domain_attr->mr_key_size >= sizeof(uint64_t);
   max_message_ = info_->ep_attr->max_msg_size;
   if (max_message_ < kMessageBytes) {
     close();
@@ -179,9 +184,12 @@ FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& h
                             where, max_message_, kMessageBytes));
   }
   log(LogLevel::info,
-      "fabric: {}: writes and notices {}; messages and writes up to {} bytes; {} CQ", where,
+      "fabric: {}: writes and notices {}; notifications {}; messages and writes up to {} bytes; "
+      "{} CQ",
+      where,
       ordered_ ? "back to back (ordered)" : "each after the delivery of the writes before it",
-      max_message_, waitable_ ? "a waitable" : "a polled");
+      notify_by_data_ ? "as the write's remote CQ data" : "as notice messages", max_message_,
+      waitable_ ? "a waitable" : "a polled");
 }
 
 FabricEndpoint::~FabricEndpoint() {

@@ -51,24 +51,30 @@ void FabricLink::setup(Clock::time_point deadline) {
   std::vector<uint8_t> address = shared_->endpoint.address();
   mine.address_length = static_cast<uint16_t>(address.size());
   std::memcpy(mine.address, address.data(), address.size());
-  mine.link = id_;
   mine.token = token_;
+  mine.flags = shared_->endpoint.notify_by_data() ? uint32_t{kTakesNotifyData} : 0;
   {
     // Known before the peer can send: it may write as soon as it has our hello.
     std::lock_guard lock(shared_->progress_mutex);
-    shared_->links[id_] = weak_from_this();
+    do
+      random_bytes({reinterpret_cast<uint8_t*>(&wire_id_), sizeof wire_id_});
+    while (wire_id_ == 0 || shared_->links.count(wire_id_) > 0);
+    shared_->links[wire_id_] = weak_from_this();
   }
+  mine.link = wire_id_;
   send_all(socket_.get(), &mine, sizeof mine, "the fabric hello", deadline);
   FabricHello theirs;
   recv_all(socket_.get(), &theirs, sizeof theirs, "the fabric hello", deadline);
-  if (theirs.magic != kHelloMagic || theirs.version != kHelloVersion || theirs.reserved != 0 ||
-      theirs.address_length == 0 || theirs.address_length > kMaxFabricAddress)
+  if (theirs.magic != kHelloMagic || theirs.version != kHelloVersion ||
+      (theirs.flags & ~uint32_t{kTakesNotifyData}) != 0 || theirs.address_length == 0 ||
+      theirs.address_length > kMaxFabricAddress)
     throw Error(kStatusProtocolError,
                 fmt::format("fabric peer {}: bad hello (magic {:08x}, version {}, address of {} "
                             "bytes)",
                             peer_id_, theirs.magic, theirs.version, theirs.address_length));
   peer_link_ = theirs.link;
   peer_token_ = theirs.token;
+  peer_takes_data_ = (theirs.flags & kTakesNotifyData) != 0;
   std::lock_guard lock(shared_->progress_mutex);
   peer_ = shared_->endpoint.insert(theirs.address, theirs.address_length);
 }
@@ -82,7 +88,7 @@ void FabricLink::close() {
   socket_.shutdown();
   if (receiver_.joinable()) receiver_.join();
   std::lock_guard lock(shared_->progress_mutex);
-  shared_->links.erase(id_);
+  shared_->links.erase(wire_id_);
   shared_->waiting.erase(shared_from_this());
   if (!failed_) {
     fail_locked("the connection was closed");
@@ -95,6 +101,19 @@ std::shared_ptr<RemoteRegion> FabricLink::import_region(const RegionDescriptor& 
       d.endpoint, d.region, d.size, field<uint64_t>(d.document, "key", kRegionDescriptor),
       field<uint64_t>(d.document, "base", kRegionDescriptor),
       field<bool>(d.document, "staged", kRegionDescriptor));
+}
+
+uint32_t FabricLink::take_send_slot() {
+  try {
+    return shared_->sends.take(shared_->io_timeout, peer_id_);
+  } catch (const Error&) {
+    // The buffers may be held by this very peer, stopped: then its stall is the error (the
+    // progress thread, late under load, may not have seen it yet). Else another peer holds them.
+    std::lock_guard lock(shared_->progress_mutex);
+    check_stall_locked(Clock::now());
+    if (failed_) throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
+    throw;
+  }
 }
 
 FabricOp* FabricLink::new_op(FabricOp::Kind kind, uint64_t seq, uint32_t slot) {
@@ -126,18 +145,31 @@ void FabricLink::write(const Region& src, uint64_t src_offset, const RemoteRegio
   const uint8_t* local = source->host() + src_offset;
   if (source->staged() && length > 0)
     source->access().copy_out(src_offset, length, source->host() + src_offset);
+  // A notification rides on the last RMA write where the peer takes it so (a staged region's
+  // write needs its notice anyway, to copy the bytes in; an empty write has no RMA to carry it),
+  // until the link's first notice: the peer's provider reports a write's data when it lands but
+  // may hold a message back (no receive posted for it yet: comp_order is not promised), so a
+  // notification by data could overtake an earlier notice, and the notification of a later
+  // write come before a staged write's bytes reach the device. After one notice, every
+  // notification of the link goes as a notice (messages keep their order).
+  const bool data_ok = notify && !target->staged && length > 0 && *notify < kDataNotify &&
+                       peer_takes_data_ && shared_->endpoint.notify_by_data();
   std::optional<uint32_t> slot;
-  if (notify || target->staged) {
-    try {
-      slot = shared_->sends.take(shared_->io_timeout, peer_id_);
-    } catch (const Error&) {
-      // The buffers may be held by this very peer, stopped: then its stall is the error (the
-      // progress thread, late under load, may not have seen it yet). Else another peer holds them.
-      std::lock_guard lock(shared_->progress_mutex);
-      check_stall_locked(Clock::now());
-      if (failed_) throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
-      throw;
-    }
+  std::unique_lock lock(shared_->progress_mutex, std::defer_lock);
+  bool by_data;
+  for (;;) {
+    by_data = data_ok && !notice_sent_.load();
+    if (!by_data && (notify || target->staged) && !slot) slot = take_send_slot();
+    lock.lock();
+    if (!by_data || !notice_sent_.load()) break;
+    lock.unlock();  // a notice was queued meanwhile: this one follows it as a notice
+  }
+  if (failed_) {
+    if (slot) shared_->sends.give(*slot);
+    throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
+  }
+  if (slot) {
+    notice_sent_.store(true);
     auto* header = reinterpret_cast<MessageHeader*>(shared_->sends.at(*slot));
     *header = MessageHeader{kMessageMagic,
                             kMessageVersion,
@@ -152,12 +184,6 @@ void FabricLink::write(const Region& src, uint64_t src_offset, const RemoteRegio
                             notify.value_or(0),
                             0};
   }
-
-  std::lock_guard lock(shared_->progress_mutex);
-  if (failed_) {
-    if (slot) shared_->sends.give(*slot);
-    throw Error(kStatusPeerLost, fmt::format("write: peer {} is lost", peer_id_));
-  }
   const uint64_t seq = next_seq_++;
   Pending pending{seq, cookie, 0};
   const uint64_t most = shared_->endpoint.max_message();
@@ -168,6 +194,7 @@ void FabricLink::write(const Region& src, uint64_t src_offset, const RemoteRegio
     queue_.push_back(
         Post{op, local + done, source->desc(), n, target->base + dst_offset + done, target->key});
   }
+  if (by_data) queue_.back().data = notify_data(peer_link_, *notify);
   if (slot) {
     queue_.push_back(
         Post{new_op(FabricOp::kSend, seq, *slot), nullptr, nullptr, sizeof(MessageHeader)});
@@ -202,9 +229,11 @@ bool FabricLink::post_locked() {
       msg.rma_iov = &remote;
       msg.rma_iov_count = 1;
       msg.context = &post.op->context;
+      msg.data = post.data.value_or(0);
       // Unordered, what follows waits for these writes' completions, which must then mean the
       // bytes are in the peer's memory.
-      const uint64_t flags = FI_COMPLETION | (endpoint.ordered() ? 0 : FI_DELIVERY_COMPLETE);
+      const uint64_t flags = FI_COMPLETION | (endpoint.ordered() ? 0 : FI_DELIVERY_COMPLETE) |
+                             (post.data ? FI_REMOTE_CQ_DATA : 0);
       ret = fi_writemsg(endpoint.ep(), &msg, flags);
     } else {
       ret = fi_send(endpoint.ep(), shared_->sends.at(post.op->slot), post.bytes,
@@ -274,6 +303,13 @@ void FabricLink::received_locked(const MessageHeader& h, uint64_t bytes) {
     note.value = h.value;
     shared_->raise(std::move(note));
   }
+}
+
+void FabricLink::received_data_locked(uint64_t data) {
+  if (failed_) return;
+  TransportEvent note{TransportEvent::Type::notification, id_};
+  note.value = static_cast<uint32_t>(data & (kDataNotify - 1));
+  shared_->raise(std::move(note));
 }
 
 void FabricLink::check_stall_locked(Clock::time_point now) {

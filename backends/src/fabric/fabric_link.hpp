@@ -5,11 +5,16 @@
 // A write goes as RMA writes of at most the provider's message size into the peer's region (its
 // host mirror where the region is device memory the NIC cannot reach), followed by a notice
 // message when the peer must act: raise a notification, or copy the bytes from its mirror to the
-// device. Nothing may overtake the writes before it: where the provider keeps writes in order and
-// sends after them (FI_ORDER_WAW, FI_ORDER_SAW) a link posts back to back, else each write or
-// notice waits for the delivery-complete completions of the writes before it. Messages keep
-// their order (FI_ORDER_SAS), so notifications arrive in issue order; write_done events are
-// raised in issue order too. A link whose writes stop completing for io_timeout fails.
+// device. A notification alone rides on the last RMA write as its remote CQ data instead, where
+// both ends take that (FabricEndpoint::notify_by_data) and no notice went before on the link
+// (write()): one operation, one completion each side, where a notice doubled both (small writes
+// over tcp: docs/benchmarks.md). Nothing may overtake the writes before it: where the provider
+// keeps writes in order and sends after them (FI_ORDER_WAW, FI_ORDER_SAW) a link posts back to
+// back, else each write or notice waits for the delivery-complete completions of the writes
+// before it. Messages keep their order (FI_ORDER_SAS), so notifications arrive in issue order; so
+// do notifications by data, reported as their writes land (FI_ORDER_WAW), all before the link's
+// first notice; write_done events are raised in issue order too. A link whose writes stop
+// completing for io_timeout fails.
 //
 // (A small write carried inside its message would save a trip, but its bytes would land when the
 // peer's CPU takes the message, after a later write's RMA to the same place could have.)
@@ -66,6 +71,8 @@ class FabricLink : public std::enable_shared_from_this<FabricLink> {
   // A message from the peer (its header checked for this link and token) with `bytes` after the
   // header; applies it.
   void received_locked(const MessageHeader& header, uint64_t bytes);
+  // A write of the peer's landed with a notification as its data (notify_data), for this link.
+  void received_data_locked(uint64_t data);
   // Fails the link once: what is in flight fails (write_done with `status`), and a peer_lost
   // event says why.
   void fail_locked(const std::string& reason, hm_status status = kStatusPeerLost);
@@ -82,6 +89,7 @@ class FabricLink : public std::enable_shared_from_this<FabricLink> {
     uint64_t bytes = 0;
     uint64_t remote = 0;
     uint64_t key = 0;
+    std::optional<uint64_t> data;  // kWrite: remote CQ data (a notification) to carry
   };
   struct Pending {
     uint64_t seq;
@@ -89,6 +97,9 @@ class FabricLink : public std::enable_shared_from_this<FabricLink> {
     uint32_t ops;  // not yet completed
   };
 
+  // A send buffer for a notice, waiting up to io_timeout; throws naming this peer if it is the
+  // one that stopped taking them.
+  uint32_t take_send_slot();
   FabricOp* new_op(FabricOp::Kind kind, uint64_t seq, uint32_t slot = 0);
   // Raises write_done for the writes at the front whose operations are all done.
   void retire_locked();
@@ -101,9 +112,14 @@ class FabricLink : public std::enable_shared_from_this<FabricLink> {
   std::shared_ptr<FabricShared> shared_;
   std::string peer_id_;
   Fd socket_;
-  uint64_t token_;           // what the peer puts in its messages to us
-  uint64_t peer_token_ = 0;  // what we put in ours
-  uint32_t peer_link_ = 0;
+  uint64_t token_;                // what the peer puts in its messages to us
+  uint64_t peer_token_ = 0;       // what we put in ours
+  uint32_t wire_id_ = 0;          // our number on the wire, set in setup (unique in shared_->links)
+  uint32_t peer_link_ = 0;        // the peer's
+  bool peer_takes_data_ = false;  // its hello's kTakesNotifyData
+  // A notice was queued: notifications go as notices from then on (write()). Set under
+  // shared_->progress_mutex.
+  std::atomic<bool> notice_sent_{false};
   fi_addr_t peer_ = FI_ADDR_NOTAVAIL;
   std::mutex send_mutex_;  // socket writes
   std::atomic<bool> alive_{true};

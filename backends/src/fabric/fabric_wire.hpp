@@ -14,14 +14,19 @@ namespace hetmesh::detail {
 // takes messages from anyone who knows its address; the token is known only to the peer that
 // proved the job's secret).
 constexpr uint32_t kHelloMagic = 0x48464d48;  // "HMFH"
-constexpr uint16_t kHelloVersion = 1;
+constexpr uint16_t kHelloVersion = 2;
 constexpr uint32_t kMaxFabricAddress = 256;
+enum HelloFlags : uint32_t {
+  kTakesNotifyData = 1,  // the sender takes notifications as an RMA write's remote CQ data
+};
 struct FabricHello {
   uint32_t magic;
   uint16_t version;
   uint16_t address_length;  // bytes of `address` used
-  uint32_t link;            // the sender's id for this connection: messages to it carry it
-  uint32_t reserved;
+  // The sender's number for this connection, random (a stranger's message or write with data
+  // must guess it): messages and notification data to the sender carry it.
+  uint32_t link;
+  uint32_t flags;                      // HelloFlags
   uint64_t token;                      // messages to the sender of this hello carry it
   uint8_t address[kMaxFabricAddress];  // fi_getname of the sender's endpoint
 };
@@ -59,6 +64,15 @@ struct MessageHeader {
   uint32_t reserved2;
 };
 static_assert(sizeof(MessageHeader) == 48);
+
+// A notification carried by the write itself, as its remote CQ data (fi_writedata), where both
+// ends take it (kTakesNotifyData): the receiver's link number in the high half, then a set bit
+// and the value (below 2^31). One operation instead of a write and a notice. A write with data
+// needs the region's key besides, which only a peer that proved the job's secret was given.
+constexpr uint64_t kDataNotify = uint64_t{1} << 31;
+constexpr uint64_t notify_data(uint32_t link, uint32_t value) {
+  return uint64_t{link} << 32 | kDataNotify | value;
+}
 
 // A message buffer. Every message is a header; the room beyond it only turns a longer message
 // (a stranger's) into a truncation error rather than a fit.

@@ -32,8 +32,12 @@ namespace hetmesh::cli::transport_bench {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kWait{60};
-constexpr uint32_t kLatencyTag = 0x80000000u;    // echo this write back
-constexpr uint32_t kBandwidthTag = 0x40000000u;  // just count it
+// A notification's value: bit 30 and the size (below 1 GiB) for "echo this write back", else bit
+// 29 and a count for "just count it". Below 2^31, as rails require (and as the fabric transport
+// carries in a write's data).
+constexpr uint32_t kLatencyTag = 0x40000000u;
+constexpr uint32_t kBandwidthTag = 0x20000000u;
+constexpr uint32_t kCountMask = kBandwidthTag - 1;
 
 struct BenchOptions {
   std::string transport = "tcp";

@@ -33,7 +33,7 @@ void run_bench(const BenchOptions& o) {
   for (const auto& s : o.sizes)
     sizes.push_back(parse_size(s));
   uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  if (max_size >= kBandwidthTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
+  if (max_size >= kLatencyTag) throw Error(HM_ERR_INVALID_ARGUMENT, "sizes must be below 1 GiB");
   const bool same_host = o.connect.empty();
   std::string peer_memory = o.peer_memory.empty() ? o.memory : o.peer_memory;
   if (!same_host) peer_memory = "the other host's";

@@ -74,7 +74,8 @@ void measure_bandwidth(Row& row, End& end, Connection& connection, const RemoteR
         return in_flight < o.window;
       });
     std::optional<uint32_t> notify;
-    if ((i + 1) % o.notify_every == 0 || i + 1 == count) notify = kBandwidthTag | notified++;
+    if ((i + 1) % o.notify_every == 0 || i + 1 == count)
+      notify = kBandwidthTag | (notified++ & kCountMask);
     // Another write follows at once while the window has room: the transport may deliver the
     // run's notifications together (`more`, as FI_MORE).
     const bool more = in_flight + 1 < o.window && i + 1 < count;

@@ -38,9 +38,9 @@ int serve_as_peer(End& end, Connection& connection_, const RemoteRegion& target_
         uint64_t size = e.value & ~kLatencyTag;
         connection->write(*end.region, 0, *target, 0, size, e.value, 0);
       } else if (e.type == TransportEvent::Type::notification && (e.value & kBandwidthTag)) {
-        if ((e.value & ~kBandwidthTag) != counted)
+        if ((e.value & kCountMask) != (counted & kCountMask))
           fmt::print(stderr, "bench peer: bandwidth write {} notified as number {}\n",
-                     e.value & ~kBandwidthTag, counted);
+                     e.value & kCountMask, counted & kCountMask);
         ++counted;
       } else if (e.type == TransportEvent::Type::control) {
         std::string text(e.payload.begin(), e.payload.end());
