@@ -170,9 +170,7 @@ FabricEndpoint::FabricEndpoint(const std::string& provider, const std::string& h
     throw;
   }
   ordered_ = detail::ordered(*info_);
-  notify_by_data_ = ordered_ && (info_->tx_attr->msg_order & FI_ORDER_WAS) &&
-                    (info_->rx_attr->msg_order & FI_ORDER_WAS) &&
-                    info_->domain_attr->cq_data_size >= sizeof(uint64_t) &&
+  notify_by_data_ = ordered_ && info_->domain_attr->cq_data_size >= sizeof(uint64_t) &&
                     !(info_->domain_attr->mr_mode & FI_MR_PROV_KEY) &&
                     info_->domain_attr->mr_key_size >= sizeof(uint64_t);
   max_message_ = info_->ep_attr->max_msg_size;

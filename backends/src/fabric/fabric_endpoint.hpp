@@ -70,8 +70,8 @@ class FabricEndpoint {
   // for the delivery-complete completions of the writes before it.
   bool ordered() const { return ordered_; }
   // A notification can ride on the write as its remote CQ data (fabric_wire.hpp, notify_data):
-  // ordered(), writes after sends too (FI_ORDER_WAS), 8 bytes of data, and keys this side chose
-  // at random (not the provider's), which a write with data must name.
+  // ordered(), 8 bytes of data, and keys this side chose at random (not the provider's), which a
+  // write with data must name. (A write with data never follows a notice: FabricLink::write.)
   bool notify_by_data() const { return notify_by_data_; }
   uint64_t max_message() const { return max_message_; }  // one send or RMA write, bytes
   bool waitable() const { return waitable_; }  // fi_cq_sread works: the CQ has a wait object

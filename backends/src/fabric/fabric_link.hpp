@@ -12,9 +12,10 @@
 // keeps writes in order and sends after them (FI_ORDER_WAW, FI_ORDER_SAW) a link posts back to
 // back, else each write or notice waits for the delivery-complete completions of the writes
 // before it. Messages keep their order (FI_ORDER_SAS), so notifications arrive in issue order; so
-// do notifications by data, reported as their writes land (FI_ORDER_WAW), all before the link's
-// first notice; write_done events are raised in issue order too. A link whose writes stop
-// completing for io_timeout fails.
+// do notifications by data, all before the link's first notice: their writes land in order
+// (FI_ORDER_WAW), and the provider reports each as it lands (rxm: one connection per peer, read
+// in order; comp_order itself promises nothing); write_done events are raised in issue order
+// too. A link whose writes stop completing for io_timeout fails.
 //
 // (A small write carried inside its message would save a trip, but its bytes would land when the
 // peer's CPU takes the message, after a later write's RMA to the same place could have.)
