@@ -167,10 +167,10 @@ void FabricCompletions::finish_locked(FabricOp* op, const std::string* error) {
 }
 
 void FabricCompletions::failed_locked(const fi_cq_err_entry& error) {
-  char text[256] = "";
-  fi_cq_strerror(shared_.endpoint.cq(), error.prov_errno, error.err_data, text, sizeof text);
   // A peer's write that failed here: no operation of ours (its context is not ours to read).
   if (error.flags & FI_REMOTE_WRITE) return;
+  char text[256] = "";
+  fi_cq_strerror(shared_.endpoint.cq(), error.prov_errno, error.err_data, text, sizeof text);
   auto* op = static_cast<FabricOp*>(error.op_context);
   if (op == nullptr) return;
   if (op->kind == FabricOp::kReceive) {
