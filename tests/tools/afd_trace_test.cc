@@ -367,6 +367,43 @@ TEST(BenchJsonTest, TransportResultsNameTheirMachineDateAndVersion) {
   EXPECT_EQ(results["rows"].size(), 1u);
 }
 
+// bench afd --gap-us keeps the host busy between a micro-batch's answer and its next push (a
+// layer's compute), so each round trip starts after a gap: the measured span is at least the
+// gaps, which bounds the throughput the JSON reports. Without the gap, a 1-token job's round trips
+// come tens of times faster.
+TEST(BenchJsonTest, AfdGapHoldsTheRoundTripsApart) {
+  test::TempDir dir;
+  std::ofstream(dir.file("gap.toml")) << R"([job]
+attention = 1
+ffn = 1
+micro_batches = 1
+[model]
+tokens = 1
+hidden = 64
+experts = 2
+top_k = 1
+[transport]
+kind = "ipc"
+)";
+  constexpr int kGapUs = 5000;
+  ProcessResult r = run_process({HETMESH_CLI, "bench", "afd", "--config", dir.file("gap.toml"),
+                                 "--iterations", "20", "--warmup", "2", "--no-bare", "--gap-us",
+                                 std::to_string(kGapUs), "--json", dir.file("bench.json")},
+                                std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("host work between a micro-batch's result and its next push: 5000 us"),
+            std::string::npos)
+      << r.out;
+  json results = json::parse(std::ifstream(dir.file("bench.json")), nullptr, false);
+  ASSERT_TRUE(results.is_object()) << r.out;
+  EXPECT_EQ(results["gap_us"], kGapUs);
+  const double bytes = results["bytes_per_round_trip_per_attention"].get<double>();
+  ASSERT_GT(bytes, 0);
+  // Gb/s = 8 x bytes per round trip x round trips / span in ns, and span >= round trips x gap.
+  EXPECT_LE(results["throughput_gbps"].get<double>(), 8.0 * bytes / (kGapUs * 1000.0) * 1.001)
+      << r.out;
+}
+
 // `hetmesh info` says what hwloc knows of the machine: its NUMA nodes, and for each device and
 // RDMA NIC its place (null for a device that is not a PCI device, as the cpu plugin's).
 TEST(InfoTest, SaysWhereThingsSitInTheMachine) {

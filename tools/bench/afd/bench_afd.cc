@@ -84,7 +84,8 @@ bool run_instances(afd::Launcher& launcher, const JobConfig& c, const AfdBenchOp
   afd::Launcher::Run run;
   run.job = job_id(prefix + "attention");
   run.role_prefix = prefix;
-  run.args = {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup)};
+  run.args = {"--iterations", std::to_string(o.iterations), "--warmup", std::to_string(o.warmup),
+              "--gap-us",     std::to_string(o.gap_us)};
   run.args.insert(run.args.end(), more_args.begin(), more_args.end());
   run.limit = c.job.join_timeout +
               std::chrono::duration_cast<std::chrono::milliseconds>(c.job.timeout * 10);
@@ -301,6 +302,11 @@ void add_bench_afd_command(CLI::App& bench) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
   cmd->add_option("--warmup", o->warmup, "unmeasured round trips first")->capture_default_str();
+  cmd->add_option("--gap-us", o->gap_us,
+                  "the host's own work between a micro-batch's result and its next push (a "
+                  "layer's compute), in us; the bare baseline pauses alike")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
   cmd->add_option("--json", o->json, "also write the results here");
   cmd->add_option("--trace", o->trace,
                   "write the engine's round trips here as a Chrome trace (Perfetto)");

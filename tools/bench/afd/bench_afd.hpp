@@ -28,6 +28,9 @@ struct AfdBenchOptions : afd::LaunchOptions {  // role: attention, ffn, bare-att
   std::string config;
   int iterations = 200;
   int warmup = 20;
+  // The host's own work between a micro-batch's result and its next push (a layer's compute), in
+  // microseconds: the engine's threads then find no work for that long, as in a framework's step.
+  int gap_us = 0;
   std::string json;
   std::shared_ptr<JsonOutput> json_out;  // the launcher's, opened before the job starts
   std::string trace;                     // Chrome trace of the engine's round trips
@@ -57,6 +60,8 @@ int run_ffn(const afd::JobConfig& c, const AfdBenchOptions& o, bool caller);
 // The bare transport's: bare-attention<rank>.json (its round trips, us).
 int run_bare_attention(const afd::JobConfig& c, const AfdBenchOptions& o);
 int run_bare_ffn(const afd::JobConfig& c, const AfdBenchOptions& o);
+// Keeps this thread busy for `gap_us` microseconds (the host's work of a layer).
+void host_work(int gap_us);
 
 // ---- the memcpy baselines, in this process ----
 

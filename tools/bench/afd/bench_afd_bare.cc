@@ -126,6 +126,7 @@ int run_bare_attention(const JobConfig& c, const AfdBenchOptions& o) {
         if (it > o.warmup)
           round_trips.push_back(static_cast<double>(completed[m] - posted[m]) / 1e3);
         arrived[m] = 0;
+        host_work(o.gap_us);
       }
       posted[m] = now_ns();
       for (int f = 0; f < F; ++f) {

@@ -22,7 +22,7 @@ double scraped_over_unserved(AfdBenchResults& r) {
   return r.scraped_round_trip->p50 / ((before + after) / 2);
 }
 
-void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
+void print_table(const afd::JobConfig& c, const AfdBenchOptions& o, AfdBenchResults& r) {
   const afd::Percentiles& rt = r.metrics.values["round trip"];
   const unsigned cpus = std::thread::hardware_concurrency();
   const int instances = c.job.attention + c.job.ffn;
@@ -40,6 +40,9 @@ void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
                                "the topology says",
                                r.cpu_block_size, cpus)
                  : fmt::format("not pinned ({} CPUs)", cpus));
+  if (o.gap_us > 0)
+    fmt::print("host work between a micro-batch's result and its next push: {} us (--gap-us)\n",
+               o.gap_us);
   fmt::print("{:<30} {:>10} {:>10}\n", "(us)", "p50", "p99");
   for (auto [label, name] : {std::pair{"A2F", "A2F network*"}, std::pair{"F2A", "F2A network*"},
                              std::pair{"round trip", "round trip"},
@@ -112,7 +115,7 @@ void print_table(const afd::JobConfig& c, AfdBenchResults& r) {
              afd::format_metrics(r.metrics));
 }
 
-nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
+nlohmann::json to_json(const afd::JobConfig& c, const AfdBenchOptions& o, AfdBenchResults& r) {
   const afd::Percentiles& rt = r.metrics.values["round trip"];
   const unsigned cpus = std::thread::hardware_concurrency();
   nlohmann::json out = {
@@ -120,6 +123,7 @@ nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
       {"attention", c.job.attention},
       {"ffn", c.job.ffn},
       {"micro_batches", c.job.micro_batches},
+      {"gap_us", o.gap_us},
       {"tokens", c.model.tokens},
       {"hidden", c.model.hidden},
       {"transport", to_string(afd::single_host_transport(c))},
@@ -172,8 +176,8 @@ nlohmann::json to_json(const afd::JobConfig& c, AfdBenchResults& r) {
 }  // namespace
 
 void report(const afd::JobConfig& c, const AfdBenchOptions& o, AfdBenchResults& results) {
-  print_table(c, results);
-  if (o.json_out) o.json_out->write(to_json(c, results));
+  print_table(c, o, results);
+  if (o.json_out) o.json_out->write(to_json(c, o, results));
   if (!o.trace.empty()) fmt::print("trace: {}\n", o.trace);
 }
 

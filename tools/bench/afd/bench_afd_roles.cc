@@ -35,6 +35,13 @@ nlohmann::json counters_json(const afd::DataCounters& moved) {
 
 }  // namespace
 
+void host_work(int gap_us) {
+  if (gap_us <= 0) return;
+  const int64_t until = now_ns() + int64_t{gap_us} * 1000;
+  while (now_ns() < until) {
+  }
+}
+
 int run_attention(const JobConfig& c, const AfdBenchOptions& o, bool caller) {
   afd::InstanceOptions options = o.instance_options();
   options.job = job_id(o.role);
@@ -78,6 +85,7 @@ int run_attention(const JobConfig& c, const AfdBenchOptions& o, bool caller) {
       if (it > 0) {
         auto trip = engine.wait(handles[static_cast<size_t>(mb)], c.job.timeout);
         if (it > o.warmup) trace.trips.push_back(trip);
+        host_work(o.gap_us);
       }
       afd::PushOptions& push = pushes[static_cast<size_t>(mb)];
       push.attention_start_ns = now_ns();
