@@ -86,7 +86,7 @@ hm_status initialize(const hm_host_api* host) {
       }
     }
     if (s.devices.empty()) {
-      last_error_storage() = s.no_device_reason;
+      set_last_error(s.no_device_reason.c_str());
       // The loader logs it too.
       log<typename V::State>(V::kInfo.name, HM_LOG_DEBUG, "no devices: " + s.no_device_reason);
       return;
@@ -106,7 +106,7 @@ hm_status device_count(int32_t* count) {
     auto& s = V::state();
     *count = static_cast<int32_t>(s.devices.size());
     // The loader logs last_error as the reason when there are no devices.
-    if (s.devices.empty()) last_error_storage() = s.no_device_reason;
+    if (s.devices.empty()) set_last_error(s.no_device_reason.c_str());
   });
 }
 

@@ -17,14 +17,30 @@
 
 namespace hm::kit {
 
-// The calling thread's last error, returned by the plugin's last_error slot.
-inline std::string& last_error_storage() {
-  thread_local std::string message;
+// The calling thread's last error, returned by the plugin's last_error slot. A fixed buffer, not a
+// std::string: the C library registers a thread_local's destructor at its first use, and glibc
+// ends the process ("failed to register TLS destructor: out of memory") when that registration
+// cannot allocate, as when a thread's first failure is running out of memory; recording one must
+// not allocate either.
+inline constexpr size_t kLastErrorBytes = 1024;
+
+inline char* last_error_buffer() {
+  thread_local char message[kLastErrorBytes] = {};
   return message;
 }
 
 inline const char* last_error() {
-  return last_error_storage().c_str();
+  return last_error_buffer();
+}
+
+// Records the thread's last error (printf-style; cut at kLastErrorBytes - 1 bytes).
+template <typename... Args>
+void set_last_error(const char* format, Args... args) {
+  if constexpr (sizeof...(Args) == 0) {
+    std::snprintf(last_error_buffer(), kLastErrorBytes, "%s", format);
+  } else {
+    std::snprintf(last_error_buffer(), kLastErrorBytes, format, args...);
+  }
 }
 
 // An expected failure with a status code, thrown inside guarded().
@@ -56,25 +72,26 @@ hm_status guarded(const char* slot, Body&& body) noexcept {
       return body();
     }
   } catch (const Failure& failure) {
-    last_error_storage() = std::string(slot) + ": " + failure.message;
+    set_last_error("%s: %s", slot, failure.message.c_str());
     return failure.status;
   } catch (const std::bad_alloc&) {
-    last_error_storage() = std::string(slot) + ": out of host memory";
+    set_last_error("%s: out of host memory", slot);
     return HM_ERR_OUT_OF_MEMORY;
   } catch (const std::system_error& e) {
     // A thread that could not start (EAGAIN): out of threads or of address space for its stack.
     if (e.code() != std::errc::resource_unavailable_try_again) {
-      last_error_storage() = std::string(slot) + ": internal error: " + e.what();
+      set_last_error("%s: internal error: %s", slot, e.what());
       return HM_ERR_INTERNAL;
     }
-    last_error_storage() = std::string(slot) + ": cannot start a thread: " + e.what() +
-                           " (out of threads, or of address space for a thread's stack)";
+    set_last_error(
+        "%s: cannot start a thread: %s (out of threads, or of address space for a thread's stack)",
+        slot, e.what());
     return HM_ERR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
-    last_error_storage() = std::string(slot) + ": internal error: " + e.what();
+    set_last_error("%s: internal error: %s", slot, e.what());
     return HM_ERR_INTERNAL;
   } catch (...) {
-    last_error_storage() = std::string(slot) + ": internal error: unknown exception";
+    set_last_error("%s: internal error: unknown exception", slot);
     return HM_ERR_INTERNAL;
   }
 }
