@@ -143,12 +143,12 @@ def _wire_dtype(dtype) -> str:
     return _WIRE_DTYPES[name]
 
 
-def _stream_of(tensor):
-    """torch's current stream where `tensor` is on a GPU, so that what wrote it is done before the
-    engine reads it; None on the host."""
-    if tensor.device.type != "cuda":
-        return None
-    return import_torch().cuda.current_stream(tensor.device)
+def _raw_stream():
+    """torch's function giving a GPU's current stream as its raw handle, made once: a stream
+    object each layer costs microseconds."""
+    torch = import_torch()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw if raw is not None else lambda index: torch.cuda.current_stream(index).cuda_stream
 
 
 class AfdConnector:
@@ -172,6 +172,8 @@ class AfdConnector:
         self.options = parse_options(options)
         self.types = types
         self.device = self.options["device"].format(local_rank=local_rank)
+        self._on_gpu = not self.device.startswith("cpu")
+        self._raw_stream = None  # _raw_stream(), at the first tensor on a GPU
         self.store_address = self.options["store"] or default_store
         # No routing travels (the F computes the gate, or gets the router logits); batches wait
         # for every A of the group (vLLM's ranks step together; a partial batch is no stage).
@@ -276,10 +278,12 @@ class AfdConnector:
     def send_attn_output(self, hidden_states, context, **kwargs) -> None:
         """Sends one (layer, stage) of hidden states (and the layer's router logits, where the
         gate ran here) to this A's F; returns at once."""
-        _refuse_extras(kwargs, "send_attn_output")
-        logits = kwargs.get("router_logits")
-        if logits is not None and self._logits is None:
-            raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
+        logits = None
+        if kwargs:
+            _refuse_extras(kwargs, "send_attn_output")
+            logits = kwargs.get("router_logits")
+            if logits is not None and self._logits is None:
+                raise _errors.make(NotSupportedError, _NO_ROUTER_LOGITS)
         engine = self.engine
         metadata = context.metadata
         rows = int(hidden_states.shape[0])
@@ -290,7 +294,7 @@ class AfdConnector:
         if stage in self._sent:
             raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
                                f"recv_ffn_output")
-        push = dict(stream=_stream_of(hidden_states),
+        push = dict(stream=self._stream_of(hidden_states),
                     row_offset=self.control_plane.row_offset(stage, rows))
         if self._logits is not None:
             push["rows"] = {"router_logits": 0 if logits is None else rows}
@@ -358,11 +362,23 @@ class AfdConnector:
             ref_tensor[:rows].copy_(answer)
         return ref_tensor
 
+    def _stream_of(self, tensor):
+        """torch's current stream where `tensor` is on a GPU, so that what wrote it is done
+        before the engine reads it; None on the host. A stream object where the tensor is on
+        another GPU than the engine's, which the engine refuses by name."""
+        if not tensor.is_cuda:
+            return None
+        index = tensor.get_device()
+        if self.device != f"cuda:{index}":
+            return import_torch().cuda.current_stream(index)
+        if self._raw_stream is None:
+            self._raw_stream = _raw_stream()
+        return self._raw_stream(index)
+
     def _fits(self, tensor, dtype=None) -> bool:
         """Whether the engine can use `tensor` in place: C order, the job's dtype, its device."""
-        on_gpu = not self.device.startswith("cpu")
-        return (tensor.is_contiguous() and tensor.dtype == (dtype or self._dtype)
-                and (tensor.device.type != "cpu") == on_gpu)
+        return (tensor.is_cpu != self._on_gpu and tensor.dtype == (dtype or self._dtype)
+                and tensor.is_contiguous())
 
     # ---- the FFN side ----
 
@@ -370,8 +386,10 @@ class AfdConnector:
         """Stage `ubatch_idx` from every A of this F's group, as one [sum of rows, hidden] tensor
         (the As' rows in rank order, in place where they landed back to back), with their router
         logits where the layer's `routing_spec` asks for them."""
-        _refuse_extras(kwargs, "recv_attn_output", allowed=("routing_spec",))
-        spec = kwargs.get("routing_spec")
+        spec = None
+        if kwargs:
+            _refuse_extras(kwargs, "recv_attn_output", allowed=("routing_spec",))
+            spec = kwargs.get("routing_spec")
         if spec is not None and (self._logits is None or (
                 int(spec.router_logits_width), str(spec.router_logits_dtype)) !=
                 (self._logits[0], f"torch.{self._logits[1]}")):
@@ -395,7 +413,9 @@ class AfdConnector:
             else:
                 self._held[got.micro_batch] = got
         self._f2a.settle(ubatch_idx)  # the last answer of this stage has reached its As
-        parts = sorted(batch.parts, key=lambda part: part.rank)
+        parts = batch.parts
+        if len(parts) > 1:
+            parts = sorted(parts, key=lambda part: part.rank)
         hidden_states = self._whole(batch, parts, "tokens")
         router_logits = None if spec is None else self._whole(batch, parts, "router_logits")
         self._open[ubatch_idx] = batch
@@ -419,12 +439,18 @@ class AfdConnector:
                 f"none with its hidden states (the gate ran on one side only?)")
         if batch.packed:
             # A packed batch starts at row 0 of the engine's row space (this connector names no
-            # receive buffers of its own): a slice of a view made once.
-            key = (batch.micro_batch, name)
+            # receive buffers of its own): a slice of a view made once, kept per row count (a
+            # step's layers have the same counts, and a slice costs a few us each layer).
+            key = (batch.micro_batch, name, batch.count)
             rows = self._views.get(key)
             if rows is None:
-                rows = self._views[key] = as_tensor(self.engine.inputs(*key))
-            return rows[:batch.count]
+                whole = self._views.get(key[:2])
+                if whole is None:
+                    whole = self._views[key[:2]] = as_tensor(self.engine.inputs(*key[:2]))
+                if len(self._views) > 4096:  # counts vary without bound: start again
+                    self._views = {key[:2]: whole}
+                rows = self._views[key] = whole[:batch.count]
+            return rows
         rows = [as_tensor(part.tokens if name == "tokens" else part.tensor(name))
                 for part in parts]
         if len(rows) == 1:
@@ -448,7 +474,7 @@ class AfdConnector:
         if int(ffn_output.shape[0]) != total:
             raise ValueError(f"ffn_output shape {tuple(ffn_output.shape)} does not match the "
                              f"{total} tokens received")
-        stream = _stream_of(ffn_output)
+        stream = self._stream_of(ffn_output)
         in_place = self._fits(ffn_output) and self._f2a.use(ffn_output, stage)
         if in_place and batch.packed:
             # Its rows are the parts' in order, each at its row offset: answered as one tensor.

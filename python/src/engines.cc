@@ -23,6 +23,7 @@
 #include <hetmesh/core/toml_reader.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -58,6 +59,10 @@ struct Context {
   // A job of bytes (take_tensors_as_bytes): every row of every tensor is one byte, and push_pull
   // and respond take any contiguous tensor as its bytes (hetmesh.stepmesh's tensors of any dtype).
   bool bytes = false;
+  // The last tensors' memory [begin, end) known registered (a registration lasts as long as the
+  // engine), so a layer's tensors skip the engine's lookup and the GIL's release it takes.
+  std::array<std::pair<uintptr_t, uintptr_t>, 8> registered{};
+  size_t next_registered = 0;
 
   const afd::JobConfig& config() const { return instance->config(); }
   const afd::EngineSpec& spec() const { return instance->spec(); }
@@ -89,12 +94,17 @@ template <typename Engine>
 void register_tensor(Context& c, Engine& engine, const py::handle& object,
                      const CallerTensor& tensor) {
   if (tensor.bytes == 0) return;
+  const auto begin = reinterpret_cast<uintptr_t>(tensor.data);
+  const uintptr_t end = begin + tensor.bytes;
+  for (const auto& [from, to] : c.registered)
+    if (from <= begin && end <= to) return;
   bool fresh;
   {
     py::gil_scoped_release unlocked;
     fresh = engine.register_buffer(tensor.data, tensor.bytes);
   }
   if (fresh) c.held.push_back(keep(py::reinterpret_borrow<py::object>(object)));
+  c.registered[c.next_registered++ % c.registered.size()] = {begin, end};
 }
 
 // An application's tensor as push_pull and respond take it: of the job's element type and row
