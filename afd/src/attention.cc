@@ -1069,8 +1069,10 @@ std::optional<Message> AttentionEngine::receive_message(std::chrono::millisecond
   return receive_next_message(*state_, timeout);
 }
 
-bool AttentionEngine::register_buffer(const void* data, uint64_t bytes) {
-  return state_->caller->find_or_register(data, bytes, "register_buffer's buffer").fresh;
+RegisteredBuffer AttentionEngine::register_buffer(const void* data, uint64_t bytes) {
+  const CallerBuffers::Found found =
+      state_->caller->find_or_register(data, bytes, "register_buffer's buffer");
+  return {static_cast<const uint8_t*>(data) - found.offset, found.size, found.fresh};
 }
 
 DataCounters AttentionEngine::counters() const {

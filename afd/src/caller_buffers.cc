@@ -32,7 +32,8 @@ CallerBuffers::Found CallerBuffers::find_or_register(const void* data, uint64_t 
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 fmt::format("{}: {} at {} ({} bytes) is no buffer", owner_, what, data, bytes));
   std::lock_guard lock(mutex_);
-  if (const Entry* e = find_locked(begin, end)) return {e->region, e->id, begin - e->base, false};
+  if (const Entry* e = find_locked(begin, end))
+    return {e->region, e->id, begin - e->base, e->size, false};
 
   // The allocation that holds it, as the plugin knows it; else the pages of plain host memory.
   PointerInfo info = device_.query(data);
@@ -72,7 +73,7 @@ CallerBuffers::Found CallerBuffers::find_or_register(const void* data, uint64_t 
         "{}: {} cannot be reached directly ({}); its bytes go through one copy in host "
         "staging buffers",
         owner_, what, region->path_reason().empty() ? "no path" : region->path_reason());
-  return {region, id, begin - base, true};
+  return {region, id, begin - base, size, true};
 }
 
 size_t CallerBuffers::count() const {

@@ -29,6 +29,7 @@ class CallerBuffers {
     std::shared_ptr<Region> region;
     uint32_t id = 0;      // 1, 2, ...: the registration's number in this engine
     uint64_t offset = 0;  // of the range in the region
+    uint64_t size = 0;    // the registration's: [data - offset, +size)
     bool fresh = false;   // registered by this call
   };
   // The registration that holds [data, data + bytes), made now if none does. `what` names the

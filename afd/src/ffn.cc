@@ -1166,8 +1166,10 @@ void FfnEngine::receive_into(int mb, int tensor, void* data, uint64_t bytes) {
     if (hears(a)) s.announce_locked(a, mb);
 }
 
-bool FfnEngine::register_buffer(const void* data, uint64_t bytes) {
-  return state_->caller->find_or_register(data, bytes, "register_buffer's buffer").fresh;
+RegisteredBuffer FfnEngine::register_buffer(const void* data, uint64_t bytes) {
+  const CallerBuffers::Found found =
+      state_->caller->find_or_register(data, bytes, "register_buffer's buffer");
+  return {static_cast<const uint8_t*>(data) - found.offset, found.size, found.fresh};
 }
 
 DataCounters FfnEngine::counters() const {

@@ -385,7 +385,9 @@ class AfdConnector:
     def recv_attn_output(self, ubatch_idx: int = 0, **kwargs):
         """Stage `ubatch_idx` from every A of this F's group, as one [sum of rows, hidden] tensor
         (the As' rows in rank order, in place where they landed back to back), with their router
-        logits where the layer's `routing_spec` asks for them."""
+        logits where the layer's `routing_spec` asks for them. In place, it is a view of the
+        engine's rows, the same tensor object for the same stage and row count at every layer:
+        read it before send_ffn_output, and do not reshape it in place."""
         spec = None
         if kwargs:
             _refuse_extras(kwargs, "recv_attn_output", allowed=("routing_spec",))

@@ -59,8 +59,9 @@ struct Context {
   // A job of bytes (take_tensors_as_bytes): every row of every tensor is one byte, and push_pull
   // and respond take any contiguous tensor as its bytes (hetmesh.stepmesh's tensors of any dtype).
   bool bytes = false;
-  // The last tensors' memory [begin, end) known registered (a registration lasts as long as the
-  // engine), so a layer's tensors skip the engine's lookup and the GIL's release it takes.
+  // The last registrations [base, end) the engine returned (each lasts as long as the engine):
+  // a layer's tensors, which a framework's caching allocator carves from a few allocations, skip
+  // the engine's lookup and the GIL's release it takes.
   std::array<std::pair<uintptr_t, uintptr_t>, 8> registered{};
   size_t next_registered = 0;
 
@@ -95,16 +96,18 @@ void register_tensor(Context& c, Engine& engine, const py::handle& object,
                      const CallerTensor& tensor) {
   if (tensor.bytes == 0) return;
   const auto begin = reinterpret_cast<uintptr_t>(tensor.data);
-  const uintptr_t end = begin + tensor.bytes;
-  for (const auto& [from, to] : c.registered)
-    if (from <= begin && end <= to) return;
-  bool fresh;
+  uintptr_t end;
+  if (!__builtin_add_overflow(begin, tensor.bytes, &end))
+    for (const auto& [from, to] : c.registered)
+      if (from <= begin && end <= to) return;
+  afd::RegisteredBuffer found;
   {
     py::gil_scoped_release unlocked;
-    fresh = engine.register_buffer(tensor.data, tensor.bytes);
+    found = engine.register_buffer(tensor.data, tensor.bytes);  // refuses a range that wraps
   }
-  if (fresh) c.held.push_back(keep(py::reinterpret_borrow<py::object>(object)));
-  c.registered[c.next_registered++ % c.registered.size()] = {begin, end};
+  if (found.fresh) c.held.push_back(keep(py::reinterpret_borrow<py::object>(object)));
+  const auto base = reinterpret_cast<uintptr_t>(found.base);
+  c.registered[c.next_registered++ % c.registered.size()] = {base, base + found.bytes};
 }
 
 // An application's tensor as push_pull and respond take it: of the job's element type and row

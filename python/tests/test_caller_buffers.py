@@ -2,6 +2,8 @@
 its tensors, an F responds from its own, each allocation registered once (row slices of varying
 length find it), and a tensor the job cannot use is refused by name."""
 
+import sys
+
 import pytest
 import torch
 
@@ -155,24 +157,31 @@ def test_an_answer_has_the_rows_the_push_asked_for_not_the_tokens_sent(store, jo
 
 def test_tensors_from_many_allocations_each_land_and_register_once(store, job, spawn):
     # More allocations than the binding remembers as registered (8), each sent and answered in
-    # place twice, in turn: every answer right, and the second pass registers nothing new.
+    # place twice, in turn: every answer right; each tensor first seen of its allocation is kept
+    # by the engine (one reference more, so its memory outlives the registration), and the second
+    # pass registers and keeps nothing new.
     ffn = spawn(OWN_OUTPUT_FFN.format(job=job, store=store.address))
     hidden, top_k, tokens = job["hidden"], job["top_k"], 3
     with hetmesh.AttentionEngine(rank=0, store=store.address, **job) as a:
         routing = torch.zeros(tokens, top_k, 2, dtype=torch.int32)
         routing[:, :, 0] = torch.arange(tokens).unsqueeze(1) + torch.arange(top_k)
         routing[:, :, 1] = torch.tensor([0.25, 0.75]).view(torch.int32)
+        a.register_buffer(routing)
         # Each at the start of an allocation of its own of 80 KB, so that no two share a page.
         tensors = [torch.zeros(40960, dtype=torch.bfloat16)[:tokens * hidden].view(tokens, hidden)
                    for _ in range(12)]
         for rounds in range(2):
+            kept = []  # references the engine took to each tensor during its round trip
             for i, x in enumerate(tensors):
                 sent = torch.full((tokens, hidden), float(i + rounds), dtype=torch.bfloat16)
                 x.copy_(sent)
+                before = sys.getrefcount(x)
                 a.wait(a.push_pull(0, send=x, routing=routing, results_into=x))
+                kept.append(sys.getrefcount(x) - before)
                 assert torch.equal(x, sent * 2 + 1), (rounds, i)
+            assert kept == [1 - rounds] * 12, (rounds, kept)
             if rounds == 0:
                 registered = a.counters()["caller_buffers"]
-        assert registered >= 12 and a.counters()["caller_buffers"] == registered, a.counters()
+        assert registered == 13 and a.counters()["caller_buffers"] == registered, a.counters()
     code, _, err = ffn.finish()
     assert code == 0, err

@@ -321,6 +321,15 @@ struct PushOptions {
 // part outputs) or the engine's own slots; and how many of them the transport copied through host
 // staging buffers on this side, because it could not reach that memory directly (the log says
 // why, once per buffer).
+// The registration that holds an application's buffer (register_buffer): its whole range (the
+// buffer's allocation as its plugin knows it, or the pages of plain host memory around it), which
+// stays registered until the engine ends, and whether this call made it.
+struct RegisteredBuffer {
+  const void* base = nullptr;
+  uint64_t bytes = 0;
+  bool fresh = false;
+};
+
 struct DataCounters {
   uint64_t caller_bytes = 0;    // sent from or received into the application's buffers
   uint64_t slot_bytes = 0;      // sent from or received into the engine's slots
@@ -444,9 +453,9 @@ class AttentionEngine {
   std::optional<Message> receive_message(std::chrono::milliseconds timeout);
   // Registers [data, +bytes) of the application's memory now (as PushOptions's buffers are at
   // first sight): for buffers a captured graph will use, or to pay the registration before the
-  // first step. Returns false if a registration held it already. Throws as push_pull does for a
-  // buffer it cannot use.
-  bool register_buffer(const void* data, uint64_t bytes);
+  // first step. Returns the registration that holds it. Throws as push_pull does for a buffer it
+  // cannot use.
+  RegisteredBuffer register_buffer(const void* data, uint64_t bytes);
   DataCounters counters() const;
   // Every F as this engine sees it now, and what it saw happen to them.
   std::vector<PeerStatus> peers() const;
@@ -591,7 +600,7 @@ class FfnEngine {
   // Error(INVALID_ARGUMENT) for a buffer too small or of another device.
   void receive_into(int micro_batch, int tensor, void* data, uint64_t bytes);
   // As AttentionEngine's, for the part outputs this F responds from.
-  bool register_buffer(const void* data, uint64_t bytes);
+  RegisteredBuffer register_buffer(const void* data, uint64_t bytes);
   DataCounters counters() const;
 
   // ---- Round trips the device triggers (docs/device-triggered.md) ----
