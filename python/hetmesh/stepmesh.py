@@ -31,6 +31,7 @@ from typing import Any
 
 import hetmesh
 from . import _errors
+from ._streams import raw_current_stream
 from ._in_place import InPlace
 from ._errors import InvalidArgumentError, NotSupportedError
 
@@ -199,8 +200,7 @@ def _current_raw_stream(device: str):
     torch = hetmesh.import_torch()
     if device.startswith("cpu") or not torch.cuda.is_available():
         return None
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw if raw is not None else lambda index: torch.cuda.current_stream(index).cuda_stream
+    return raw_current_stream()
 
 
 def _in_place(what: str, limit: int) -> InPlace:

@@ -36,6 +36,7 @@ from typing import Any
 
 from . import _errors
 from ._in_place import InPlace
+from ._streams import raw_current_stream
 from . import (AttentionEngine, ClosedError, FfnEngine, InvalidArgumentError, NotSupportedError,
                PeerLostError, ProtocolError, StoreServer, as_tensor, import_torch)
 
@@ -143,14 +144,6 @@ def _wire_dtype(dtype) -> str:
     return _WIRE_DTYPES[name]
 
 
-def _raw_stream():
-    """torch's function giving a GPU's current stream as its raw handle, made once: a stream
-    object each layer costs microseconds."""
-    torch = import_torch()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw if raw is not None else lambda index: torch.cuda.current_stream(index).cuda_stream
-
-
 class AfdConnector:
     """One instance of the job: role "attention" or "ffn", its rank in that role."""
 
@@ -173,7 +166,7 @@ class AfdConnector:
         self.types = types
         self.device = self.options["device"].format(local_rank=local_rank)
         self._on_gpu = not self.device.startswith("cpu")
-        self._raw_stream = None  # _raw_stream(), at the first tensor on a GPU
+        self._raw_stream = None  # raw_current_stream(), at the first tensor on a GPU
         self.store_address = self.options["store"] or default_store
         # No routing travels (the F computes the gate, or gets the router logits); batches wait
         # for every A of the group (vLLM's ranks step together; a partial batch is no stage).
@@ -372,7 +365,7 @@ class AfdConnector:
         if self.device != f"cuda:{index}":
             return import_torch().cuda.current_stream(index)
         if self._raw_stream is None:
-            self._raw_stream = _raw_stream()
+            self._raw_stream = raw_current_stream()
         return self._raw_stream(index)
 
     def _fits(self, tensor, dtype=None) -> bool:

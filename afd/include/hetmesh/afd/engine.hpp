@@ -317,10 +317,6 @@ struct PushOptions {
   std::optional<uint32_t> result_rows;
 };
 
-// What an engine moved, by where the bytes were: the application's buffers (PushOptions, an F's
-// part outputs) or the engine's own slots; and how many of them the transport copied through host
-// staging buffers on this side, because it could not reach that memory directly (the log says
-// why, once per buffer).
 // The registration that holds an application's buffer (register_buffer): its whole range (the
 // buffer's allocation as its plugin knows it, or the pages of plain host memory around it), which
 // stays registered until the engine ends, and whether this call made it.
@@ -330,6 +326,10 @@ struct RegisteredBuffer {
   bool fresh = false;
 };
 
+// What an engine moved, by where the bytes were: the application's buffers (PushOptions, an F's
+// part outputs) or the engine's own slots; and how many of them the transport copied through host
+// staging buffers on this side, because it could not reach that memory directly (the log says
+// why, once per buffer).
 struct DataCounters {
   uint64_t caller_bytes = 0;    // sent from or received into the application's buffers
   uint64_t slot_bytes = 0;      // sent from or received into the engine's slots
