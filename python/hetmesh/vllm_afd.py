@@ -37,7 +37,7 @@ from typing import Any
 from . import _errors
 from ._in_place import InPlace
 from ._streams import raw_current_stream
-from . import (AttentionEngine, ClosedError, FfnEngine, InvalidArgumentError, NotSupportedError,
+from . import (_native, AttentionEngine, ClosedError, FfnEngine, InvalidArgumentError, NotSupportedError,
                PeerLostError, ProtocolError, StoreServer, as_tensor, import_torch)
 
 _log = logging.getLogger("hetmesh.vllm_afd")
@@ -190,8 +190,11 @@ class AfdConnector:
         self._store = None
         # A: stage -> (handle, tensor, rows, in place, router logits)
         self._sent: dict[int, tuple] = {}
-        self._held: dict[int, Any] = {}  # F: stage -> batch got ahead of its turn
-        self._open: dict[int, Any] = {}  # F: stage -> batch received, not yet answered
+        # F: its batches and answers per layer (_native._ConnectorFfn), and the tensors answered
+        # from first (stage -> tensor), until the engine's staged bytes say how they went
+        self._ffn = None
+        self._rows_view = None
+        self._probing: dict[int, Any] = {}
         limit = self.options["max_buffers"]
         def staged() -> int:
             return self.engine.counters()["staged_bytes"]
@@ -228,7 +231,15 @@ class AfdConnector:
             self._engine = engine(rank=self.role_rank, store=self.store_address,
                                   secret_file=secret_file, device=self.device,
                                   job=self.options["job"], **self.job)
+            if self.role == "ffn":
+                self._rows_view = _row_views(self._engine, self._views)
+                self._ffn = _native._ConnectorFfn(
+                    self._engine, self.role_rank, self._rows_view,
+                    raw_current_stream() if self._on_gpu else None)
         except BaseException:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
             if self._store is not None:
                 self._store.close()
                 self._store = None
@@ -251,7 +262,10 @@ class AfdConnector:
         """Leaves the job: an A's F hears it left (not that it died). Safe to call again, and after
         a failed or partial initialization."""
         engine, self._engine = self._engine, None
-        self._sent.clear(), self._held.clear(), self._open.clear(), self._views.clear()
+        self._sent.clear(), self._probing.clear(), self._views.clear()
+        ffn, self._ffn = self._ffn, None
+        if ffn is not None:
+            ffn.close()
         if engine is not None:
             engine.close()
         if self._store is not None:
@@ -263,8 +277,19 @@ class AfdConnector:
                             f"attention instance of its group has left")
 
     def counters(self) -> dict:
-        """Bytes moved from and into the application's tensors and hetmesh's slots."""
-        return self.engine.counters()
+        """Bytes moved from and into the application's tensors and hetmesh's slots; an F's
+        batches and answers that went without Python (batches_from_cpp, answers_from_cpp)."""
+        counters = self.engine.counters()
+        if self._ffn is not None:
+            counters.update(self._ffn.counters())
+        return counters
+
+    def _ffn_side(self, call: str):
+        """The F's per-layer state; raises where not initialized, closed, or an A's."""
+        self.engine
+        if self._ffn is None:
+            raise RuntimeError(f"hetmesh connector: {call} on an attention instance")
+        return self._ffn
 
     # ---- the attention side ----
 
@@ -390,42 +415,42 @@ class AfdConnector:
                 (self._logits[0], f"torch.{self._logits[1]}")):
             raise _errors.make(NotSupportedError, f"{_NO_ROUTER_LOGITS} (the layer asks for "
                                f"{spec.router_logits_width} {spec.router_logits_dtype})")
-        engine = self.engine
-        if ubatch_idx in self._open:
-            raise RuntimeError(f"hetmesh connector: stage {ubatch_idx} received again before its "
-                               f"send_ffn_output")
-        batch = self._held.pop(ubatch_idx, None)
-        while batch is None:
-            got = engine.get_batch()
-            if got is None:
-                raise self._group_left()
-            if got.micro_batch == ubatch_idx:
-                batch = got
-            elif got.micro_batch in self._held:
-                raise _errors.make(ProtocolError, f"hetmesh connector (ffn {self.role_rank}): a "
-                                   f"second batch of stage {got.micro_batch} came while the "
-                                   f"runner waited for stage {ubatch_idx}")
-            else:
-                self._held[got.micro_batch] = got
-        self._f2a.settle(ubatch_idx)  # the last answer of this stage has reached its As
-        parts = batch.parts
-        if len(parts) > 1:
-            parts = sorted(parts, key=lambda part: part.rank)
-        hidden_states = self._whole(batch, parts, "tokens")
-        router_logits = None if spec is None else self._whole(batch, parts, "router_logits")
-        self._open[ubatch_idx] = batch
+        got = self._ffn_side("recv_attn_output").receive(ubatch_idx, None)
+        if got is None:
+            raise self._group_left()
+        if self._f2a.probes:
+            self._settle_f2a(ubatch_idx)  # the last answer of this stage has reached its As
         t = self.types
-        metadata = t.transfer_metadata(layer_idx=0, stage_idx=ubatch_idx,
-                                       seq_lens=[part.count for part in parts])
-        payload = t.a2f_payload(hidden_states=hidden_states,
-                                context=t.transfer_context(metadata=metadata))
-        if router_logits is not None:
-            payload.router_logits = router_logits
+        if type(got) is tuple:  # packed: its rows in place, and each A's count
+            hidden_states, seq_lens = got
+            batch = self._ffn.batch(ubatch_idx) if spec is not None else None
+        else:
+            batch = got
+            parts = batch.parts
+            if len(parts) > 1:
+                parts = sorted(parts, key=lambda part: part.rank)
+            seq_lens = [part.count for part in parts]
+            hidden_states = self._whole(batch, "tokens")
+        payload = t.a2f_payload(
+            hidden_states=hidden_states,
+            context=t.transfer_context(metadata=t.transfer_metadata(
+                layer_idx=0, stage_idx=ubatch_idx, seq_lens=seq_lens)))
+        if spec is not None:
+            payload.router_logits = self._whole(batch, "router_logits")
         return payload
 
-    def _whole(self, batch, parts, name: str):
+    def _settle_f2a(self, stage: int) -> None:
+        """The first answer from an allocation has moved its bytes: did it go through host
+        staging? Where it did not, such answers go in place from C++ from now on."""
+        self._f2a.settle(stage)
+        output = self._probing.pop(stage, None)
+        if output is not None and self._f2a.use(output):
+            self._ffn.learn_output(output)
+
+    def _whole(self, batch, name: str):
         """A tensor of the batch as one: in place where its As pushed back to back (the control
-        plane's counts), else their rows copied together (said once)."""
+        plane's counts), else their rows, in rank order, copied together (said once)."""
+        parts = sorted(batch.parts, key=lambda part: part.rank)
         if name != "tokens" and any(part.count and not part.rows(name) for part in parts):
             raise _errors.make(
                 ProtocolError,
@@ -433,19 +458,7 @@ class AfdConnector:
                 f"attention {next(p.rank for p in parts if p.count and not p.rows(name))} sent "
                 f"none with its hidden states (the gate ran on one side only?)")
         if batch.packed:
-            # A packed batch starts at row 0 of the engine's row space (this connector names no
-            # receive buffers of its own): a slice of a view made once, kept per row count (a
-            # step's layers have the same counts, and a slice costs a few us each layer).
-            key = (batch.micro_batch, name, batch.count)
-            rows = self._views.get(key)
-            if rows is None:
-                whole = self._views.get(key[:2])
-                if whole is None:
-                    whole = self._views[key[:2]] = as_tensor(self.engine.inputs(*key[:2]))
-                if len(self._views) > 4096:  # counts vary without bound: start again
-                    self._views = {key[:2]: whole}
-                rows = self._views[key] = whole[:batch.count]
-            return rows
+            return self._rows_view(batch.micro_batch, batch.count, name)
         rows = [as_tensor(part.tokens if name == "tokens" else part.tensor(name))
                 for part in parts]
         if len(rows) == 1:
@@ -459,9 +472,11 @@ class AfdConnector:
 
     def send_ffn_output(self, ffn_output, context, **kwargs) -> None:
         """Sends each A of the group its rows of `ffn_output` (in the order received)."""
-        engine = self.engine
         stage = int(context.metadata.stage_idx)
-        batch = self._open.pop(stage, None)
+        if self._ffn is not None and self._ffn.respond(stage, ffn_output):
+            return  # in place, from memory answered from before
+        engine = self.engine
+        batch = self._ffn_side("send_ffn_output").take(stage)
         if batch is None:
             raise RuntimeError(f"hetmesh connector: send_ffn_output for stage {stage}, which has "
                                f"no recv_attn_output before it")
@@ -470,22 +485,45 @@ class AfdConnector:
             raise ValueError(f"ffn_output shape {tuple(ffn_output.shape)} does not match the "
                              f"{total} tokens received")
         stream = self._stream_of(ffn_output)
-        in_place = self._fits(ffn_output) and self._f2a.use(ffn_output, stage)
-        if in_place and batch.packed:
-            # Its rows are the parts' in order, each at its row offset: answered as one tensor.
-            engine.respond(batch, stream=stream, outputs=ffn_output)
+        if not (self._fits(ffn_output) and self._f2a.use(ffn_output, stage)):
+            rows = self._rows_by_rank(batch, ffn_output)
+            for part in batch.parts:
+                as_tensor(part.output)[:part.count].copy_(rows[part.rank])
+            engine.respond(batch, stream=stream)
             return
-        by_rank, start = {}, 0
+        if batch.packed:
+            outputs = ffn_output  # its rows are the parts' in order, each at its row offset
+        else:
+            rows = self._rows_by_rank(batch, ffn_output)
+            outputs = [rows[part.rank] for part in batch.parts]
+        engine.respond(batch, stream=stream, outputs=outputs)
+        self._ffn.hold(stage, ffn_output)  # the engine reads it after this returns
+        if stage in self._f2a.probes:
+            self._probing[stage] = ffn_output  # learnt once its first answer settles
+        else:
+            self._ffn.learn_output(ffn_output)
+
+    @staticmethod
+    def _rows_by_rank(batch, ffn_output) -> dict:
+        """Each A's rows of `ffn_output`, which holds them in rank order."""
+        rows, start = {}, 0
         for part in sorted(batch.parts, key=lambda part: part.rank):
-            by_rank[part.rank] = ffn_output[start:start + part.count]
+            rows[part.rank] = ffn_output[start:start + part.count]
             start += part.count
-        if in_place:
-            engine.respond(batch, stream=stream,
-                           outputs=[by_rank[part.rank] for part in batch.parts])
-            return
-        for part in batch.parts:
-            as_tensor(part.output)[:part.count].copy_(by_rank[part.rank])
-        engine.respond(batch, stream=stream)
+        return rows
+
+
+def _row_views(engine, views: dict):
+    """A function giving the first `count` rows of `engine`'s row space of a stage's tensor (a
+    packed batch starts at row 0: the connector names no receive buffers of its own), from a
+    view of the whole made once (kept in `views`): a DLPack import costs ~20 us on a GPU. It
+    holds no connector, which holds it (through its C++ part, out of the collector's sight)."""
+    def rows_view(stage: int, count: int, name: str = "tokens"):
+        whole = views.get((stage, name))
+        if whole is None:
+            whole = views[stage, name] = as_tensor(engine.inputs(stage, name))
+        return whole[:count]
+    return rows_view
 
 
 def _refuse_extras(kwargs: dict, call: str, allowed=("router_logits",)) -> None:

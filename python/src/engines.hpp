@@ -1,6 +1,6 @@
 // The engines, their job config and the store, bound for Python (engines.cc, store.cc), and
 // hetmesh.stepmesh's server in steady state and its worker's bookkeeping (stepmesh_serve.cc,
-// stepmesh_worker.cc).
+// stepmesh_worker.cc), and hetmesh.vllm_afd's F side per layer (connector_ffn.cc).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -14,5 +14,6 @@ void bind_store(py::module_& m);
 void bind_engines(py::module_& m);
 void bind_stepmesh_serve(py::module_& m);   // stepmesh_serve.cc
 void bind_stepmesh_worker(py::module_& m);  // stepmesh_worker.cc
+void bind_connector_ffn(py::module_& m);    // connector_ffn.cc
 
 }  // namespace hetmesh::python

@@ -4,6 +4,7 @@ an F killed mid-step; tensors at new addresses every step; and what the connecto
 
 import os
 import re
+import sys
 import threading
 
 import pytest
@@ -81,6 +82,18 @@ def test_the_runners_get_the_one_process_numbers(spawn, attention, ffn, transpor
         # spaces, one tensor in place (no torch.cat).
         assert moved["caller_bytes"] == group_rows * row_bytes, moved
         assert moved["slot_bytes"] == group_rows * row_bytes, moved
+        # Every batch handed out without Python; every answer too, but the first from each
+        # stage's output tensor (learnt once its bytes were seen not staged) and those with more
+        # rows than any before from that tensor (learnt at once).
+        by_python = 0
+        for stage in STAGES:
+            most = 0
+            for step in range(STEPS):
+                group = sum(token_counts(step, stage, attention)[f * ratio:(f + 1) * ratio])
+                by_python += group > most
+                most = max(most, group)
+        assert moved["batches_from_cpp"] == exchanges, moved
+        assert moved["answers_from_cpp"] == exchanges - by_python, moved
 
 
 @pytest.mark.parametrize("attention,ffn,transport", [(2, 1, "ipc"), (4, 2, "tcp")])
@@ -187,6 +200,58 @@ def test_a_control_message_that_is_not_one_is_a_protocol_error_naming_its_sender
         a.control_plane.send_dp_metadata_list(payload)
         got = f.control_plane.recv_dp_metadata_list()
         assert got.dp_metadata_list[0].num_tokens_across_dp_cpu.tolist() == [3]
+    finally:
+        a.close()
+        joined.join(120)
+        f.close()
+
+
+def test_an_ffn_holds_each_tensor_it_answered_from_until_that_stage_comes_again():
+    # The engine sends an answer after send_ffn_output returns, and the model drops its output
+    # tensor then: a caching allocator would give its memory to the next layer's kernels.
+    store = f"127.0.0.1:{free_port()}"
+    shape = dict(attention=1, ffn=1, hidden=8, dtype=torch.bfloat16, max_tokens=4,
+                 default_store=store, options={"device": "cpu:0", "job": "hold"})
+    f = vllm_afd.AfdConnector(role="ffn", role_rank=0, **shape)
+    a = vllm_afd.AfdConnector(role="attention", role_rank=0, **shape)
+    joined = threading.Thread(target=f.init_afd_connector)
+    joined.start()
+    try:
+        a.init_afd_connector()
+        joined.join(120)
+        stages = (0, 1)
+        payload = vllm_afd.ControlPayload(
+            {stage: vllm_afd.DPMetadata(torch.tensor([3], dtype=torch.int32)) for stage in stages})
+        a.control_plane.update_state_from_dp_metadata(payload)
+        a.control_plane.send_dp_metadata_list(payload)
+        f.control_plane.update_state_from_dp_metadata(f.control_plane.recv_dp_metadata_list())
+        space = {stage: torch.zeros(4, 8, dtype=torch.bfloat16) for stage in stages}
+        for tensor in space.values():
+            f.engine.register_buffer(tensor)  # the engine holds this, not the views below
+        x = {stage: torch.full((3, 8), stage + 1.0, dtype=torch.bfloat16) for stage in stages}
+        answered = {}
+        for layer in range(3):
+            for stage in stages:
+                metadata = vllm_afd.TransferMetadata(layer, stage, [3])
+                a.send_attn_output(x[stage], vllm_afd.TransferContext(metadata))
+            for stage in stages:
+                got = f.recv_attn_output(stage)
+                if stage in answered:  # its As have the last answer: it is let go
+                    refs = sys.getrefcount(answered[stage])
+                    assert refs == 2  # the dict's and the call's
+                out = torch.mul(got.hidden_states, 2, out=space[stage][:3])
+                before = sys.getrefcount(out)
+                f.send_ffn_output(out, got.context)
+                after = sys.getrefcount(out)
+                assert after > before  # held by the connector
+                answered[stage] = out
+            for stage in stages:
+                a.recv_ffn_output(x[stage], stage)
+                assert torch.equal(x[stage], torch.full((3, 8), (stage + 1.0) * 2 ** (layer + 1),
+                                                        dtype=torch.bfloat16))
+            del out
+        # The first answer from each tensor went through Python, the rest from C++.
+        assert f.counters()["answers_from_cpp"] == 4, f.counters()
     finally:
         a.close()
         joined.join(120)
