@@ -40,13 +40,15 @@ class InPlace:
             self.probes[key] = (base, self.staged_bytes())
         return True
 
-    def settle(self, key) -> None:
+    def settle(self, key) -> bool:
         """Once the exchange `key` has moved its bytes: did its first sight go through host
-        staging?"""
+        staging? True where it did (its allocation is no longer used in place)."""
         probe = self.probes.pop(key, None)
-        if probe is not None and self.staged_bytes() > probe[1]:
-            self.in_place[probe[0]] = False
-            self._say("staged", "is memory the transport reaches only through host staging")
+        if probe is None or self.staged_bytes() <= probe[1]:
+            return False
+        self.in_place[probe[0]] = False
+        self._say("staged", "is memory the transport reaches only through host staging")
+        return True
 
     def _say(self, reason: str, why: str) -> None:
         if reason not in self.said:

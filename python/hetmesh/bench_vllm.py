@@ -58,6 +58,7 @@ def serve_connector(store: str, args) -> None:
         for _ in range(args.iterations):
             got = c.recv_attn_output(ubatch_idx=0)
             c.send_ffn_output(out[:got.hidden_states.shape[0]], got.context)
+    print(f"hetmesh.bench_vllm: the connector's F: {c.counters()}", file=sys.stderr, flush=True)
     c.close()
 
 

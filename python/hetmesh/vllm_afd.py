@@ -188,10 +188,11 @@ class AfdConnector:
         self.control_plane = ControlPlane(self)
         self._engine = None
         self._store = None
-        # A: stage -> (handle, tensor, rows, in place, router logits)
-        self._sent: dict[int, tuple] = {}
-        # F: its batches and answers per layer (_native._ConnectorFfn), and the tensors answered
-        # from first (stage -> tensor), until the engine's staged bytes say how they went
+        # Each side's per layer in C++: an A's sends (_native._ConnectorAttention, which keeps
+        # every send: stage -> (handle, tensor, rows, in place, router logits)), an F's batches and
+        # answers (_native._ConnectorFfn); and the tensors first used in place (stage -> tensor),
+        # until the engine's staged bytes say how they went.
+        self._attn = None
         self._ffn = None
         self._rows_view = None
         self._probing: dict[int, Any] = {}
@@ -231,7 +232,11 @@ class AfdConnector:
             self._engine = engine(rank=self.role_rank, store=self.store_address,
                                   secret_file=secret_file, device=self.device,
                                   job=self.options["job"], **self.job)
-            if self.role == "ffn":
+            if self.role == "attention":
+                self._attn = _native._ConnectorAttention(
+                    self._engine, raw_current_stream() if self._on_gpu else None)
+                self.control_plane.to_native()
+            else:
                 self._rows_view = _row_views(self._engine, self._views)
                 self._ffn = _native._ConnectorFfn(
                     self._engine, self.role_rank, self._rows_view,
@@ -262,12 +267,13 @@ class AfdConnector:
         """Leaves the job: an A's F hears it left (not that it died). Safe to call again, and after
         a failed or partial initialization."""
         engine, self._engine = self._engine, None
-        self._sent.clear(), self._probing.clear(), self._views.clear()
-        ffn, self._ffn = self._ffn, None
-        if ffn is not None:
-            ffn.close()
         if engine is not None:
-            engine.close()
+            engine.close()  # first: it may still read and write the tensors the sides keep
+        self._probing.clear(), self._views.clear()
+        for side in (self._attn, self._ffn):
+            if side is not None:
+                side.close()
+        self._attn = self._ffn = None
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -277,25 +283,32 @@ class AfdConnector:
                             f"attention instance of its group has left")
 
     def counters(self) -> dict:
-        """Bytes moved from and into the application's tensors and hetmesh's slots; an F's
-        batches and answers that went without Python (batches_from_cpp, answers_from_cpp)."""
+        """Bytes moved from and into the application's tensors and hetmesh's slots; the layers
+        that went without Python: an A's sends and receives (sends_from_cpp, receives_from_cpp),
+        an F's batches and answers (batches_from_cpp, answers_from_cpp)."""
         counters = self.engine.counters()
-        if self._ffn is not None:
-            counters.update(self._ffn.counters())
+        for side in (self._attn, self._ffn):
+            if side is not None:
+                counters.update(side.counters())
         return counters
 
-    def _ffn_side(self, call: str):
-        """The F's per-layer state; raises where not initialized, closed, or an A's."""
+    def _side(self, call: str):
+        """This instance's per-layer state in C++ for `call` of role `role`; raises where not
+        initialized, closed, or of the other role."""
         self.engine
-        if self._ffn is None:
-            raise RuntimeError(f"hetmesh connector: {call} on an attention instance")
-        return self._ffn
+        role = "attention" if call in ("send_attn_output", "recv_ffn_output") else "ffn"
+        if role != self.role:
+            raise RuntimeError(f"hetmesh connector: {call} on an {self.role} instance")
+        return self._attn if role == "attention" else self._ffn
 
     # ---- the attention side ----
 
     def send_attn_output(self, hidden_states, context, **kwargs) -> None:
         """Sends one (layer, stage) of hidden states (and the layer's router logits, where the
         gate ran here) to this A's F; returns at once."""
+        if (not kwargs and self._logits is None and self._attn is not None
+                and self._attn.send(hidden_states, context.metadata)):
+            return  # in place, from memory sent from before (a job of router logits: below)
         logits = None
         if kwargs:
             _refuse_extras(kwargs, "send_attn_output")
@@ -309,7 +322,7 @@ class AfdConnector:
             raise ValueError(f"hidden_states shape {tuple(hidden_states.shape)} does not match "
                              f"the transfer's token count {metadata.total_tokens}")
         stage = int(metadata.stage_idx)
-        if stage in self._sent:
+        if self._side("send_attn_output").sent(stage) is not None:
             raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
                                f"recv_ffn_output")
         push = dict(stream=self._stream_of(hidden_states),
@@ -325,13 +338,19 @@ class AfdConnector:
         if self._fits(hidden_states) and self._a2f.use(hidden_states, stage):
             handle = engine.push_pull(stage, rows, send=hidden_states, results_into=hidden_states,
                                       **push)
-            self._sent[stage] = (handle, hidden_states, rows, True, logits)
+            self._attn.put(stage, (handle, hidden_states, rows, True, logits))
+            if self._logits is not None:
+                return
+            if stage in self._a2f.probes:
+                self._probing[stage] = hidden_states  # learnt once its first answer settles
+            else:
+                self._attn.learn(hidden_states)
             return
         self._slot(stage, "tokens")[:rows].copy_(hidden_states)
         handle = engine.push_pull(stage, rows, **push)
         # The tensors sent in place are held until the answer is in: the model drops its router
         # logits at once, and their memory must not be reused while the engine reads it.
-        self._sent[stage] = (handle, hidden_states, rows, False, logits)
+        self._attn.put(stage, (handle, hidden_states, rows, False, logits))
 
     def _slot(self, stage: int, name: str):
         """A view of one of the engine's slots (an A's send slot of a tensor, or "result"), made
@@ -355,20 +374,25 @@ class AfdConnector:
     def recv_ffn_output(self, ref_tensor, ubatch_idx: int = 0, **kwargs):
         """Waits for the F's answer to stage `ubatch_idx` and returns it in `ref_tensor`. A wait
         that times out can be called again."""
+        if self._attn is not None and not (self._a2f.probes or self._gate.probes):
+            answer = self._attn.receive(ubatch_idx, ref_tensor)
+            if answer is not None:
+                return answer  # in place, and in ref_tensor where one was given
         engine = self.engine
-        if ubatch_idx not in self._sent:
+        entry = self._side("recv_ffn_output").sent(ubatch_idx)
+        if entry is None:
             raise RuntimeError(f"hetmesh connector: recv_ffn_output for stage {ubatch_idx}, which "
                                f"has no send_attn_output before it")
-        handle, sent, rows, in_place, _ = self._sent[ubatch_idx]
+        handle, sent, rows, in_place, _ = entry
         try:
             engine.wait(handle)
         except TimeoutError:
             raise  # still in flight: the same call may wait for it again
         except BaseException:
-            del self._sent[ubatch_idx]
+            self._attn.pop(ubatch_idx)
             raise
-        del self._sent[ubatch_idx]
-        self._a2f.settle(ubatch_idx)
+        self._attn.pop(ubatch_idx)
+        self._settle(self._a2f, ubatch_idx, self._attn)
         self._gate.settle(ubatch_idx)
         if in_place:
             answer = sent
@@ -415,37 +439,46 @@ class AfdConnector:
                 (self._logits[0], f"torch.{self._logits[1]}")):
             raise _errors.make(NotSupportedError, f"{_NO_ROUTER_LOGITS} (the layer asks for "
                                f"{spec.router_logits_width} {spec.router_logits_dtype})")
-        got = self._ffn_side("recv_attn_output").receive(ubatch_idx, None)
+        ffn = self._side("recv_attn_output")
+        got = ffn.receive(ubatch_idx, None)
         if got is None:
             raise self._group_left()
         if self._f2a.probes:
-            self._settle_f2a(ubatch_idx)  # the last answer of this stage has reached its As
+            # the last answer of this stage has reached its As
+            self._settle(self._f2a, ubatch_idx, ffn)
         t = self.types
-        if type(got) is tuple:  # packed: its rows in place, and each A's count
-            hidden_states, seq_lens = got
-            batch = self._ffn.batch(ubatch_idx) if spec is not None else None
-        else:
-            batch = got
-            parts = batch.parts
-            if len(parts) > 1:
-                parts = sorted(parts, key=lambda part: part.rank)
-            seq_lens = [part.count for part in parts]
-            hidden_states = self._whole(batch, "tokens")
-        payload = t.a2f_payload(
-            hidden_states=hidden_states,
-            context=t.transfer_context(metadata=t.transfer_metadata(
-                layer_idx=0, stage_idx=ubatch_idx, seq_lens=seq_lens)))
-        if spec is not None:
-            payload.router_logits = self._whole(batch, "router_logits")
+        try:
+            if type(got) is tuple:  # packed: its rows in place, and each A's count
+                hidden_states, seq_lens = got
+                batch = ffn.batch(ubatch_idx) if spec is not None else None
+            else:
+                batch = got
+                parts = batch.parts
+                if len(parts) > 1:
+                    parts = sorted(parts, key=lambda part: part.rank)
+                seq_lens = [part.count for part in parts]
+                hidden_states = self._whole(batch, "tokens")
+            payload = t.a2f_payload(
+                hidden_states=hidden_states,
+                context=t.transfer_context(metadata=t.transfer_metadata(
+                    layer_idx=0, stage_idx=ubatch_idx, seq_lens=seq_lens)))
+            if spec is not None:
+                payload.router_logits = self._whole(batch, "router_logits")
+        except BaseException:
+            ffn.take(ubatch_idx)  # refused: not open (as if never received)
+            raise
         return payload
 
-    def _settle_f2a(self, stage: int) -> None:
-        """The first answer from an allocation has moved its bytes: did it go through host
-        staging? Where it did not, such answers go in place from C++ from now on."""
-        self._f2a.settle(stage)
-        output = self._probing.pop(stage, None)
-        if output is not None and self._f2a.use(output):
-            self._ffn.learn_output(output)
+    def _settle(self, in_place: InPlace, stage: int, side) -> None:
+        """The first exchange of `stage` from an allocation has moved its bytes: did they go
+        through host staging? Where they did not, such exchanges go in place from C++ (`side`)
+        from now on; where they did, C++ forgets what it learnt (another stage's tensor in the
+        same allocation may have been learnt meanwhile)."""
+        if in_place.settle(stage):
+            side.forget()
+        tensor = self._probing.pop(stage, None)
+        if tensor is not None and in_place.use(tensor):
+            side.learn(tensor)
 
     def _whole(self, batch, name: str):
         """A tensor of the batch as one: in place where its As pushed back to back (the control
@@ -476,7 +509,7 @@ class AfdConnector:
         if self._ffn is not None and self._ffn.respond(stage, ffn_output):
             return  # in place, from memory answered from before
         engine = self.engine
-        batch = self._ffn_side("send_ffn_output").take(stage)
+        batch = self._side("send_ffn_output").take(stage)
         if batch is None:
             raise RuntimeError(f"hetmesh connector: send_ffn_output for stage {stage}, which has "
                                f"no recv_attn_output before it")
@@ -501,7 +534,7 @@ class AfdConnector:
         if stage in self._f2a.probes:
             self._probing[stage] = ffn_output  # learnt once its first answer settles
         else:
-            self._ffn.learn_output(ffn_output)
+            self._ffn.learn(ffn_output)
 
     @staticmethod
     def _rows_by_rank(batch, ffn_output) -> dict:
@@ -575,6 +608,19 @@ class ControlPlane:
             int(stage): [int(n) for n in m.num_tokens_across_dp_cpu.flatten().tolist()]
             for stage, m in payload.dp_metadata_list.items()
         }
+        self.to_native()
+
+    def to_native(self) -> None:
+        """An A's rows and row offset per stage, for its sends from C++ (counts that do not fit
+        the job as (-1, 0): such a send goes to row_offset, which refuses it)."""
+        c = self.connector
+        if c._attn is None:
+            return
+        first = c.role_rank - c.role_rank % c.ratio
+        c._attn.set_offsets({
+            stage: (counts[c.role_rank], sum(counts[first:c.role_rank]))
+            if len(counts) == c.attn_size else (-1, 0)
+            for stage, counts in self._counts.items()})
 
     def send_dp_metadata_list(self, payload) -> None:
         c = self.connector

@@ -88,20 +88,19 @@ class ConnectorFfn {
 
   // Answers `stage`'s open packed batch from `output` where it is memory Python used in place
   // before, of the batch's rows: true once sent. False (nothing done) for Python to answer or
-  // refuse. Raises what the engine raises (the batch stays open, to answer again).
+  // refuse. Raises what the engine raises (the batch is closed, as Python's answers close it).
   bool respond(int stage, const py::handle& output) {
-    auto it = open_.find(stage);
-    if (it == open_.end()) return false;
-    const py::object batch = it->second;
-    const afd::Batch& b = batch.cast<const PyBatch&>().batch;
-    if (!b.packed) return false;
+    const py::object batch = this->batch(stage);
+    if (batch.is_none() || !batch.cast<const PyBatch&>().batch.packed) return false;
     std::optional<CallerTensor> t = read(output);  // runs its __dlpack__ (Python)
-    if (!t || t->rows != b.packed_rows || !known(*t)) return false;
+    if (!t || t->rows != batch.cast<const PyBatch&>().batch.packed_rows || !known(*t)) return false;
+    // Taken (again by key: reading the tensor ran Python) before the engine lets threads run.
+    if (!this->batch(stage).is(batch)) return false;
+    take(stage);
     py::object stream = current_stream_.is_none() ? py::none() : current_stream_(device_.index());
     using namespace pybind11::literals;
     engine_.attr("respond")(batch, "stream"_a = stream, "outputs"_a = output);
     ++answers_from_cpp_;
-    open_.erase(stage);
     hold(stage, py::reinterpret_borrow<py::object>(output));
     return true;
   }
@@ -114,13 +113,16 @@ class ConnectorFfn {
   }
 
   // Python answered from `output` in place, for good: such memory is answered from here next time.
-  void learn_output(const py::handle& output) {
+  void learn(const py::handle& output) {
     std::optional<CallerTensor> t = read(output);
     if (!t || t->bytes == 0) return;
     if (memory_.size() >= kMaxRemembered) memory_.clear();
     uint64_t& most = memory_[reinterpret_cast<uintptr_t>(t->data)];
     most = std::max(most, t->bytes);
   }
+
+  // Such memory turned out to go through host staging: everything learnt is forgotten.
+  void forget() { memory_.clear(); }
 
   py::dict counters() const {
     py::dict out;
@@ -216,7 +218,8 @@ void bind_connector_ffn(py::module_& m) {
       .def("take", &ConnectorFfn::take, py::arg("stage"))
       .def("respond", &ConnectorFfn::respond, py::arg("stage"), py::arg("output"))
       .def("hold", &ConnectorFfn::hold, py::arg("stage"), py::arg("output"))
-      .def("learn_output", &ConnectorFfn::learn_output, py::arg("output"))
+      .def("learn", &ConnectorFfn::learn, py::arg("output"))
+      .def("forget", &ConnectorFfn::forget)
       .def("counters", &ConnectorFfn::counters)
       .def("close", &ConnectorFfn::close);
 }

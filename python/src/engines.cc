@@ -884,6 +884,10 @@ Device ffn_device(const py::handle& engine) {
   return engine.cast<const PyFfn&>().live()->device();
 }
 
+Device attention_device(const py::handle& engine) {
+  return engine.cast<const PyAttention&>().live()->device();
+}
+
 void bind_engines(py::module_& m) {
   py::class_<PyStream>(m, "Stream", gc_visible<PyStream, &PyStream::owner>(),
                        "A stream of an engine's device (engine.create_stream()).")

@@ -23,7 +23,9 @@ struct PyBatch {
   const void* engine = nullptr;  // the FfnEngine it came from: only it may respond to it
 };
 
-// The device an open FfnEngine (a PyFfn) runs on. Throws if it was closed.
+// The device an open FfnEngine (a PyFfn) or AttentionEngine (a PyAttention) runs on. Throws if it
+// was closed.
 Device ffn_device(const py::handle& engine);
+Device attention_device(const py::handle& engine);
 
 }  // namespace hetmesh::python

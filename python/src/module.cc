@@ -85,4 +85,5 @@ PYBIND11_MODULE(_native, m) {
   bind_stepmesh_serve(m);
   bind_stepmesh_worker(m);
   bind_connector_ffn(m);
+  bind_connector_attention(m);
 }

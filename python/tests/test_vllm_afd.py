@@ -53,6 +53,22 @@ def counters(line: str) -> dict:
     return eval(re.search(r"counters (\{.*\})", line).group(1))  # the engine's own dict
 
 
+def from_python(rows_of) -> int:
+    """The exchanges of vllm_runner's job that go through the connector's Python on one side, of
+    `rows_of(step, stage)` rows from one tensor per stage: each stage's first (its memory is
+    learnt once its bytes were seen not staged) and those with more rows than any before from it
+    (learnt at once); the rest go from C++."""
+    from vllm_runner import STAGES, STEPS
+
+    count = 0
+    for stage in STAGES:
+        most = 0
+        for step in range(STEPS):
+            count += rows_of(step, stage) > most
+            most = max(most, rows_of(step, stage))
+    return count
+
+
 @pytest.mark.parametrize("attention,ffn,transport", [(1, 1, "ipc"), (2, 1, "tcp"), (2, 2, "ipc"),
                                                      (4, 2, "tcp")])
 def test_the_runners_get_the_one_process_numbers(spawn, attention, ffn, transport):
@@ -71,6 +87,12 @@ def test_the_runners_get_the_one_process_numbers(spawn, attention, ffn, transpor
         assert moved["caller_bytes"] == rows[a] * row_bytes * 2, moved
         assert moved["slot_bytes"] == 0, moved
         assert moved["staged_bytes"] == 0 and 1 <= moved["caller_buffers"] <= 4, moved
+        # Sent without Python but those from Python; every answer received without Python but
+        # the first layer's (the sends of both stages came before their first answer settled).
+        exchanges = STEPS * LAYERS * len(STAGES)
+        by_python = from_python(lambda step, stage: token_counts(step, stage, attention)[a])
+        assert moved["sends_from_cpp"] == exchanges - by_python, moved
+        assert moved["receives_from_cpp"] == exchanges - len(STAGES), moved
     ratio = attention // ffn
     exchanges = STEPS * LAYERS * len(STAGES)
     for f in range(ffn):
@@ -82,16 +104,9 @@ def test_the_runners_get_the_one_process_numbers(spawn, attention, ffn, transpor
         # spaces, one tensor in place (no torch.cat).
         assert moved["caller_bytes"] == group_rows * row_bytes, moved
         assert moved["slot_bytes"] == group_rows * row_bytes, moved
-        # Every batch handed out without Python; every answer too, but the first from each
-        # stage's output tensor (learnt once its bytes were seen not staged) and those with more
-        # rows than any before from that tensor (learnt at once).
-        by_python = 0
-        for stage in STAGES:
-            most = 0
-            for step in range(STEPS):
-                group = sum(token_counts(step, stage, attention)[f * ratio:(f + 1) * ratio])
-                by_python += group > most
-                most = max(most, group)
+        # Every batch handed out without Python; every answer too, but those from Python.
+        by_python = from_python(lambda step, stage: sum(
+            token_counts(step, stage, attention)[f * ratio:(f + 1) * ratio]))
         assert moved["batches_from_cpp"] == exchanges, moved
         assert moved["answers_from_cpp"] == exchanges - by_python, moved
 
@@ -208,7 +223,9 @@ def test_a_control_message_that_is_not_one_is_a_protocol_error_naming_its_sender
 
 def test_an_ffn_holds_each_tensor_it_answered_from_until_that_stage_comes_again():
     # The engine sends an answer after send_ffn_output returns, and the model drops its output
-    # tensor then: a caching allocator would give its memory to the next layer's kernels.
+    # tensor then: a caching allocator would give its memory to the next layer's kernels. Step 0
+    # answers 2 rows a stage (the first from Python, the rest from C++), step 1 3 rows (more than
+    # before: from Python, learnt at once, then from C++).
     store = f"127.0.0.1:{free_port()}"
     shape = dict(attention=1, ffn=1, hidden=8, dtype=torch.bfloat16, max_tokens=4,
                  default_store=store, options={"device": "cpu:0", "job": "hold"})
@@ -220,38 +237,53 @@ def test_an_ffn_holds_each_tensor_it_answered_from_until_that_stage_comes_again(
         a.init_afd_connector()
         joined.join(120)
         stages = (0, 1)
-        payload = vllm_afd.ControlPayload(
-            {stage: vllm_afd.DPMetadata(torch.tensor([3], dtype=torch.int32)) for stage in stages})
-        a.control_plane.update_state_from_dp_metadata(payload)
-        a.control_plane.send_dp_metadata_list(payload)
-        f.control_plane.update_state_from_dp_metadata(f.control_plane.recv_dp_metadata_list())
         space = {stage: torch.zeros(4, 8, dtype=torch.bfloat16) for stage in stages}
         for tensor in space.values():
             f.engine.register_buffer(tensor)  # the engine holds this, not the views below
-        x = {stage: torch.full((3, 8), stage + 1.0, dtype=torch.bfloat16) for stage in stages}
         answered = {}
-        for layer in range(3):
-            for stage in stages:
-                metadata = vllm_afd.TransferMetadata(layer, stage, [3])
-                a.send_attn_output(x[stage], vllm_afd.TransferContext(metadata))
-            for stage in stages:
-                got = f.recv_attn_output(stage)
-                if stage in answered:  # its As have the last answer: it is let go
-                    refs = sys.getrefcount(answered[stage])
-                    assert refs == 2  # the dict's and the call's
-                out = torch.mul(got.hidden_states, 2, out=space[stage][:3])
-                before = sys.getrefcount(out)
-                f.send_ffn_output(out, got.context)
-                after = sys.getrefcount(out)
-                assert after > before  # held by the connector
-                answered[stage] = out
-            for stage in stages:
-                a.recv_ffn_output(x[stage], stage)
-                assert torch.equal(x[stage], torch.full((3, 8), (stage + 1.0) * 2 ** (layer + 1),
-                                                        dtype=torch.bfloat16))
-            del out
-        # The first answer from each tensor went through Python, the rest from C++.
-        assert f.counters()["answers_from_cpp"] == 4, f.counters()
+        for step, rows in enumerate((2, 3)):
+            payload = vllm_afd.ControlPayload({stage: vllm_afd.DPMetadata(
+                torch.tensor([rows], dtype=torch.int32)) for stage in stages})
+            a.control_plane.update_state_from_dp_metadata(payload)
+            a.control_plane.send_dp_metadata_list(payload)
+            f.control_plane.update_state_from_dp_metadata(f.control_plane.recv_dp_metadata_list())
+            x = {stage: torch.full((rows, 8), stage + 1.0, dtype=torch.bfloat16)
+                 for stage in stages}
+            for layer in range(3):
+                for stage in stages:
+                    metadata = vllm_afd.TransferMetadata(layer, stage, [rows])
+                    a.send_attn_output(x[stage], vllm_afd.TransferContext(metadata))
+                for stage in stages:
+                    got = f.recv_attn_output(stage)
+                    if stage in answered:  # its As have the last answer: it is let go
+                        refs = sys.getrefcount(answered[stage])
+                        assert refs == 2, (step, layer)  # the dict's and the call's
+                    out = torch.mul(got.hidden_states, 2, out=space[stage][:rows])
+                    before = sys.getrefcount(out)
+                    f.send_ffn_output(out, got.context)
+                    after = sys.getrefcount(out)
+                    assert after > before, (step, layer)  # held by the connector
+                    answered[stage] = out
+                for stage in stages:
+                    a.recv_ffn_output(x[stage], stage)
+                    want = torch.full((rows, 8), (stage + 1.0) * 2 ** (layer + 1),
+                                      dtype=torch.bfloat16)
+                    assert torch.equal(x[stage], want), (step, layer, stage)
+                del out
+        # Of 12 answers, each stage's first and its first of 3 rows went through Python.
+        assert f.counters()["answers_from_cpp"] == 8, f.counters()
+        # An A's sends from C++ follow the step's counts: rows the counts do not give are
+        # refused, not sent over a group-mate's.
+        assert a.counters()["sends_from_cpp"] == 8, a.counters()
+        metadata = vllm_afd.TransferMetadata(3, 0, [3])
+        for counts, match in (([2], "stage 0 sends 3 rows, but this step's control payload "
+                               "gives 1 counts"),
+                              ([3, 3], "gives 2 counts \\[3, 3\\] for 1 attention ranks")):
+            a.control_plane.update_state_from_dp_metadata(vllm_afd.ControlPayload(
+                {0: vllm_afd.DPMetadata(torch.tensor(counts, dtype=torch.int32))}))
+            with pytest.raises(ValueError, match=match):
+                a.send_attn_output(x[0], vllm_afd.TransferContext(metadata))
+        assert a.counters()["sends_from_cpp"] == 8, a.counters()
     finally:
         a.close()
         joined.join(120)

@@ -1,0 +1,182 @@
+// hetmesh.vllm_afd's A side per layer, without Python in steady state: a send from hidden states
+// whose memory the connector used in place before (the answer landing in the same tensor) goes to
+// the engine from here, at the row offset this step's counts give, and so do its wait and answer.
+// Everything else (router logits, memory not seen yet, rows the counts do not give, a call to
+// refuse) goes back to the connector's Python, which keeps its sends here as well.
+#include "caller_tensor.hpp"
+#include "engines.hpp"
+#include "ffn_batch.hpp"
+
+#include <hetmesh/afd/job_config.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+
+namespace hetmesh::python {
+namespace {
+
+class ConnectorAttention {
+ public:
+  // The most memory starts it remembers (more: it forgets and learns again).
+  static constexpr size_t kMaxRemembered = 4096;
+
+  // `current_stream(index)`: the stream a send is ordered after (torch's current raw stream of
+  // the engine's GPU), or None on the host.
+  ConnectorAttention(py::object engine, py::object current_stream)
+      : engine_(std::move(engine)),
+        device_(attention_device(engine_)),
+        current_stream_(std::move(current_stream)) {
+    const auto& model = engine_.attr("config").cast<const afd::JobConfig&>().model;
+    a2f_element_ = element_of(model.a2f_dtype);
+    row_bytes_ = uint64_t(model.hidden) * afd::dtype_bytes(model.a2f_dtype);
+    in_place_ = model.a2f_dtype == model.f2a_dtype;  // an answer may land where its rows were
+  }
+
+  // This step's rows and row offset per stage ({stage: (rows, offset)}), from its counts; a
+  // stage given as (-1, 0) has counts that do not fit the job, for Python to refuse.
+  void set_offsets(const py::dict& offsets) {
+    offsets_.clear();
+    for (const auto& [stage, entry] : offsets) {
+      const auto pair = entry.cast<std::pair<int64_t, int64_t>>();
+      offsets_[stage.cast<int>()] = pair;
+    }
+  }
+
+  // Sends `tensor`'s rows as `metadata`'s stage in place where its memory was used so before and
+  // everything fits: true once sent. False (nothing done) for Python to send or refuse.
+  bool send(const py::handle& tensor, const py::handle& metadata) {
+    if (!in_place_) return false;
+    const int stage = metadata.attr("stage_idx").cast<int>();
+    if (sent_.contains(stage)) return false;
+    std::optional<CallerTensor> t = read(tensor);  // runs its __dlpack__ (Python)
+    if (!t || !known(*t) || t->rows != metadata.attr("total_tokens").cast<uint64_t>()) return false;
+    py::object row_offset = py::none();
+    if (auto it = offsets_.find(stage); it != offsets_.end()) {
+      if (it->second.first != static_cast<int64_t>(t->rows)) return false;
+      row_offset = py::int_(it->second.second);
+    }
+    py::object stream = current_stream_.is_none() ? py::none() : current_stream_(device_.index());
+    using namespace pybind11::literals;
+    py::object handle =
+        engine_.attr("push_pull")(stage, t->rows, "send"_a = tensor, "results_into"_a = tensor,
+                                  "stream"_a = stream, "row_offset"_a = row_offset);
+    // Held until its answer is in: the engine reads and writes it after this returns.
+    sent_[stage] = py::make_tuple(handle, tensor, t->rows, true, py::none());
+    ++sends_from_cpp_;
+    return true;
+  }
+
+  // Waits for `stage`'s answer where it was sent in place and lands in `ref` (the tensor sent, or
+  // None), and returns that tensor; None (nothing done) for Python. Raises what the wait raises:
+  // a timeout keeps the send, to wait again; any other failure ends it.
+  py::object receive(int stage, const py::handle& ref) {
+    auto it = sent_.find(stage);
+    if (it == sent_.end()) return py::none();
+    const py::tuple entry = it->second;  // (handle, tensor, rows, in place, router logits)
+    const py::object sent = entry[1];
+    if (!entry[3].cast<bool>() || !(ref.is_none() || ref.is(sent))) return py::none();
+    try {
+      engine_.attr("wait")(entry[0]);
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_TimeoutError)) sent_.erase(stage);
+      throw;
+    }
+    sent_.erase(stage);
+    ++receives_from_cpp_;
+    return sent;
+  }
+
+  // Python's own sends: `entry` is (handle, tensor, rows, in place, router logits).
+  py::object sent(int stage) const {
+    auto it = sent_.find(stage);
+    return it == sent_.end() ? py::object(py::none()) : py::object(it->second);
+  }
+  void put(int stage, const py::tuple& entry) { sent_[stage] = entry; }
+  void pop(int stage) {
+    auto it = sent_.find(stage);
+    if (it == sent_.end()) return;
+    py::object gone = std::move(it->second);  // dropped after the map no longer holds it
+    sent_.erase(it);
+  }
+
+  // Python sent from `tensor` in place, for good: such memory is sent from here next time.
+  void learn(const py::handle& tensor) {
+    std::optional<CallerTensor> t = read(tensor);
+    if (!t || t->bytes == 0) return;
+    if (memory_.size() >= kMaxRemembered) memory_.clear();
+    uint64_t& most = memory_[reinterpret_cast<uintptr_t>(t->data)];
+    most = std::max(most, t->bytes);
+  }
+
+  // Such memory turned out to go through host staging: everything learnt is forgotten.
+  void forget() { memory_.clear(); }
+
+  py::dict counters() const {
+    py::dict out;
+    out["sends_from_cpp"] = sends_from_cpp_;
+    out["receives_from_cpp"] = receives_from_cpp_;
+    return out;
+  }
+
+  // Drops the sends and the application's tensors, for the engine's close.
+  void close() {
+    std::map<int, py::tuple> gone;
+    gone.swap(sent_);
+    memory_.clear();
+    offsets_.clear();
+  }
+
+ private:
+  // A tensor as rows of the job's A2F element and width on the engine's device, or nullopt (a
+  // tensor of another dtype, device or layout, not a tensor): Python decides about those.
+  std::optional<CallerTensor> read(const py::handle& tensor) const {
+    try {
+      return caller_tensor(tensor, device_, a2f_element_, row_bytes_, "send_attn_output's tensor");
+    } catch (const py::error_already_set& e) {  // the tensor's own __dlpack__'s
+      if (!e.matches(PyExc_Exception)) throw;   // KeyboardInterrupt and such go on
+      return std::nullopt;
+    } catch (const std::exception&) {  // ours
+      return std::nullopt;
+    }
+  }
+
+  bool known(const CallerTensor& t) const {
+    auto it = memory_.find(reinterpret_cast<uintptr_t>(t.data));
+    return t.bytes > 0 && it != memory_.end() && t.bytes <= it->second;
+  }
+
+  py::object engine_;
+  Device device_;
+  py::object current_stream_;
+  Element a2f_element_;  // the job's hidden states: rows of this element and width
+  uint64_t row_bytes_;
+  bool in_place_;
+  std::map<int, std::pair<int64_t, int64_t>> offsets_;  // stage -> (rows, row offset)
+  std::map<int, py::tuple> sent_;                       // stage -> its send, until its answer is in
+  std::map<uintptr_t, uint64_t> memory_;  // a send's start -> the most bytes sent from it
+  uint64_t sends_from_cpp_ = 0;
+  uint64_t receives_from_cpp_ = 0;
+};
+
+}  // namespace
+
+void bind_connector_attention(py::module_& m) {
+  py::class_<ConnectorAttention>(m, "_ConnectorAttention",
+                                 "hetmesh.vllm_afd's A side per layer in steady state (private).")
+      .def(py::init<py::object, py::object>(), py::arg("engine"), py::arg("current_stream"))
+      .def("set_offsets", &ConnectorAttention::set_offsets, py::arg("offsets"))
+      .def("send", &ConnectorAttention::send, py::arg("tensor"), py::arg("metadata"))
+      .def("receive", &ConnectorAttention::receive, py::arg("stage"), py::arg("ref"))
+      .def("sent", &ConnectorAttention::sent, py::arg("stage"))
+      .def("put", &ConnectorAttention::put, py::arg("stage"), py::arg("entry"))
+      .def("pop", &ConnectorAttention::pop, py::arg("stage"))
+      .def("learn", &ConnectorAttention::learn, py::arg("tensor"))
+      .def("forget", &ConnectorAttention::forget)
+      .def("counters", &ConnectorAttention::counters)
+      .def("close", &ConnectorAttention::close);
+}
+
+}  // namespace hetmesh::python
