@@ -27,10 +27,13 @@ fail() {
   echo "FAIL: $*"
   failures=$((failures + 1))
 }
-port() {  # a port nothing listens on now, nor on the next (other tests pick theirs at random too)
+# Below the kernel's ephemeral range: a port there is never handed to another test's client
+# socket or bind-to-0 between the check and the listen (once, srun's port was: CI failed).
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+port() {  # a port nothing listens on now, nor on the next
   local p  # the next: under torchrun, hetmesh's store takes MASTER_PORT + 1 (once taken: CI failed)
   for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 20000))
+    p=$((10000 + RANDOM % (ephemeral_low - 10002)))
     [[ -z $(ss -Hltn "( sport = :$p or sport = :$((p + 1)) )" 2>/dev/null) ]] && break
   done
   echo "$p"
