@@ -292,11 +292,10 @@ class AfdConnector:
                 counters.update(side.counters())
         return counters
 
-    def _side(self, call: str):
-        """This instance's per-layer state in C++ for `call` of role `role`; raises where not
+    def _side(self, role: str, call: str):
+        """This instance's per-layer state in C++ for `call`, one of `role`'s; raises where not
         initialized, closed, or of the other role."""
         self.engine
-        role = "attention" if call in ("send_attn_output", "recv_ffn_output") else "ffn"
         if role != self.role:
             raise RuntimeError(f"hetmesh connector: {call} on an {self.role} instance")
         return self._attn if role == "attention" else self._ffn
@@ -322,7 +321,7 @@ class AfdConnector:
             raise ValueError(f"hidden_states shape {tuple(hidden_states.shape)} does not match "
                              f"the transfer's token count {metadata.total_tokens}")
         stage = int(metadata.stage_idx)
-        if self._side("send_attn_output").sent(stage) is not None:
+        if self._side("attention", "send_attn_output").sent(stage) is not None:
             raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
                                f"recv_ffn_output")
         push = dict(stream=self._stream_of(hidden_states),
@@ -379,7 +378,7 @@ class AfdConnector:
             if answer is not None:
                 return answer  # in place, and in ref_tensor where one was given
         engine = self.engine
-        entry = self._side("recv_ffn_output").sent(ubatch_idx)
+        entry = self._side("attention", "recv_ffn_output").sent(ubatch_idx)
         if entry is None:
             raise RuntimeError(f"hetmesh connector: recv_ffn_output for stage {ubatch_idx}, which "
                                f"has no send_attn_output before it")
@@ -439,7 +438,7 @@ class AfdConnector:
                 (self._logits[0], f"torch.{self._logits[1]}")):
             raise _errors.make(NotSupportedError, f"{_NO_ROUTER_LOGITS} (the layer asks for "
                                f"{spec.router_logits_width} {spec.router_logits_dtype})")
-        ffn = self._side("recv_attn_output")
+        ffn = self._side("ffn", "recv_attn_output")
         got = ffn.receive(ubatch_idx, None)
         if got is None:
             raise self._group_left()
@@ -509,7 +508,7 @@ class AfdConnector:
         if self._ffn is not None and self._ffn.respond(stage, ffn_output):
             return  # in place, from memory answered from before
         engine = self.engine
-        batch = self._side("send_ffn_output").take(stage)
+        batch = self._side("ffn", "send_ffn_output").take(stage)
         if batch is None:
             raise RuntimeError(f"hetmesh connector: send_ffn_output for stage {stage}, which has "
                                f"no recv_attn_output before it")

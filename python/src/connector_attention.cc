@@ -3,13 +3,12 @@
 // the engine from here, at the row offset this step's counts give, and so do its wait and answer.
 // Everything else (router logits, memory not seen yet, rows the counts do not give, a call to
 // refuse) goes back to the connector's Python, which keeps its sends here as well.
-#include "caller_tensor.hpp"
 #include "engines.hpp"
 #include "ffn_batch.hpp"
+#include "learnt_memory.hpp"
 
 #include <hetmesh/afd/job_config.hpp>
 
-#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -20,9 +19,6 @@ namespace {
 
 class ConnectorAttention {
  public:
-  // The most memory starts it remembers (more: it forgets and learns again).
-  static constexpr size_t kMaxRemembered = 4096;
-
   // `current_stream(index)`: the stream a send is ordered after (torch's current raw stream of
   // the engine's GPU), or None on the host.
   ConnectorAttention(py::object engine, py::object current_stream)
@@ -52,7 +48,8 @@ class ConnectorAttention {
     const int stage = metadata.attr("stage_idx").cast<int>();
     if (sent_.contains(stage)) return false;
     std::optional<CallerTensor> t = read(tensor);  // runs its __dlpack__ (Python)
-    if (!t || !known(*t) || t->rows != metadata.attr("total_tokens").cast<uint64_t>()) return false;
+    if (!t || !memory_.known(*t) || t->rows != metadata.attr("total_tokens").cast<uint64_t>())
+      return false;
     py::object row_offset = py::none();
     if (auto it = offsets_.find(stage); it != offsets_.end()) {
       if (it->second.first != static_cast<int64_t>(t->rows)) return false;
@@ -95,24 +92,15 @@ class ConnectorAttention {
     return it == sent_.end() ? py::object(py::none()) : py::object(it->second);
   }
   void put(int stage, const py::tuple& entry) { sent_[stage] = entry; }
-  void pop(int stage) {
-    auto it = sent_.find(stage);
-    if (it == sent_.end()) return;
-    py::object gone = std::move(it->second);  // dropped after the map no longer holds it
-    sent_.erase(it);
-  }
+  void pop(int stage) { take_from(sent_, stage); }
 
   // Python sent from `tensor` in place, for good: such memory is sent from here next time.
   void learn(const py::handle& tensor) {
-    std::optional<CallerTensor> t = read(tensor);
-    if (!t || t->bytes == 0) return;
-    if (memory_.size() >= kMaxRemembered) memory_.clear();
-    uint64_t& most = memory_[reinterpret_cast<uintptr_t>(t->data)];
-    most = std::max(most, t->bytes);
+    if (std::optional<CallerTensor> t = read(tensor)) memory_.learn(*t);
   }
 
   // Such memory turned out to go through host staging: everything learnt is forgotten.
-  void forget() { memory_.clear(); }
+  void forget() { memory_.forget(); }
 
   py::dict counters() const {
     py::dict out;
@@ -123,29 +111,16 @@ class ConnectorAttention {
 
   // Drops the sends and the application's tensors, for the engine's close.
   void close() {
-    std::map<int, py::tuple> gone;
-    gone.swap(sent_);
-    memory_.clear();
+    drop(sent_);
+    memory_.forget();
     offsets_.clear();
   }
 
  private:
-  // A tensor as rows of the job's A2F element and width on the engine's device, or nullopt (a
-  // tensor of another dtype, device or layout, not a tensor): Python decides about those.
+  // A tensor as rows of the job's A2F element and width on the engine's device, or nullopt.
   std::optional<CallerTensor> read(const py::handle& tensor) const {
-    try {
-      return caller_tensor(tensor, device_, a2f_element_, row_bytes_, "send_attn_output's tensor");
-    } catch (const py::error_already_set& e) {  // the tensor's own __dlpack__'s
-      if (!e.matches(PyExc_Exception)) throw;   // KeyboardInterrupt and such go on
-      return std::nullopt;
-    } catch (const std::exception&) {  // ours
-      return std::nullopt;
-    }
-  }
-
-  bool known(const CallerTensor& t) const {
-    auto it = memory_.find(reinterpret_cast<uintptr_t>(t.data));
-    return t.bytes > 0 && it != memory_.end() && t.bytes <= it->second;
+    return caller_tensor_or_none(tensor, device_, a2f_element_, row_bytes_,
+                                 "send_attn_output's tensor");
   }
 
   py::object engine_;
@@ -156,7 +131,7 @@ class ConnectorAttention {
   bool in_place_;
   std::map<int, std::pair<int64_t, int64_t>> offsets_;  // stage -> (rows, row offset)
   std::map<int, py::tuple> sent_;                       // stage -> its send, until its answer is in
-  std::map<uintptr_t, uint64_t> memory_;  // a send's start -> the most bytes sent from it
+  LearntMemory memory_;                                 // where sends went from in place
   uint64_t sends_from_cpp_ = 0;
   uint64_t receives_from_cpp_ = 0;
 };

@@ -4,16 +4,15 @@
 // the connector used in place before goes to the engine from here. Everything else (rows that did
 // not land back to back, router logits, memory not seen yet, a call to refuse) goes back to the
 // connector's Python, which takes the batch from here and says why.
-#include "caller_tensor.hpp"
 #include "engines.hpp"
 #include "ffn_batch.hpp"
+#include "learnt_memory.hpp"
 
 #include <hetmesh/afd/job_config.hpp>
 #include <hetmesh/core/error.hpp>
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -25,9 +24,6 @@ namespace {
 
 class ConnectorFfn {
  public:
-  // The most row-count views and memory starts it remembers (more: it forgets and learns again).
-  static constexpr size_t kMaxRemembered = 4096;
-
   // `rows_view(stage, count)`: the first `count` rows of the engine's row space of `stage`, as a
   // tensor. `current_stream(index)`: the stream an answer is ordered after (torch's current raw
   // stream of the engine's GPU), or None on the host.
@@ -93,7 +89,8 @@ class ConnectorFfn {
     const py::object batch = this->batch(stage);
     if (batch.is_none() || !batch.cast<const PyBatch&>().batch.packed) return false;
     std::optional<CallerTensor> t = read(output);  // runs its __dlpack__ (Python)
-    if (!t || t->rows != batch.cast<const PyBatch&>().batch.packed_rows || !known(*t)) return false;
+    if (!t || t->rows != batch.cast<const PyBatch&>().batch.packed_rows || !memory_.known(*t))
+      return false;
     // Taken (again by key: reading the tensor ran Python) before the engine lets threads run.
     if (!this->batch(stage).is(batch)) return false;
     take(stage);
@@ -114,15 +111,11 @@ class ConnectorFfn {
 
   // Python answered from `output` in place, for good: such memory is answered from here next time.
   void learn(const py::handle& output) {
-    std::optional<CallerTensor> t = read(output);
-    if (!t || t->bytes == 0) return;
-    if (memory_.size() >= kMaxRemembered) memory_.clear();
-    uint64_t& most = memory_[reinterpret_cast<uintptr_t>(t->data)];
-    most = std::max(most, t->bytes);
+    if (std::optional<CallerTensor> t = read(output)) memory_.learn(*t);
   }
 
   // Such memory turned out to go through host staging: everything learnt is forgotten.
-  void forget() { memory_.clear(); }
+  void forget() { memory_.forget(); }
 
   py::dict counters() const {
     py::dict out;
@@ -137,7 +130,7 @@ class ConnectorFfn {
     drop(open_);
     drop(answering_);
     drop(views_);
-    memory_.clear();
+    memory_.forget();
   }
 
  private:
@@ -148,46 +141,16 @@ class ConnectorFfn {
     auto it = views_.find(key);
     if (it == views_.end()) {
       py::object view = rows_view_(stage, count);
-      if (views_.size() >= kMaxRemembered) drop(views_);  // counts vary without bound
+      if (views_.size() >= LearntMemory::kMaxRemembered) drop(views_);  // counts vary unbounded
       it = views_.emplace(key, std::move(view)).first;
     }
     return it->second;
   }
 
-  // A tensor as rows of the job's F2A element and width on the engine's device, or nullopt (a
-  // tensor of another dtype, device or layout, not a tensor): Python decides about those.
+  // A tensor as rows of the job's F2A element and width on the engine's device, or nullopt.
   std::optional<CallerTensor> read(const py::handle& tensor) const {
-    try {
-      return caller_tensor(tensor, device_, f2a_element_, row_bytes_, "send_ffn_output's tensor");
-    } catch (const py::error_already_set& e) {  // the tensor's own __dlpack__'s
-      if (!e.matches(PyExc_Exception)) throw;   // KeyboardInterrupt and such go on
-      return std::nullopt;
-    } catch (const std::exception&) {  // ours
-      return std::nullopt;
-    }
-  }
-
-  bool known(const CallerTensor& t) const {
-    auto it = memory_.find(reinterpret_cast<uintptr_t>(t.data));
-    return t.bytes > 0 && it != memory_.end() && t.bytes <= it->second;
-  }
-
-  // Takes `key`'s entry out of `map` (None where there is none).
-  template <typename Map>
-  static py::object take_from(Map& map, const typename Map::key_type& key) {
-    auto it = map.find(key);
-    if (it == map.end()) return py::none();
-    py::object value = std::move(it->second);
-    map.erase(it);
-    return value;
-  }
-
-  // Empties `map` with its Python references dropped only after: a reference's end may run
-  // Python code that calls back in here.
-  template <typename Map>
-  static void drop(Map& map) {
-    Map gone;
-    gone.swap(map);
+    return caller_tensor_or_none(tensor, device_, f2a_element_, row_bytes_,
+                                 "send_ffn_output's tensor");
   }
 
   py::object engine_;
@@ -201,7 +164,7 @@ class ConnectorFfn {
   std::map<int, py::object> open_;       // stage -> its batch, received and not answered
   std::map<int, py::object> answering_;  // stage -> the tensor its last answer is sent from
   std::map<std::pair<int, uint32_t>, py::object> views_;  // (stage, rows) -> a view of them
-  std::map<uintptr_t, uint64_t> memory_;  // an answer's start -> the most bytes answered from it
+  LearntMemory memory_;                                   // where answers went from in place
   uint64_t batches_from_cpp_ = 0;
   uint64_t answers_from_cpp_ = 0;
 };

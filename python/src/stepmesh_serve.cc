@@ -4,9 +4,9 @@
 // out from here, and respond() from memory used before goes to the engine from here. Everything
 // else (a new layout or place, memory not seen yet, a call to refuse) goes back to the shim, which
 // says why. The handlers of parts handed out live here for both paths.
-#include "caller_tensor.hpp"
 #include "engines.hpp"
 #include "ffn_batch.hpp"
+#include "learnt_memory.hpp"
 
 #include <algorithm>
 #include <array>
@@ -39,9 +39,6 @@ Place place_of(const afd::Batch::FromAttention& part, int micro_batch) {
 
 class StepMeshServer {
  public:
-  // The most places and memory ranges it remembers (more: it forgets and learns again).
-  static constexpr size_t kMaxRemembered = 4096;
-
   // `current_stream`: a callable giving, for a device index, the stream an answer with need_event
   // is ordered after (torch's current stream of the engine's GPU), or None on the host.
   StepMeshServer(py::object engine, py::object current_stream)
@@ -81,7 +78,7 @@ class StepMeshServer {
   // The shim made `tensors` and `keys` for `part` of micro-batch `micro_batch`.
   void learn(const py::handle& part, int micro_batch, const py::list& tensors,
              const py::list& keys) {
-    if (views_.size() >= kMaxRemembered) drop(views_);
+    if (views_.size() >= LearntMemory::kMaxRemembered) drop(views_);
     views_[place_of(part.cast<const PyPart&>().part, micro_batch)] =
         Views{py::tuple(tensors), py::tuple(keys)};
   }
@@ -129,7 +126,7 @@ class StepMeshServer {
     std::optional<CallerTensor> t = read(tensor);
     const auto& b = entry.batch.cast<const PyBatch&>();
     const afd::Batch::FromAttention& part = b.batch.parts.at(entry.index);
-    if (!t || t->bytes != part.result_rows || !known(*t)) return false;
+    if (!t || t->bytes != part.result_rows || !memory_.known(*t)) return false;
     // Taken while the engine sends (it lets other threads run); handed out again if it fails.
     if (handed_.erase(handler) == 0) return false;
     py::object stream =
@@ -151,11 +148,7 @@ class StepMeshServer {
 
   // The shim answered from `tensor` in place: its memory may be answered from here next time.
   void learn_output(const py::handle& tensor) {
-    std::optional<CallerTensor> t = read(tensor);
-    if (!t || t->bytes == 0) return;
-    if (memory_.size() >= kMaxRemembered) memory_.clear();
-    uint64_t& most = memory_[reinterpret_cast<uintptr_t>(t->data)];
-    most = std::max(most, t->bytes);
+    if (std::optional<CallerTensor> t = read(tensor)) memory_.learn(*t);
   }
 
   // The tensor the answer of (micro-batch, worker) is sent from, held until that slot's next
@@ -178,7 +171,7 @@ class StepMeshServer {
     drop(views_);
     drop(handed_);
     drop(answering_);
-    memory_.clear();
+    memory_.forget();
   }
 
  private:
@@ -192,30 +185,9 @@ class StepMeshServer {
   };
 
   // A tensor as contiguous bytes of the engine's device, or nullopt (a scalar, memory elsewhere,
-  // not a tensor): the shim decides about those.
+  // not a tensor): the shim decides about those (and about an empty answer, never known).
   std::optional<CallerTensor> read(const py::handle& tensor) const {
-    try {
-      return caller_tensor(tensor, device_, std::nullopt, 0, "respond's tensor");
-    } catch (const py::error_already_set& e) {  // the tensor's own __dlpack__'s
-      if (!e.matches(PyExc_Exception)) throw;   // KeyboardInterrupt and such go on
-      return std::nullopt;
-    } catch (const std::exception&) {  // ours
-      return std::nullopt;
-    }
-  }
-
-  // Empties `map` with its Python references dropped only after: a reference's end may run
-  // Python code that calls back in here.
-  template <typename Map>
-  static void drop(Map& map) {
-    Map gone;
-    gone.swap(map);
-  }
-
-  bool known(const CallerTensor& t) const {
-    if (t.bytes == 0) return false;  // an empty answer: the shim sends the header alone
-    auto it = memory_.find(reinterpret_cast<uintptr_t>(t.data));
-    return it != memory_.end() && t.bytes <= it->second;
+    return caller_tensor_or_none(tensor, device_, std::nullopt, 0, "respond's tensor");
   }
 
   py::object engine_;
@@ -225,7 +197,7 @@ class StepMeshServer {
   std::map<int64_t, Handed> handed_;
   int64_t next_handler_ = 1;
   std::map<std::pair<int, int>, py::object> answering_;
-  std::map<uintptr_t, uint64_t> memory_;  // a tensor's start -> the most bytes answered from it
+  LearntMemory memory_;  // where answers went from in place
   uint64_t batches_from_cpp_ = 0;
   uint64_t answers_from_cpp_ = 0;
 };
