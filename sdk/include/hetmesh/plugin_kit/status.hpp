@@ -33,14 +33,21 @@ inline const char* last_error() {
   return last_error_buffer();
 }
 
+// printf-style into `buffer`, cut to fit; a format without arguments is taken as it is (a '%' in
+// a message passed alone is not a conversion).
+template <typename... Args>
+void format_into(char* buffer, size_t bytes, const char* format, Args... args) {
+  if constexpr (sizeof...(Args) == 0) {
+    std::snprintf(buffer, bytes, "%s", format);
+  } else {
+    std::snprintf(buffer, bytes, format, args...);
+  }
+}
+
 // Records the thread's last error (printf-style; cut at kLastErrorBytes - 1 bytes).
 template <typename... Args>
 void set_last_error(const char* format, Args... args) {
-  if constexpr (sizeof...(Args) == 0) {
-    std::snprintf(last_error_buffer(), kLastErrorBytes, "%s", format);
-  } else {
-    std::snprintf(last_error_buffer(), kLastErrorBytes, format, args...);
-  }
+  format_into(last_error_buffer(), kLastErrorBytes, format, args...);
 }
 
 // An expected failure with a status code, thrown inside guarded().
@@ -52,11 +59,7 @@ struct Failure {
 template <typename... Args>
 [[noreturn]] void fail(hm_status status, const char* format, Args... args) {
   char buffer[512];
-  if constexpr (sizeof...(Args) == 0) {
-    std::snprintf(buffer, sizeof buffer, "%s", format);
-  } else {
-    std::snprintf(buffer, sizeof buffer, format, args...);
-  }
+  format_into(buffer, sizeof buffer, format, args...);
   throw Failure{status, buffer};
 }
 
