@@ -10,7 +10,8 @@ output in a tensor of its own). In turns, `--phases` times: the bare engine's ro
 (push_pull + wait on its slots, each alone in flight), then the connector's layer exchanges from
 Python (one step of --iterations layers) (send_attn_output + recv_ffn_output on the A's own tensor, one stage, each alone in flight,
 timed with time.perf_counter_ns around the two calls). The connector's cost per layer is the
-difference of the two p50s.
+difference of the two p50s. Where it goes: the CPU time of each side's calling thread per
+exchange (the A's here, each F's on its stderr), which the host's other load does not inflate.
 """
 
 from __future__ import annotations
@@ -27,10 +28,21 @@ from hetmesh.bench import (add_common_arguments, add_phase_arguments, ffn_proces
                            run_info, write_json)
 
 
+def thread_cpu_line(who: str, cpu_ns: int, count: int, each: str) -> str:
+    """Where an exchange's cost goes, robust where the host's CPUs are shared: the CPU time of the
+    thread that made the calls (not the engine's threads, which may spin), per exchange."""
+    return (f"hetmesh.bench_vllm: {who}: {cpu_ns / 1000 / max(count, 1):.1f} us of its calling "
+            f"thread's CPU per {each} ({count})")
+
+
 def serve_bare(store: str, job: dict, device: str) -> None:
     f = hetmesh.FfnEngine(rank=0, store=store, device=device, job="bare", **job)
+    count, start = 0, time.thread_time_ns()
     for batch in f.batches():
         f.respond(batch)
+        count += 1
+    print(thread_cpu_line("the bare F", time.thread_time_ns() - start, count, "batch"),
+          file=sys.stderr, flush=True)
 
 
 def connector(role: str, store: str, args, hosts: bool) -> vllm_afd.AfdConnector:
@@ -50,6 +62,7 @@ def serve_connector(store: str, args) -> None:
     c = connector("ffn", store, args, hosts=False)
     on = "cuda:0" if c.device.startswith("cuda") else "cpu"
     out = torch.zeros(args.tokens, args.hidden, dtype=torch.bfloat16, device=on)
+    count, start = 0, time.thread_time_ns()
     while True:
         try:
             payload = c.control_plane.recv_dp_metadata_list()
@@ -58,6 +71,9 @@ def serve_connector(store: str, args) -> None:
         for _ in range(args.iterations):
             got = c.recv_attn_output(ubatch_idx=0)
             c.send_ffn_output(out[:got.hidden_states.shape[0]], got.context)
+        count += args.iterations
+    print(thread_cpu_line("the connector's F", time.thread_time_ns() - start, count, "layer"),
+          file=sys.stderr)
     print(f"hetmesh.bench_vllm: the connector's F: {c.counters()}", file=sys.stderr, flush=True)
     c.close()
 
@@ -97,9 +113,14 @@ def measure(args) -> dict:
         step()
         bare_ns: list[int] = []
         connector_ns: list[int] = []
+        cpu_ns = {"bare": 0, "connector": 0}
         for _ in range(args.phases):
+            start = time.thread_time_ns()
             bare_ns += bare._round_trips_from_cpp(0, args.iterations)
+            middle = time.thread_time_ns()
             connector_ns += step()
+            cpu_ns["bare"] += middle - start
+            cpu_ns["connector"] += time.thread_time_ns() - middle
         counters = a.counters()
         a.close()
         bare.finish()
@@ -114,6 +135,8 @@ def measure(args) -> dict:
         "connector_layer_exchange_us": {"p50": connector_p50,
                                         "p99": percentile(connector_us, 0.99)},
         "connector_cost_us_p50": connector_p50 - bare_p50,
+        "calling_thread_cpu_us_per_exchange": {
+            side: ns / 1000 / max(len(bare_us), 1) for side, ns in cpu_ns.items()},
         "connector_counters": counters,
     }
 
@@ -141,6 +164,9 @@ def main() -> int:
     for name, key in (("bare engine (C++ push_pull+wait)", "bare_cpp_round_trip_us"),
                       ("connector (send_attn+recv_ffn)", "connector_layer_exchange_us")):
         print(f"{name:<34}{r[key]['p50']:>10.1f}{r[key]['p99']:>10.1f}")
+    cpu = r["calling_thread_cpu_us_per_exchange"]
+    print(f"the A's calling thread's CPU per exchange: bare {cpu['bare']:.1f} us, connector "
+          f"{cpu['connector']:.1f} us (each F's on stderr)")
     print(f"connector cost per layer exchange: {r['connector_cost_us_p50']:.2f} us (p50); "
           f"its counters {r['connector_counters']}")
     write_json(r, args.json)

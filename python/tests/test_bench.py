@@ -4,6 +4,7 @@ report both with their difference (what they measure is for docs/benchmarks.md; 
 they measure and say what they measured)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -43,6 +44,14 @@ def test_the_connector_benchmark_reports_both_jobs_and_the_cost(tmp_path):
     # Every exchange (the warm-up step's too) from and into the A's own tensor: 4 rows of 64
     # bf16 each way.
     assert results["connector_counters"]["caller_bytes"] == (40 + 20) * 4 * 64 * 2 * 2
+    # Where the cost goes: each side's calling thread's CPU per exchange, the A's in the results,
+    # each F's on its stderr over every exchange it served (the warm-up's too).
+    assert all(results["calling_thread_cpu_us_per_exchange"][side] > 0
+               for side in ("bare", "connector"))
+    assert re.search(r"the bare F: [0-9.]+ us of its calling thread's CPU per batch \(60\)",
+                     r.stderr), r.stderr
+    assert re.search(r"the connector's F: [0-9.]+ us of its calling thread's CPU per layer "
+                     r"\(60\)", r.stderr), r.stderr
 
 
 def test_the_stepmesh_benchmark_reports_both_paths_and_the_cost(tmp_path):
