@@ -8,6 +8,7 @@
 #include "learnt_memory.hpp"
 
 #include <hetmesh/afd/job_config.hpp>
+#include <hetmesh/core/error.hpp>
 
 #include <cstdint>
 #include <map>
@@ -25,7 +26,8 @@ class ConnectorAttention {
       : engine_(std::move(engine)),
         device_(attention_device(engine_)),
         current_stream_(std::move(current_stream)) {
-    const auto& model = engine_.attr("config").cast<const afd::JobConfig&>().model;
+    const py::object config = engine_.attr("config");  // a copy: `model` points into it
+    const auto& model = config.cast<const afd::JobConfig&>().model;
     a2f_element_ = element_of(model.a2f_dtype);
     row_bytes_ = uint64_t(model.hidden) * afd::dtype_bytes(model.a2f_dtype);
     in_place_ = model.a2f_dtype == model.f2a_dtype;  // an answer may land where its rows were
@@ -50,18 +52,17 @@ class ConnectorAttention {
     std::optional<CallerTensor> t = read(tensor);  // runs its __dlpack__ (Python)
     if (!t || !memory_.known(*t) || t->rows != metadata.attr("total_tokens").cast<uint64_t>())
       return false;
-    py::object row_offset = py::none();
+    std::optional<uint32_t> row_offset;
     if (auto it = offsets_.find(stage); it != offsets_.end()) {
-      if (it->second.first != static_cast<int64_t>(t->rows)) return false;
-      row_offset = py::int_(it->second.second);
+      const auto [rows, offset] = it->second;
+      if (rows != static_cast<int64_t>(t->rows) || offset < 0 || offset > UINT32_MAX) return false;
+      row_offset = static_cast<uint32_t>(offset);
     }
     py::object stream = current_stream_.is_none() ? py::none() : current_stream_(device_.index());
-    using namespace pybind11::literals;
-    py::object handle =
-        engine_.attr("push_pull")(stage, t->rows, "send"_a = tensor, "results_into"_a = tensor,
-                                  "stream"_a = stream, "row_offset"_a = row_offset);
+    const auto sent = py::reinterpret_borrow<py::object>(tensor);
+    const uint64_t handle = push_pull_in_place(engine_, stage, sent, *t, stream, row_offset);
     // Held until its answer is in: the engine reads and writes it after this returns.
-    sent_[stage] = py::make_tuple(handle, tensor, t->rows, true, py::none());
+    sent_[stage] = py::make_tuple(handle, sent, t->rows, true, py::none());
     ++sends_from_cpp_;
     return true;
   }
@@ -76,9 +77,12 @@ class ConnectorAttention {
     const py::object sent = entry[1];
     if (!entry[3].cast<bool>() || !(ref.is_none() || ref.is(sent))) return py::none();
     try {
-      engine_.attr("wait")(entry[0]);
-    } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_TimeoutError)) sent_.erase(stage);
+      wait_for_answer(engine_, entry[0].cast<uint64_t>());
+    } catch (const Error& e) {
+      if (e.status() != HM_ERR_TIMEOUT) sent_.erase(stage);
+      throw;
+    } catch (...) {
+      sent_.erase(stage);
       throw;
     }
     sent_.erase(stage);

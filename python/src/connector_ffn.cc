@@ -33,7 +33,8 @@ class ConnectorFfn {
         rank_(rank),
         rows_view_(std::move(rows_view)),
         current_stream_(std::move(current_stream)) {
-    const auto& model = engine_.attr("config").cast<const afd::JobConfig&>().model;
+    const py::object config = engine_.attr("config");  // a copy: `model` points into it
+    const auto& model = config.cast<const afd::JobConfig&>().model;
     f2a_element_ = element_of(model.f2a_dtype);
     row_bytes_ = uint64_t(model.hidden) * afd::dtype_bytes(model.f2a_dtype);
   }
@@ -95,8 +96,7 @@ class ConnectorFfn {
     if (!this->batch(stage).is(batch)) return false;
     take(stage);
     py::object stream = current_stream_.is_none() ? py::none() : current_stream_(device_.index());
-    using namespace pybind11::literals;
-    engine_.attr("respond")(batch, "stream"_a = stream, "outputs"_a = output);
+    respond_in_place(engine_, batch.cast<const PyBatch&>(), stream, output, *t);
     ++answers_from_cpp_;
     hold(stage, py::reinterpret_borrow<py::object>(output));
     return true;

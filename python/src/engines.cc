@@ -721,7 +721,8 @@ PreparedPush prepare_push(const std::shared_ptr<Context>& c, std::optional<uint3
                           const py::object& send, const py::object& routing,
                           const py::object& results_into, const py::dict& tensors,
                           const py::dict& rows_of, std::optional<uint32_t> row_offset,
-                          std::optional<uint32_t> result_rows) {
+                          std::optional<uint32_t> result_rows,
+                          const CallerTensor* send_read = nullptr) {
   afd::AttentionEngine& engine = attention_of(*c);
   const afd::EngineSpec& spec = c->spec();
   PreparedPush prepared;
@@ -748,7 +749,13 @@ PreparedPush prepare_push(const std::shared_ptr<Context>& c, std::optional<uint3
     each[static_cast<size_t>(t)].from = tensor.data;
     needed[static_cast<size_t>(t)] = tensor.rows;
   };
-  if (!send.is_none()) source(afd::kTokensTensor, send, "push_pull's send");
+  if (send_read != nullptr && !c->bytes) {  // as the per-layer C++ read it (the job's rows)
+    held.emplace_back(send, *send_read);
+    each[afd::kTokensTensor].from = send_read->data;
+    needed[afd::kTokensTensor] = send_read->rows;
+  } else if (!send.is_none()) {
+    source(afd::kTokensTensor, send, "push_pull's send");
+  }
   if (!routing.is_none()) {
     if (spec.top_k == 0)
       throw Error(HM_ERR_INVALID_ARGUMENT,
@@ -878,6 +885,27 @@ py::object stepmesh_push(Context& c, int mb, const py::handle& pushes, const py:
   return py::int_(handle);
 }
 
+// Answers a packed `batch` from the rows of one tensor, `output` read as `t`: each part's answer
+// at its row offset.
+void respond_from_rows(Context& c, afd::Batch batch, const Stream* after, int64_t compute_start_ns,
+                       const py::handle& output, const CallerTensor& t) {
+  const afd::EngineSpec& spec = c.spec();
+  afd::FfnEngine& engine = ffn_of(c);
+  uint64_t rows = 0;  // the answers' (each part's at its row offset)
+  for (const auto& part : batch.parts)
+    rows = std::max(rows, uint64_t{part.row_offset} + part.result_rows);
+  if (t.rows < rows)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("respond: an output of {} rows for a batch whose answers take {}",
+                            t.rows, rows));
+  register_tensor(c, engine, output, t);
+  for (auto& part : batch.parts)
+    part.output =
+        static_cast<uint8_t*>(t.data) + uint64_t{part.row_offset} * spec.f2a_bytes_per_token();
+  py::gil_scoped_release unlocked;
+  engine.respond(batch, after, compute_start_ns);
+}
+
 }  // namespace
 
 Device ffn_device(const py::handle& engine) {
@@ -886,6 +914,39 @@ Device ffn_device(const py::handle& engine) {
 
 Device attention_device(const py::handle& engine) {
   return engine.cast<const PyAttention&>().live()->device();
+}
+
+uint64_t push_pull_in_place(const py::handle& attention, int micro_batch, const py::object& tensor,
+                            const CallerTensor& read, const py::object& stream,
+                            std::optional<uint32_t> row_offset) {
+  std::shared_ptr<Context> c = attention.cast<const PyAttention&>().live();
+  PreparedPush prepared = prepare_push(
+      c, static_cast<uint32_t>(std::min<uint64_t>(read.rows, UINT32_MAX)), 0, stream, 0, tensor,
+      py::none(), tensor, py::dict(), py::dict(), row_offset, std::nullopt, &read);
+  py::gil_scoped_release unlocked;
+  return attention_of(*c).push_pull(micro_batch, prepared.tokens, prepared.push);
+}
+
+void wait_for_answer(const py::handle& attention, uint64_t handle) {
+  std::shared_ptr<Context> c = attention.cast<const PyAttention&>().live();
+  const milliseconds timeout = timeout_or(std::nullopt, *c);
+  py::gil_scoped_release unlocked;
+  attention_of(*c).wait(handle, timeout);
+}
+
+void respond_in_place(const py::handle& ffn, const PyBatch& batch, const py::object& stream,
+                      const py::handle& output, const CallerTensor& read) {
+  const auto& f = ffn.cast<const PyFfn&>();
+  if (batch.engine != &f)
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                "respond: this batch came from another FfnEngine's get_batch");
+  std::shared_ptr<Context> c = f.live();
+  const afd::Batch& packed = packed_of(batch);
+  const Stream* after = stream_of(stream, *c);
+  if (!c->bytes) return respond_from_rows(*c, packed, after, 0, output, read);
+  respond_from_rows(*c, packed, after, 0, output,
+                    job_tensor(*c, output, element_of(c->config().model.f2a_dtype),
+                               c->spec().f2a_bytes_per_token(), "respond's output"));
 }
 
 void bind_engines(py::module_& m) {
@@ -1326,22 +1387,9 @@ void bind_engines(py::module_& m) {
                             fmt::format("respond: one output tensor for {} parts that do not lie "
                                         "back to back: give a list, one per part",
                                         batch.parts.size()));
-              CallerTensor t = job_tensor(*c, outputs, element_of(c->config().model.f2a_dtype),
-                                          spec.f2a_bytes_per_token(), "respond's output");
-              uint64_t rows = 0;  // the answers' (each part's at its row offset)
-              for (const auto& part : batch.parts)
-                rows = std::max(rows, uint64_t{part.row_offset} + part.result_rows);
-              if (t.rows < rows)
-                throw Error(HM_ERR_INVALID_ARGUMENT,
-                            fmt::format("respond: an output of {} rows for a batch whose answers "
-                                        "take {}",
-                                        t.rows, rows));
-              register_tensor(*c, engine, outputs, t);
-              for (auto& part : batch.parts)
-                part.output = static_cast<uint8_t*>(t.data) +
-                              uint64_t{part.row_offset} * spec.f2a_bytes_per_token();
-              py::gil_scoped_release unlocked;
-              engine.respond(batch, after, compute_start_ns);
+              respond_from_rows(*c, std::move(batch), after, compute_start_ns, outputs,
+                                job_tensor(*c, outputs, element_of(c->config().model.f2a_dtype),
+                                           spec.f2a_bytes_per_token(), "respond's output"));
               return;
             }
             // The application's output tensors, one per part (None: that part's slot); one tensor
