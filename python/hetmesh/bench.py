@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import socket
 import subprocess
 import sys
@@ -88,11 +89,25 @@ def add_common_arguments(parser, job: dict, roles=("ffn",)) -> None:
 
 
 def free_port() -> int:
-    """A TCP port of the loopback interface that nothing listens on now (for a launcher's root
-    address; another process may take it before its user binds it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port of the loopback interface that nothing holds now, nor the next one (under
+    torchrun, hetmesh's store takes MASTER_PORT + 1), for a launcher's root address. Below the
+    kernel's ephemeral range: a port from there is never handed to another socket's bind-to-0 or
+    connect between this check and its user's bind (one was, once, and a CI run failed)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for _ in range(200):
+        port = random.randrange(10000, max(low, 10004) - 2)
+        try:
+            for p in (port, port + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free pair of loopback ports below {low}")
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 // HM_TEST_REQUIRE_ETCD is set (the README's test command sets it), which makes it a failure.
 #pragma once
 
+#include <hetmesh/core/error.hpp>
 #include <hetmesh/core/rendezvous.hpp>
 #include <hetmesh/core/socket.hpp>
 #include <hetmesh/core/subprocess.hpp>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -36,10 +38,19 @@ inline std::string etcd_binary() {
     }                                                                                    \
   } while (0)
 
-// A port nobody listens on now.
+// A port nobody listens on now, below Linux's ephemeral ports (32768-60999 by default): no
+// other socket's bind-to-0 or connect takes it before etcd binds it.
 inline uint16_t free_port() {
-  net::Fd fd = net::listen_on(net::resolve("127.0.0.1:0", true, "a free port").front(), "port");
-  return static_cast<uint16_t>(std::stoi(net::to_string(net::local_address(fd.get())).substr(10)));
+  for (int attempt = 0;; ++attempt) {
+    const auto port = static_cast<uint16_t>(10000 + std::random_device{}() % 22768);
+    try {
+      net::listen_on(net::resolve(fmt::format("127.0.0.1:{}", port), true, "a free port").front(),
+                     "port");
+      return port;
+    } catch (const Error&) {
+      if (attempt == 200) throw;
+    }
+  }
 }
 
 class EtcdServer {

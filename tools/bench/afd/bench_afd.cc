@@ -98,10 +98,11 @@ bool run_instances(afd::Launcher& launcher, const JobConfig& c, const AfdBenchOp
   return true;
 }
 
-// A base port from which `count` ports are free on loopback now.
+// A base port from which `count` ports are free on loopback now, below Linux's ephemeral ports
+// (32768-60999 by default): no other socket's bind-to-0 or connect takes one meanwhile.
 int free_ports(int count) {
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int base = 20000 + static_cast<int>(std::random_device{}() % 20000);
+    const int base = 10000 + static_cast<int>(std::random_device{}() % (22768 - count));
     try {
       for (int port = base; port < base + count; ++port)
         net::listen_on(net::resolve(fmt::format("127.0.0.1:{}", port), true, "a port")[0],
