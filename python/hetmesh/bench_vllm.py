@@ -12,6 +12,11 @@ Python (one step of --iterations layers) (send_attn_output + recv_ffn_output on 
 timed with time.perf_counter_ns around the two calls). The connector's cost per layer is the
 difference of the two p50s. Where it goes: the CPU time of each side's calling thread per
 exchange (the A's here, each F's on its stderr), which the host's other load does not inflate.
+
+With --device-trigger the connector's job runs its device-triggered mode (hetmesh.vllm_afd_device:
+each call only enqueues on the stream), each layer's exchange timed through its stream's
+synchronize; on a GPU the A's step of --iterations layers is also captured in a CUDA graph and
+replayed, timed per layer and by the host's time per step (one replay call).
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ def connector(role: str, store: str, args, hosts: bool) -> vllm_afd.AfdConnector
     c = vllm_afd.AfdConnector(role=role, role_rank=0, attention=1, ffn=1, hidden=args.hidden,
                               dtype=torch.bfloat16, max_tokens=args.tokens, default_store=store,
                               options={"device": device, "job": "connector", "micro_batches": 1,
-                                       "host_store": hosts, "timeout_ms": 30000})
+                                       "host_store": hosts, "timeout_ms": 30000,
+                                       "device_trigger": args.device_trigger})
     c.init_afd_connector()
     return c
 
@@ -68,6 +74,7 @@ def serve_connector(store: str, args) -> None:
             payload = c.control_plane.recv_dp_metadata_list()
         except hetmesh.ClosedError:
             break
+        c.control_plane.update_state_from_dp_metadata(payload)
         for _ in range(args.iterations):
             got = c.recv_attn_output(ubatch_idx=0)
             c.send_ffn_output(out[:got.hidden_states.shape[0]], got.context)
@@ -84,7 +91,7 @@ def measure(args) -> dict:
                                 hidden=args.hidden, dtype=torch.bfloat16, max_tokens=args.tokens,
                                 options={"micro_batches": 1, "timeout_ms": 30000}).job
     extra = ["--tokens", str(args.tokens), "--hidden", str(args.hidden), "--iterations",
-             str(args.iterations)]
+             str(args.iterations)] + (["--device-trigger"] if args.device_trigger else [])
     with ffn_processes("hetmesh.bench_vllm", job, args, roles=("bare-ffn", "connector-ffn"),
                        extra=extra) as (store, secret):
         bare = hetmesh.AttentionEngine(rank=0, store=store, secret_file=secret,
@@ -96,18 +103,47 @@ def measure(args) -> dict:
         context = vllm_afd.TransferContext(vllm_afd.TransferMetadata(0, 0, [args.tokens]))
         clock = time.perf_counter_ns
 
-        def step() -> list[int]:  # one step of --iterations layers
+        # With --device-trigger the exchange is done once the stream is (on the host, the
+        # receive synchronized it).
+        sync = torch.cuda.current_stream().synchronize if args.device_trigger and on != "cpu" \
+            else (lambda: None)
+
+        def control() -> None:
             counts = torch.tensor([args.tokens], dtype=torch.int32)
             payload = vllm_afd.ControlPayload({0: vllm_afd.DPMetadata(counts)})
             a.control_plane.update_state_from_dp_metadata(payload)
             a.control_plane.send_dp_metadata_list(payload)
+
+        def step() -> list[int]:  # one step of --iterations layers
+            control()
             ns = []
             for _ in range(args.iterations):
                 start = clock()
                 a.send_attn_output(x, context)
                 a.recv_ffn_output(x, 0)
+                sync()
                 ns.append(clock() - start)
             return ns
+
+        graph = None
+        if args.device_trigger and on != "cpu":
+            step()  # warm-up, then the same layers captured (the F serves them as any step)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(args.iterations):
+                    a.send_attn_output(x, context)
+                    a.recv_ffn_output(x, 0)
+        graph_ns: list[int] = []
+        host_ns: list[int] = []
+
+        def replay() -> None:  # one step: its payload, one replay call, the stream's end
+            control()
+            start = clock()
+            graph.replay()
+            issued = clock()
+            sync()
+            graph_ns.append((clock() - start) // args.iterations)
+            host_ns.append(issued - start)
 
         bare._round_trips_from_cpp(0, args.iterations)  # warm-up
         step()
@@ -121,10 +157,16 @@ def measure(args) -> dict:
             connector_ns += step()
             cpu_ns["bare"] += middle - start
             cpu_ns["connector"] += time.thread_time_ns() - middle
+            for _ in range(graph is not None and 20):
+                replay()
+        if graph is not None:
+            a.check_round_trips()
         counters = a.counters()
         a.close()
         bare.finish()
     bare_us = [n / 1000 for n in bare_ns]
+    graph_us = [n / 1000 for n in graph_ns]
+    host_us = [n / 1000 for n in host_ns]
     connector_us = [n / 1000 for n in connector_ns]
     bare_p50, connector_p50 = percentile(bare_us, 0.5), percentile(connector_us, 0.5)
     return {
@@ -138,6 +180,12 @@ def measure(args) -> dict:
         "calling_thread_cpu_us_per_exchange": {
             side: ns / 1000 / max(len(bare_us), 1) for side, ns in cpu_ns.items()},
         "connector_counters": counters,
+        "device_trigger": args.device_trigger,
+        **({"graph_layer_exchange_us": {"p50": percentile(graph_us, 0.5),
+                                        "p99": percentile(graph_us, 0.99)},
+            "graph_host_us_per_step": {"p50": percentile(host_us, 0.5),
+                                       "p99": percentile(host_us, 0.99)},
+            "graph_replays": len(graph_ns)} if graph_ns else {}),
     }
 
 
@@ -148,6 +196,8 @@ def main() -> int:
                          roles=("bare-ffn", "connector-ffn"))
     add_phase_arguments(parser, each="exchanges", iterations=200, turns="bare and connector",
                         phases=5)
+    parser.add_argument("--device-trigger", action="store_true",
+                        help="the connector's device_trigger mode (on a GPU, also captured)")
     args = parser.parse_args()
     if args.role == "bare-ffn":
         serve_bare(args.store, json.loads(args.job), args.ffn_device)
@@ -164,6 +214,10 @@ def main() -> int:
     for name, key in (("bare engine (C++ push_pull+wait)", "bare_cpp_round_trip_us"),
                       ("connector (send_attn+recv_ffn)", "connector_layer_exchange_us")):
         print(f"{name:<34}{r[key]['p50']:>10.1f}{r[key]['p99']:>10.1f}")
+    if "graph_layer_exchange_us" in r:
+        g, h = r["graph_layer_exchange_us"], r["graph_host_us_per_step"]
+        print(f"{'connector, graph replayed':<34}{g['p50']:>10.1f}{g['p99']:>10.1f}  (per layer; "
+              f"the host's time per step {h['p50']:.1f} us p50, {r['graph_replays']} replays)")
     cpu = r["calling_thread_cpu_us_per_exchange"]
     print(f"the A's calling thread's CPU per exchange: bare {cpu['bare']:.1f} us, connector "
           f"{cpu['connector']:.1f} us (each F's on stderr)")

@@ -67,6 +67,17 @@ class HetmeshAFDControlPlane(AFDControlPlane):
             raise SystemExit(0) from None
 
 
+def _compiled_and_graphs(vllm_config) -> tuple:
+    """vLLM's torch.compile mode (falsy: none) and whether it captures CUDA graphs."""
+    config = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(config, "mode", None)
+    if mode is None:
+        mode = getattr(config, "level", None)  # vLLM before CompilationMode
+    graphs = getattr(config, "cudagraph_mode", None)
+    graphs_name = getattr(graphs, "name", str(graphs))
+    return (mode if mode is not None and int(mode) else None), graphs_name not in ("NONE", "None")
+
+
 class HetmeshAFDConnector(AFDConnectorBase):
     """The plugin's connector contract on one hetmesh job (hetmesh.vllm_afd.AfdConnector)."""
 
@@ -77,12 +88,22 @@ class HetmeshAFDConnector(AFDConnectorBase):
     def __init__(self, rank, local_rank, vllm_config, afd_config, role_rank):
         super().__init__(rank, local_rank, vllm_config, afd_config, role_rank)
         model = vllm_config.model_config
-        if not model.enforce_eager:
-            # Its calls are host calls on tensors' addresses, which neither a CUDA graph nor
-            # torch.compile's tracing of the model's forward can hold.
-            raise _errors.make(NotSupportedError, f"{NAME} needs enforce_eager (no CUDA graphs, no "
-                               f"compiled forward) until hetmesh's device-triggered round trips")
         options = self.extra_info.to_mapping()
+        if not model.enforce_eager:
+            compiled, graphs = _compiled_and_graphs(vllm_config)
+            if compiled:
+                # Dynamo would trace the connector's calls (host calls, not custom ops) into the
+                # compiled forward, running them once at trace time.
+                raise _errors.make(
+                    NotSupportedError,
+                    f"{NAME}: the model's forward is compiled (compilation_config mode "
+                    f"{compiled}), and torch.compile cannot hold the connector's calls yet; set "
+                    f"compilation_config's mode to NONE (CUDA graphs stay: the connector's "
+                    f"device_trigger) or enforce_eager")
+            if graphs:
+                # The plugin's FULL_DECODE_ONLY runners capture the connector's calls: each then
+                # only enqueues work on the stream (hetmesh.vllm_afd_device).
+                options["device_trigger"] = True
         if afd_config.compute_gate_on_attention and not options["router_logits_width"]:
             # The gate runs on the attention side: its logits travel, one per routed expert.
             experts = getattr(model.hf_config, "n_routed_experts", None)

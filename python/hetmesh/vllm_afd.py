@@ -21,8 +21,9 @@ payload objects are the plain classes below, with the same fields.
   its rows right after those of the As before it in its group, so the F gets its group's rows as
   one tensor, in place.
 - Router logits travel beside the hidden states where the model computes the gate on the
-  attention side (`router_logits_width`: the model's routed experts); a step under CUDA graph
-  capture is refused by name.
+  attention side (`router_logits_width`: the model's routed experts).
+- With `device_trigger`, every call only enqueues work on the stream, so a CUDA graph captures it
+  (hetmesh.vllm_afd_device); without it, a step under graph capture is refused by name.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import os
 import types as _types
 from typing import Any
 
-from . import _errors
+from . import _errors, vllm_afd_device
 from ._in_place import InPlace
 from ._streams import raw_current_stream
 from . import (_native, AttentionEngine, ClosedError, FfnEngine, InvalidArgumentError, NotSupportedError,
@@ -104,6 +105,8 @@ OPTIONS = {
     "max_buffers": (64, "new allocations registered per direction before copying through slots"),
     "router_logits_width": (0, "router logits a token (the model's routed experts; 0: none)"),
     "router_logits_dtype": ("", "their dtype (default: the hidden states')"),
+    "device_trigger": (False, "every round trip rung and waited for by the device's stream, "
+                              "capturable in CUDA graphs (hetmesh.vllm: on unless enforce_eager)"),
 }
 
 
@@ -194,6 +197,7 @@ class AfdConnector:
         # until the engine's staged bytes say how they went.
         self._attn = None
         self._ffn = None
+        self._device = None  # with device_trigger: vllm_afd_device's side, all the way
         self._rows_view = None
         self._probing: dict[int, Any] = {}
         limit = self.options["max_buffers"]
@@ -232,7 +236,10 @@ class AfdConnector:
             self._engine = engine(rank=self.role_rank, store=self.store_address,
                                   secret_file=secret_file, device=self.device,
                                   job=self.options["job"], **self.job)
-            if self.role == "attention":
+            if self.options["device_trigger"]:
+                self._device = (vllm_afd_device.DeviceAttention if self.role == "attention"
+                                else vllm_afd_device.DeviceFfn)(self)
+            elif self.role == "attention":
                 self._attn = _native._ConnectorAttention(
                     self._engine, raw_current_stream() if self._on_gpu else None)
                 self.control_plane.to_native()
@@ -270,6 +277,7 @@ class AfdConnector:
         if engine is not None:
             engine.close()  # first: it may still read and write the tensors the sides keep
         self._probing.clear(), self._views.clear()
+        self._device = None
         for side in (self._attn, self._ffn):
             if side is not None:
                 side.close()
@@ -291,6 +299,14 @@ class AfdConnector:
             if side is not None:
                 counters.update(side.counters())
         return counters
+
+    def check_round_trips(self) -> None:
+        """With device_trigger: raises the first round trip its device rang that failed since the
+        last check (a peer lost: PeerLostError naming it), whose stream went on with stale rows.
+        The control plane checks at each step; a runner that synchronizes its stream can check
+        before it uses a step's output. Without device_trigger every call raises its own."""
+        if self._device is not None:
+            self._device.check()
 
     def _side(self, role: str, call: str):
         """This instance's per-layer state in C++ for `call`, one of `role`'s; raises where not
@@ -321,6 +337,13 @@ class AfdConnector:
             raise ValueError(f"hidden_states shape {tuple(hidden_states.shape)} does not match "
                              f"the transfer's token count {metadata.total_tokens}")
         stage = int(metadata.stage_idx)
+        if self._device is not None:
+            if logits is not None:
+                self._check_logits(logits, rows)
+            self._side("attention", "send_attn_output")
+            self.control_plane.row_offset(stage, rows)  # refuses rows that are not the counts'
+            self._device.send(hidden_states, stage, rows, logits)
+            return
         if self._side("attention", "send_attn_output").sent(stage) is not None:
             raise RuntimeError(f"hetmesh connector: stage {stage} sent again before its "
                                f"recv_ffn_output")
@@ -377,6 +400,9 @@ class AfdConnector:
             answer = self._attn.receive(ubatch_idx, ref_tensor)
             if answer is not None:
                 return answer  # in place, and in ref_tensor where one was given
+        if self._device is not None:
+            self._side("attention", "recv_ffn_output")
+            return self._device.receive(int(ubatch_idx), ref_tensor)
         engine = self.engine
         entry = self._side("attention", "recv_ffn_output").sent(ubatch_idx)
         if entry is None:
@@ -439,13 +465,23 @@ class AfdConnector:
             raise _errors.make(NotSupportedError, f"{_NO_ROUTER_LOGITS} (the layer asks for "
                                f"{spec.router_logits_width} {spec.router_logits_dtype})")
         ffn = self._side("ffn", "recv_attn_output")
+        t = self.types
+        if self._device is not None:
+            hidden_states, seq_lens, logits = self._device.receive(int(ubatch_idx),
+                                                                   spec is not None)
+            payload = t.a2f_payload(
+                hidden_states=hidden_states,
+                context=t.transfer_context(metadata=t.transfer_metadata(
+                    layer_idx=0, stage_idx=ubatch_idx, seq_lens=seq_lens)))
+            if spec is not None:
+                payload.router_logits = logits
+            return payload
         got = ffn.receive(ubatch_idx, None)
         if got is None:
             raise self._group_left()
         if self._f2a.probes:
             # the last answer of this stage has reached its As
             self._settle(self._f2a, ubatch_idx, ffn)
-        t = self.types
         try:
             if type(got) is tuple:  # packed: its rows in place, and each A's count
                 hidden_states, seq_lens = got
@@ -507,6 +543,10 @@ class AfdConnector:
         stage = int(context.metadata.stage_idx)
         if self._ffn is not None and self._ffn.respond(stage, ffn_output):
             return  # in place, from memory answered from before
+        if self._device is not None:
+            self._side("ffn", "send_ffn_output")
+            self._device.respond(stage, ffn_output)
+            return
         engine = self.engine
         batch = self._side("ffn", "send_ffn_output").take(stage)
         if batch is None:
@@ -596,12 +636,17 @@ class ControlPlane:
         return sum(counts[first:c.role_rank])
 
     def update_state_from_dp_metadata(self, payload) -> None:
-        if payload.is_graph_capturing:
+        """This step's counts; with device_trigger, first raises a round trip of the steps
+        before that failed (their streams went on)."""
+        c = self.connector
+        if c._device is not None:
+            c._device.check()
+        elif payload.is_graph_capturing:
             raise _errors.make(
                 NotSupportedError,
                 "hetmesh connector: a step under CUDA graph capture needs device-triggered round "
-                "trips, which this connector does not use yet; run vLLM with enforce_eager (or "
-                "cudagraph_mode NONE)")
+                "trips: set connector_extra_config's device_trigger (hetmesh.vllm does unless "
+                "enforce_eager)")
         self.payload = payload
         self._counts = {
             int(stage): [int(n) for n in m.num_tokens_across_dp_cpu.flatten().tolist()]
@@ -630,7 +675,7 @@ class ControlPlane:
             for stage, m in payload.dp_metadata_list.items()
         }
         message = {"stages": stages, "capturing": bool(payload.is_graph_capturing),
-                   "warmup": bool(payload.is_warmup)}
+                   "warmup": bool(payload.is_warmup), "device": c._device is not None}
         c.engine.send_message(c.role_rank // c.ratio,
                               json.dumps(message, separators=(",", ":")).encode())
 
@@ -640,6 +685,8 @@ class ControlPlane:
         c = self.connector
         engine = c.engine
         group = range(c.role_rank * c.ratio, (c.role_rank + 1) * c.ratio)
+        if c._device is not None:
+            c._device.check()
         while True:
             got = engine.receive_message(timeout_ms=200)
             if got is not None:
@@ -662,11 +709,20 @@ class ControlPlane:
             stages = {int(stage): [int(n) for n in counts]
                       for stage, counts in body["stages"].items()}
             capturing, warmup = bool(body["capturing"]), bool(body["warmup"])
+            device = bool(body["device"])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise _errors.make(
                 ProtocolError,
                 f"hetmesh connector: {role} {rank} sent a control message "
                 f"that is not one: {e}")
+        if device != (self.connector._device is not None):
+            # The rows' layout differs: packed at the counts' offsets, or each A in its window.
+            raise _errors.make(
+                ProtocolError,
+                f"hetmesh connector (ffn {self.connector.role_rank}): {role} {rank} runs with "
+                f"device_trigger {'on' if device else 'off'}, this F with it "
+                f"{'off' if device else 'on'}; every instance of a job runs the same (vLLM: the "
+                f"same enforce_eager)")
         t = self.connector.types
         return t.control_payload(
             dp_metadata_list={

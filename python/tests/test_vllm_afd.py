@@ -25,16 +25,17 @@ vllm_runner.run_{role}({rank}, {attention}, {ffn}, {store!r}, {options!r}, **{ex
 """
 
 
-def start_job(spawn, attention, ffn, options=None, extra=None, devices=None):
-    """Every instance of one job in a process of its own; F 0 hosts the store. Returns
-    {(role, rank): Instance}."""
+def start_job(spawn, attention, ffn, options=None, extra=None, devices=None,
+              attention_runner="attention"):
+    """Every instance of one job in a process of its own (an A runs vllm_runner's
+    run_{attention_runner}); F 0 hosts the store. Returns {(role, rank): Instance}."""
     options = {"job": "test", "timeout_ms": 60000, **(options or {})}
     store = f"127.0.0.1:{free_port()}"
     instances = {}
     for role, count in (("ffn", ffn), ("attention", attention)):
         for rank in range(count):
             instances[role, rank] = spawn(INSTANCE.format(
-                tests=TESTS, role=role, rank=rank, attention=attention, ffn=ffn, store=store,
+                tests=TESTS, role=attention_runner if role == "attention" else role, rank=rank, attention=attention, ffn=ffn, store=store,
                 options={**options, "device": (devices or {}).get(role, "cpu:0")},
                 extra=(extra or {}).get((role, rank), {})))
     return instances
@@ -130,7 +131,88 @@ def test_router_logits_travel_on_moe_layers_beside_the_hidden_states(spawn, atte
                 f"{moe}") in out["ffn", f], out["ffn", f]
 
 
+@pytest.mark.parametrize("attention,ffn,transport,logits", [(1, 1, "ipc", False),
+                                                             (2, 1, "tcp", True),
+                                                             (4, 2, "ipc", False)])
+def test_round_trips_the_device_rings_get_the_one_process_numbers(spawn, attention, ffn,
+                                                                  transport, logits):
+    """device_trigger: every call only enqueues on a stream (the cpu plugin's are threads with
+    the same stream memory operations), as a CUDA graph would replay them (ci/gpu captures them)."""
+    from vllm_runner import LAYERS, STAGES, STEPS
+
+    options = {"transport": transport, "device_trigger": True}
+    if logits:
+        options.update(router_logits_width=4, router_logits_dtype="float32")
+    extra = {(role, r): {"logits": logits} for role, n in (("attention", attention), ("ffn", ffn))
+             for r in range(n)}
+    out = finish(start_job(spawn, attention, ffn, options, extra))
+    exchanges = STEPS * LAYERS * len(STAGES)
+    for a in range(attention):
+        line = out["attention", a]
+        assert f"attention {a}: verified {STEPS} steps" in line, line
+        assert f"device rang {exchanges} completed {exchanges} failed 0" in line, line
+        moved = counters(line)
+        assert moved["caller_bytes"] == 0 and moved["slot_bytes"] > 0, moved  # via its slots
+    ratio = attention // ffn
+    moe = STEPS * (LAYERS - 1) * len(STAGES) if logits else 0  # layer 0 is dense
+    for f in range(ffn):
+        line = out["ffn", f]
+        # One A's rows are a view of the engine's; several As' windows are copied together.
+        in_place = exchanges if ratio == 1 else 0
+        assert (f"ffn {f}: served {STEPS} steps; in place {in_place}/{exchanges}; logits right "
+                f"{moe}") in line, line
+        assert f"device rang {exchanges} completed {exchanges} failed 0" in line, line
+
+
+def test_a_killed_ffn_fails_the_round_trips_its_group_rang_by_name(spawn):
+    from vllm_runner import STEPS
+
+    # F 1's group: attention 2 checks before it uses a step's output, attention 3 does not (its
+    # next step's control plane raises).
+    instances = start_job(spawn, 4, 2, {"device_trigger": True},
+                          {("ffn", 1): {"die_at": (2, 1, 0)},
+                           ("attention", 3): {"check_each_step": False}})
+    victim = instances.pop(("ffn", 1))
+    out = finish(instances)
+    assert victim.finish()[0] == -9
+    for rank in (2, 3):  # their streams went on; the check names the F
+        line = out["attention", rank]
+        assert (f"attention {rank}: lost ffn:1: hetmesh connector (attention {rank}): "
+                in line and "its device rang failed since the last check; the earliest reason "
+                "kept: micro-batch" in line and "ffn 1 lost: " in line), line
+    for rank in (0, 1):
+        assert f"attention {rank}: verified {STEPS} steps" in out["attention", rank], out
+    assert f"ffn 0: served {STEPS} steps" in out["ffn", 0], out
+
+
 CUDA = any(d["plugin"] == "cuda" for d in hetmesh.devices()) and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs the cuda plugin's device and a CUDA torch")
+@pytest.mark.parametrize("attention,ffn_device", [(1, "cuda:0"), (2, "cpu:0"), (2, "cuda:0")])
+def test_the_plugins_graph_runners_replay_with_the_one_process_numbers(spawn, attention,
+                                                                       ffn_device):
+    """FULL_DECODE_ONLY: each A captures its forward per batch size, the F on cuda its loop per
+    token-count key (an F on the host runs each step eagerly); every replayed step's numbers are
+    those of the layers computed in one process, and no round trip the device rang failed."""
+    from vllm_runner import GRAPH_SIZES, LAYERS, STAGES, STEPS
+
+    on_cuda = ffn_device == "cuda:0"
+    extra = {("ffn", 0): {"graphs": on_cuda}}  # the As' counts differ: the F's windows
+    out = finish(start_job(spawn, attention, 1, {"device_trigger": True}, extra,
+                           devices={"attention": "cuda:0", "ffn": ffn_device},
+                           attention_runner="attention_graphs"))
+    warmups = len(GRAPH_SIZES)
+    exchanges = (STEPS + warmups) * LAYERS * len(STAGES)
+    for a in range(attention):
+        line = out["attention", a]
+        assert (f"attention {a}: verified {STEPS} steps x {LAYERS} layers x {len(STAGES)} "
+                f"stages, {STEPS} replayed from {warmups} graphs; device rang {exchanges} "
+                f"completed {exchanges} failed 0") in line, line
+    line = out["ffn", 0]
+    assert f"ffn 0: served {STEPS + warmups} steps" in line, line
+    assert f"device rang {exchanges} completed {exchanges} failed 0" in line, line
+    assert f"replayed {STEPS if on_cuda else 0}" in line, line
 
 
 @pytest.mark.skipif(not CUDA, reason="needs the cuda plugin's device and a CUDA torch")
@@ -205,11 +287,17 @@ def test_a_control_message_that_is_not_one_is_a_protocol_error_naming_its_sender
         a.init_afd_connector()
         joined.join(120)
         for bad in (b"not json", b"[]", b'{"stages": {"0": ["x"]}, "capturing": false}',
-                    b'{"stages": {"0": [1]}}'):
+                    b'{"stages": {"0": [1]}, "capturing": false, "warmup": false}'):
             a.engine.send_message(0, bad)
             with pytest.raises(hetmesh.ProtocolError,
                                match="attention 0 sent a control message that is not one"):
                 f.control_plane.recv_dp_metadata_list()
+        # An A with device_trigger, this F without: its rows would land in windows.
+        a.engine.send_message(0, b'{"stages": {"0": [1]}, "capturing": false, "warmup": false, '
+                                 b'"device": true}')
+        with pytest.raises(hetmesh.ProtocolError, match="attention 0 runs with device_trigger on, "
+                                                        "this F with it off"):
+            f.control_plane.recv_dp_metadata_list()
         # A good one after them still arrives.
         payload = vllm_afd.ControlPayload({0: vllm_afd.DPMetadata(torch.tensor([3]))})
         a.control_plane.send_dp_metadata_list(payload)
@@ -301,7 +389,7 @@ def test_options_and_payloads_it_cannot_serve_are_refused_by_name():
     with pytest.raises(hetmesh.NotSupportedError, match="hidden states of torch.int8"):
         vllm_afd.AfdConnector(attention=1, ffn=1, **{**shape, "dtype": torch.int8})
     c = vllm_afd.AfdConnector(attention=1, ffn=1, **shape)
-    with pytest.raises(hetmesh.NotSupportedError, match="CUDA graph capture"):
+    with pytest.raises(hetmesh.NotSupportedError, match="CUDA graph capture needs device-trig"):
         c.control_plane.update_state_from_dp_metadata(
             vllm_afd.ControlPayload({}, is_graph_capturing=True))
     context = vllm_afd.TransferContext(vllm_afd.TransferMetadata(0, 0, [1]))
