@@ -17,6 +17,11 @@ step at a time, then one synchronize:
 - graph: the same step captured once in a CUDA graph (torch.cuda.graph) and replayed (cuda only).
 
 Reported: the step's wall time per layer, and the host's time per step before its synchronize.
+
+With --interference N (cuda): whether the exchange takes compute from the GPU's kernels. A
+window of N x N bf16 matmuls on a stream of their own (~200 ms of them) is timed by CUDA events
+alone and while the captured step is replayed over and over on its stream (each replay
+synchronized), in alternating phases; the matmuls' slowdown is the second over the first.
 """
 
 from __future__ import annotations
@@ -128,6 +133,14 @@ def measure(args, job: dict) -> dict:
                 for mode in modes:
                     for _ in range(args.iterations):
                         run(mode, keep=True)
+            interference = None
+            if graph is not None and args.interference:
+                def exchange() -> None:
+                    with torch.cuda.stream(s):
+                        graph.replay()
+                    s.synchronize()
+                interference = matmul_interference(torch, args.interference, exchange,
+                                                   args.phases)
             trips = a.device_trips()
             a.finish()
     summary = {m: {"per_layer_us": {"p50": percentile(wall[m], 0.5),
@@ -140,8 +153,51 @@ def measure(args, job: dict) -> dict:
         summary[m]["over_host"] = summary[m]["per_layer_us"]["p50"] / base
     return {"run": run_info(), "job": job, "attention_device": args.attention_device,
             "ffn_device": args.ffn_device, "layers": layers, "modes": summary,
+            **({"interference": interference} if interference else {}),
             "device_trips": {"rung": trips.rung, "completed": trips.completed,
                              "failed": trips.failed, "failures": trips.failures}}
+
+
+def matmul_interference(torch, n: int, exchange, phases: int) -> dict:
+    """A window of n x n matmuls on a stream of their own, timed alone and while `exchange` (one
+    synchronized step) runs over and over: how much the exchange slows the GPU's kernels."""
+    side = torch.cuda.Stream()
+    x, y = (torch.randn(n, n, dtype=torch.bfloat16, device="cuda:0") for _ in range(2))
+    out = torch.empty_like(x)
+
+    def window(count: int, busy: bool) -> tuple:
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        with torch.cuda.stream(side):
+            start.record()
+            for _ in range(count):
+                torch.mm(x, y, out=out)
+            end.record()
+        steps = 0
+        while busy and not end.query():
+            exchange()
+            steps += 1
+        end.synchronize()
+        return start.elapsed_time(end), steps
+
+    one = window(10, False)[0] / 10  # warms up, and sizes the window to ~200 ms
+    count = max(10, min(1000, int(200 / max(one, 1e-3))))
+    alone, busy, steps = [], [], 0
+    for _ in range(max(phases, 3)):
+        alone.append(window(count, False)[0])
+        ms, k = window(count, True)
+        busy.append(ms)
+        steps += k
+    a, b = percentile(alone, 0.5), percentile(busy, 0.5)
+    return {"matmul_size": n, "matmuls_per_window": count, "window_ms_alone_p50": a,
+            "window_ms_with_exchange_p50": b, "slowdown_percent": (b / a - 1) * 100,
+            "exchange_steps_during": steps}
+
+
+def interference_line(i: dict) -> str:
+    return (f"interference: {i['matmuls_per_window']} matmuls of {i['matmul_size']}^2 bf16: "
+            f"{i['window_ms_alone_p50']:.2f} ms alone, {i['window_ms_with_exchange_p50']:.2f} ms "
+            f"beside the replayed step ({i['exchange_steps_during']} steps): slowdown "
+            f"{i['slowdown_percent']:+.2f}%")
 
 
 def main() -> int:
@@ -153,6 +209,8 @@ def main() -> int:
     parser.add_argument("--no-chain", action="store_true",
                         help="no copy on the stream between layers: every layer sends the first "
                              "tokens again (the exchange alone, with no GPU work between)")
+    parser.add_argument("--interference", type=int, default=0, metavar="N",
+                        help="also time N x N matmuls alone and beside the replayed step (cuda)")
     args = parser.parse_args()
     if args.role == "ffn":
         serve(args.store, json.loads(args.job), args.ffn_device)
@@ -168,6 +226,8 @@ def main() -> int:
     for m, v in r["modes"].items():
         print(f"{m:<8}{v['per_layer_us']['p50']:>14.1f}{v['per_layer_us']['p99']:>14.1f}"
               f"{v['host_per_step_us']['p50']:>18.1f}{v['over_host']:>8.3f}{v['wrong_answers']:>7}")
+    if "interference" in r:
+        print(interference_line(r["interference"]))
     t = r["device_trips"]
     print(f"device trips: rung {t['rung']} completed {t['completed']} failed {t['failed']}"
           + (f" (first: {t['failures'][0]})" if t["failures"] else ""))

@@ -16,7 +16,8 @@ exchange (the A's here, each F's on its stderr), which the host's other load doe
 With --device-trigger the connector's job runs its device-triggered mode (hetmesh.vllm_afd_device:
 each call only enqueues on the stream), each layer's exchange timed through its stream's
 synchronize; on a GPU the A's step of --iterations layers is also captured in a CUDA graph and
-replayed, timed per layer and by the host's time per step (one replay call).
+replayed, timed per layer and by the host's time per step (one replay call); --interference N
+then times N x N matmuls alone and beside that replayed step (hetmesh.bench_graph's measure).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import hetmesh
 from hetmesh import vllm_afd
 from hetmesh.bench import (add_common_arguments, add_phase_arguments, ffn_processes, percentile,
                            run_info, write_json)
+from hetmesh.bench_graph import interference_line, matmul_interference
 
 
 def thread_cpu_line(who: str, cpu_ns: int, count: int, each: str) -> str:
@@ -159,6 +161,13 @@ def measure(args) -> dict:
             cpu_ns["connector"] += time.thread_time_ns() - middle
             for _ in range(graph is not None and 20):
                 replay()
+        interference = None
+        if graph is not None and args.interference:
+            def exchange() -> None:
+                control()
+                graph.replay()
+                sync()
+            interference = matmul_interference(torch, args.interference, exchange, args.phases)
         if graph is not None:
             a.check_round_trips()
         counters = a.counters()
@@ -186,6 +195,7 @@ def measure(args) -> dict:
             "graph_host_us_per_step": {"p50": percentile(host_us, 0.5),
                                        "p99": percentile(host_us, 0.99)},
             "graph_replays": len(graph_ns)} if graph_ns else {}),
+        **({"interference": interference} if interference else {}),
     }
 
 
@@ -198,6 +208,8 @@ def main() -> int:
                         phases=5)
     parser.add_argument("--device-trigger", action="store_true",
                         help="the connector's device_trigger mode (on a GPU, also captured)")
+    parser.add_argument("--interference", type=int, default=0, metavar="N",
+                        help="with --device-trigger on a GPU: N x N matmuls alone and beside it")
     args = parser.parse_args()
     if args.role == "bare-ffn":
         serve_bare(args.store, json.loads(args.job), args.ffn_device)
@@ -218,6 +230,8 @@ def main() -> int:
         g, h = r["graph_layer_exchange_us"], r["graph_host_us_per_step"]
         print(f"{'connector, graph replayed':<34}{g['p50']:>10.1f}{g['p99']:>10.1f}  (per layer; "
               f"the host's time per step {h['p50']:.1f} us p50, {r['graph_replays']} replays)")
+    if "interference" in r:
+        print(interference_line(r["interference"]))
     cpu = r["calling_thread_cpu_us_per_exchange"]
     print(f"the A's calling thread's CPU per exchange: bare {cpu['bare']:.1f} us, connector "
           f"{cpu['connector']:.1f} us (each F's on stderr)")
