@@ -149,6 +149,7 @@ def run_attention_graphs(rank, attention, ffn, store, options):
     static = {stage: torch.zeros(MAX_TOKENS, HIDDEN, dtype=torch.bfloat16, device="cuda:0")
               for stage in STAGES}
     graphs = {}
+    capture_stream = torch.cuda.Stream()
 
     def control(counts, **flags):
         payload = vllm_afd.ControlPayload(
@@ -184,12 +185,14 @@ def run_attention_graphs(rank, attention, ffn, store, options):
             size = GRAPH_SIZES[step % len(GRAPH_SIZES)]
             counts = {stage: [size + stage + a for a in range(attention)] for stage in STAGES}
             if size not in graphs:
-                control(counts, is_warmup=True)
-                run(step, counts)
-                control(counts, is_graph_capturing=True)
-                graphs[size] = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graphs[size]):
-                    forward(counts)
+                # As vLLM's graph_capture: the warmup and the capture on a stream of their own.
+                with torch.cuda.stream(capture_stream):
+                    control(counts, is_warmup=True)
+                    run(step, counts)
+                    control(counts, is_graph_capturing=True)
+                    graphs[size] = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graphs[size], stream=capture_stream):
+                        forward(counts)
             control(counts)
             run(step, counts, graphs[size])
             replays += 1
