@@ -493,6 +493,8 @@ class AfdConnector:
                     parts = sorted(parts, key=lambda part: part.rank)
                 seq_lens = [part.count for part in parts]
                 hidden_states = self._whole(batch, "tokens")
+            if len(seq_lens) != self.ratio:
+                self._raise_lost_attention()
             payload = t.a2f_payload(
                 hidden_states=hidden_states,
                 context=t.transfer_context(metadata=t.transfer_metadata(
@@ -503,6 +505,16 @@ class AfdConnector:
             ffn.take(ubatch_idx)  # refused: not open (as if never received)
             raise
         return payload
+
+    def _raise_lost_attention(self) -> None:
+        """A batch short of its group's As: raises PeerLostError naming one of them that was
+        lost (the engine served on without it; vLLM's data-parallel ranks step together, so a
+        stage without one is no stage). A batch short of an A that left is served."""
+        group = range(self.role_rank * self.ratio, (self.role_rank + 1) * self.ratio)
+        for p in self.engine.peers():
+            if p["rank"] in group and p["state"] == "lost":
+                raise _errors.make(PeerLostError, p["reason"] or f"attention {p['rank']} lost",
+                                   f"attention:{p['rank']}")  # the reason names it
 
     def _settle(self, in_place: InPlace, stage: int, side) -> None:
         """The first exchange of `stage` from an allocation has moved its bytes: did they go
@@ -681,24 +693,20 @@ class ControlPlane:
 
     def recv_dp_metadata_list(self):
         """The next step's payload from this F's group; raises ClosedError once its As have all
-        left, PeerLostError naming an A that died."""
+        left, PeerLostError naming an A of the group that died: at once, though its group-mates
+        still send (vLLM's data-parallel ranks step together, so a step without one is no step)."""
         c = self.connector
         engine = c.engine
         group = range(c.role_rank * c.ratio, (c.role_rank + 1) * c.ratio)
         if c._device is not None:
             c._device.check()
         while True:
+            c._raise_lost_attention()
             got = engine.receive_message(timeout_ms=200)
             if got is not None:
                 return self._decode(got)
-            states = {p["rank"]: p for p in engine.peers() if p["rank"] in group}
-            lost = [p for p in states.values() if p["state"] == "lost"]
-            if lost:
-                raise _errors.make(
-                    PeerLostError,
-                    f"attention {lost[0]['rank']} lost: {lost[0]['reason']}",
-                    f"attention:{lost[0]['rank']}")
-            if states and all(p["state"] == "left" for p in states.values()):
+            states = [p["state"] for p in engine.peers() if p["rank"] in group]
+            if states and all(state == "left" for state in states):
                 raise c._group_left()
 
     def _decode(self, message):

@@ -35,7 +35,8 @@ def start_job(spawn, attention, ffn, options=None, extra=None, devices=None,
     for role, count in (("ffn", ffn), ("attention", attention)):
         for rank in range(count):
             instances[role, rank] = spawn(INSTANCE.format(
-                tests=TESTS, role=attention_runner if role == "attention" else role, rank=rank, attention=attention, ffn=ffn, store=store,
+                tests=TESTS, role=attention_runner if role == "attention" else role, rank=rank,
+                attention=attention, ffn=ffn, store=store,
                 options={**options, "device": (devices or {}).get(role, "cpu:0")},
                 extra=(extra or {}).get((role, rank), {})))
     return instances
@@ -180,6 +181,30 @@ def test_a_killed_ffn_fails_the_round_trips_its_group_rang_by_name(spawn):
         assert (f"attention {rank}: lost ffn:1: hetmesh connector (attention {rank}): "
                 in line and "its device rang failed since the last check; the earliest reason "
                 "kept: micro-batch" in line and "ffn 1 lost: " in line), line
+    for rank in (0, 1):
+        assert f"attention {rank}: verified {STEPS} steps" in out["attention", rank], out
+    assert f"ffn 0: served {STEPS} steps" in out["ffn", 0], out
+
+
+@pytest.mark.parametrize("device_trigger", [False, True])
+def test_a_killed_attention_is_named_by_its_ffn_and_its_group_mate_ends(spawn, device_trigger):
+    """An A of a group dies with its stages sent: its F raises PeerLostError naming it at its
+    next control message, though the group-mate still sends, and the group-mate ends named its
+    F's loss, or done; the other group finishes."""
+    from vllm_runner import STEPS
+
+    instances = start_job(spawn, 4, 2, {"device_trigger": device_trigger},
+                          {("attention", 3): {"die_at": (2, 1)}})
+    victim = instances.pop(("attention", 3))
+    out = finish(instances)
+    assert victim.finish()[0] == -9
+    line = out["ffn", 1]
+    assert "ffn 1: lost attention:3 after " in line and "attention 3 lost: " in line, line
+    steps = int(line.split(" after ")[1].split()[0])
+    assert 2 <= steps <= 3, line  # the step it died in, or the one it began
+    mate = out["attention", 2]
+    assert ("attention 2: lost ffn:1: " in mate
+            or f"attention 2: verified {STEPS} steps" in mate), mate
     for rank in (0, 1):
         assert f"attention {rank}: verified {STEPS} steps" in out["attention", rank], out
     assert f"ffn 0: served {STEPS} steps" in out["ffn", 0], out

@@ -82,12 +82,13 @@ def rang(c) -> str:
 
 
 def run_attention(rank, attention, ffn, store, options, fresh_tensors=False,
-                  reverse_stages=False, logits=False, check_each_step=True):
+                  reverse_stages=False, logits=False, check_each_step=True, die_at=None):
     """An A as the plugin's model runner drives it: each step's control payload, then per layer
     every stage's send_attn_output before any recv_ffn_output (two ubatches in flight), in stage
     order or, with reverse_stages, the last stage first. Without check_each_step (device_trigger)
     it neither checks nor verifies a step's output (vLLM's runner does not check: the next step's
-    control plane raises what failed)."""
+    control plane raises what failed). With die_at = (step, layer) it kills itself there, its
+    stages sent."""
     c = connector("attention", rank, attention, ffn, store, options)
     device = tensor_device(c)
     static = {stage: torch.zeros(MAX_TOKENS, HIDDEN, dtype=torch.bfloat16, device=device)
@@ -114,6 +115,8 @@ def run_attention(rank, attention, ffn, store, options, fresh_tensors=False,
                     metadata = vllm_afd.TransferMetadata(layer, stage, [xs[stage].shape[0]])
                     gated = {"router_logits": gate(xs[stage])} if logits and layer > 0 else {}
                     c.send_attn_output(xs[stage], vllm_afd.TransferContext(metadata), **gated)
+                if die_at == (step, layer):
+                    os.kill(os.getpid(), signal.SIGKILL)
                 for stage in order:
                     out = c.recv_ffn_output(ref_tensor=xs[stage], ubatch_idx=stage)
                     assert out.data_ptr() == xs[stage].data_ptr(), "not the ref_tensor"
@@ -219,48 +222,55 @@ def run_ffn(rank, attention, ffn, store, options, die_at=None, logits=False, gra
                               device=tensor_device(c)) for stage in STAGES}
     steps = in_place = received = logits_right = replays = 0
     captured = {}
-    while True:
-        try:
-            payload = c.control_plane.recv_dp_metadata_list()
-        except hetmesh.ClosedError:
-            break
-        key = tuple((stage, tuple(m.num_tokens_across_dp_cpu.tolist()))
-                    for stage, m in sorted(payload.dp_metadata_list.items()))
-        if payload.is_graph_capturing:
-            if graphs:
-                c.control_plane.update_state_from_dp_metadata(payload)
-                captured[key] = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(captured[key]):
-                    for layer in range(LAYERS):
-                        for stage in sorted(payload.dp_metadata_list):
-                            got = c.recv_attn_output(ubatch_idx=stage)
-                            c.send_ffn_output(ffn_layer(got.hidden_states, layer), got.context)
-            continue
-        if key in captured:
-            captured[key].replay()
-            replays += 1
+    try:
+        while True:
+            try:
+                payload = c.control_plane.recv_dp_metadata_list()
+            except hetmesh.ClosedError:
+                break
+            key = tuple((stage, tuple(m.num_tokens_across_dp_cpu.tolist()))
+                        for stage, m in sorted(payload.dp_metadata_list.items()))
+            if payload.is_graph_capturing:
+                if graphs:
+                    c.control_plane.update_state_from_dp_metadata(payload)
+                    captured[key] = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(captured[key]):
+                        for layer in range(LAYERS):
+                            for stage in sorted(payload.dp_metadata_list):
+                                got = c.recv_attn_output(ubatch_idx=stage)
+                                c.send_ffn_output(ffn_layer(got.hidden_states, layer),
+                                                  got.context)
+                continue
+            if key in captured:
+                captured[key].replay()
+                replays += 1
+                steps += 1
+                continue
+            c.control_plane.update_state_from_dp_metadata(payload)
+            for layer in range(LAYERS):
+                for stage in sorted(payload.dp_metadata_list):
+                    spec = RoutingSpec(LOGITS, torch.float32) if logits and layer > 0 else None
+                    got = c.recv_attn_output(ubatch_idx=stage, routing_spec=spec)
+                    received += 1
+                    rows_of = hetmesh.as_tensor(c.engine.inputs(stage, "tokens"))
+                    in_place += got.hidden_states.data_ptr() == rows_of.data_ptr()
+                    if spec is not None:
+                        logits_right += torch.equal(got.router_logits, gate(got.hidden_states))
+                    counts = payload.dp_metadata_list[stage].num_tokens_across_dp_cpu.tolist()
+                    assert got.context.metadata.seq_lens == [counts[a] for a in group], (
+                        got.context.metadata.seq_lens, counts)
+                    rows = sum(counts[a] for a in group)
+                    assert tuple(got.hidden_states.shape) == (rows, HIDDEN)
+                    if die_at == (steps, layer, stage):
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    rows = got.hidden_states.shape[0]
+                    c.send_ffn_output(ffn_layer(got.hidden_states, layer, out[stage][:rows]),
+                                      got.context)
             steps += 1
-            continue
-        c.control_plane.update_state_from_dp_metadata(payload)
-        for layer in range(LAYERS):
-            for stage in sorted(payload.dp_metadata_list):
-                spec = RoutingSpec(LOGITS, torch.float32) if logits and layer > 0 else None
-                got = c.recv_attn_output(ubatch_idx=stage, routing_spec=spec)
-                received += 1
-                rows_of = hetmesh.as_tensor(c.engine.inputs(stage, "tokens"))
-                in_place += got.hidden_states.data_ptr() == rows_of.data_ptr()
-                if spec is not None:
-                    logits_right += torch.equal(got.router_logits, gate(got.hidden_states))
-                counts = payload.dp_metadata_list[stage].num_tokens_across_dp_cpu.tolist()
-                assert got.context.metadata.seq_lens == [counts[a] for a in group], (
-                    got.context.metadata.seq_lens, counts)
-                assert tuple(got.hidden_states.shape) == (sum(counts[a] for a in group), HIDDEN)
-                if die_at == (steps, layer, stage):
-                    os.kill(os.getpid(), signal.SIGKILL)
-                rows = got.hidden_states.shape[0]
-                c.send_ffn_output(ffn_layer(got.hidden_states, layer, out[stage][:rows]),
-                                  got.context)
-        steps += 1
+    except hetmesh.PeerLostError as e:
+        print(f"ffn {rank}: lost {e.peer} after {steps} steps: {e}", flush=True)
+        c.close()
+        return
     if graphs:
         torch.cuda.current_stream().synchronize()
     print(f"ffn {rank}: served {steps} steps; in place {in_place}/{received}; logits right "
