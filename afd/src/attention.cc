@@ -115,11 +115,11 @@ struct AttentionEngine::State final : PeerHandler {
   std::unique_ptr<CommThread> comm;
   std::vector<std::unique_ptr<PeerSender<PostJob>>> senders;  // [f]
   // The device-triggered mode, when the device has stream memory operations: [mb] doorbells a
-  // stream rings with tokens + 1 and done flags the engine raises; per micro-batch, what it sends
-  // (null: not armed) and the sequence of the round trip the device has in flight (0: none),
-  // both under mutex.
+  // stream rings with layout x kDoorbellTokens + tokens + 1 and done flags the engine raises; per
+  // micro-batch, what each layout sends (none: not armed) and the sequence of the round trip the
+  // device has in flight (0: none), both under mutex.
   std::optional<DeviceWords> doorbells, done_flags;
-  std::vector<std::shared_ptr<const Armed>> armed;
+  std::vector<std::vector<std::shared_ptr<const Armed>>> armed;  // [mb][layout]
   std::vector<uint64_t> device_in_flight;
   std::atomic<int> device_rounds{0};  // of them, not 0: for the doorbell thread's spin
   DeviceTripLog device_log;
@@ -767,7 +767,7 @@ AttentionEngine::Handle AttentionEngine::State::push(int mb, uint32_t tokens,
                     fmt::format("attention {}: push_pull of micro-batch {}: {}; no replacement "
                                 "has joined yet (wait_for_peers(), then push again, or drop it)",
                                 s.spec.rank, mb, f.lost_reason));
-    if (!rung && s.armed[static_cast<size_t>(mb)])
+    if (!rung && !s.armed[static_cast<size_t>(mb)].empty())
       throw Error(HM_ERR_INVALID_ARGUMENT,
                   fmt::format("push_pull: micro-batch {} is armed for its device (arm_device): a "
                               "stream rings its round trips",
@@ -863,20 +863,26 @@ Turn AttentionEngine::State::take_doorbells() {
   for (int mb = 0; mb < spec.micro_batches; ++mb) {
     const uint32_t ring = doorbells->load(mb);
     if (ring == 0) continue;
+    // A job of 2^20 - 1 tokens or more has layout 0 alone, and its ring is tokens + 1.
+    const bool split = spec.tokens + 1 < kDoorbellTokens;
+    const uint32_t layout = split ? ring / kDoorbellTokens : 0;
+    const uint32_t tokens = (split ? ring % kDoorbellTokens : ring) - 1;
     std::shared_ptr<const Armed> arm;
     {
       std::lock_guard lock(mutex);
       // Rung again before its wait: the ring waits for the round trip in flight.
       if (device_in_flight[static_cast<size_t>(mb)] != 0) continue;
-      arm = armed[static_cast<size_t>(mb)];
+      const auto& layouts = armed[static_cast<size_t>(mb)];
+      if (layout < layouts.size()) arm = layouts[layout];
     }
     doorbells->store(mb, 0);
     took = true;
     try {
       if (!arm)
         throw Error(HM_ERR_INVALID_ARGUMENT,
-                    fmt::format("its doorbell rang, and it was not armed (arm_device)"));
-      push(mb, ring - 1, arm->push, /*rung=*/true);
+                    fmt::format("its doorbell rang for layout {}, which was not armed (arm_device)",
+                                layout));
+      push(mb, tokens, arm->push, /*rung=*/true);
       device_log.rung();
     } catch (const std::exception& e) {
       device_log.ring_failed(fmt::format("micro-batch {}: not sent: {}", mb, e.what()));
@@ -898,7 +904,7 @@ Turn AttentionEngine::State::take_doorbells() {
                                                              : Turn::idle;
 }
 
-void AttentionEngine::arm_device(int mb, const Push& push) {
+void AttentionEngine::arm_device(int mb, const Push& push, int layout) {
   State& s = *state_;
   if (!s.done_flags)
     throw Error(HM_ERR_NOT_SUPPORTED,
@@ -906,6 +912,13 @@ void AttentionEngine::arm_device(int mb, const Push& push) {
                             "on the host)",
                             s.device.selector()));
   check_micro_batch(mb, s.spec.micro_batches, "arm_device");
+  if (layout < 0 || layout >= kMaxDeviceLayouts ||
+      (layout > 0 && s.spec.tokens + 1 >= kDoorbellTokens))
+    throw Error(HM_ERR_INVALID_ARGUMENT,
+                fmt::format("arm_device: layout {} (0..{}{})", layout, kMaxDeviceLayouts - 1,
+                            s.spec.tokens + 1 >= kDoorbellTokens
+                                ? fmt::format(", and only 0 for a job of {} tokens", s.spec.tokens)
+                                : ""));
   if (push.ready.stream != nullptr || push.ready.flag)
     throw Error(HM_ERR_INVALID_ARGUMENT,
                 "arm_device: a push with a ready signal (the doorbell's ring is the readiness)");
@@ -920,21 +933,24 @@ void AttentionEngine::arm_device(int mb, const Push& push) {
   s.failure.throw_if_set();
   if (s.closed)
     throw Error(kStatusClosed, fmt::format("attention {}: arm_device after finish()", s.spec.rank));
-  if (s.last_sequence[static_cast<size_t>(mb)] != 0 && !s.armed[static_cast<size_t>(mb)])
+  auto& layouts = s.armed[static_cast<size_t>(mb)];
+  if (s.last_sequence[static_cast<size_t>(mb)] != 0 && layouts.empty())
     for (int q = 0; q < s.spec.queue_depth; ++q)
       if (s.pending[static_cast<size_t>(mb * s.spec.queue_depth + q)].busy)
         throw Error(HM_ERR_INVALID_ARGUMENT,
                     fmt::format("arm_device: micro-batch {} has a round trip of push_pull in "
                                 "flight: wait for it first",
                                 mb));
-  s.armed[static_cast<size_t>(mb)] = std::move(arm);
+  if (layouts.size() <= static_cast<size_t>(layout))
+    layouts.resize(static_cast<size_t>(layout) + 1);
+  layouts[static_cast<size_t>(layout)] = std::move(arm);
   if (!s.doorbell_thread)
     s.doorbell_thread = std::make_unique<DoorbellThread>(
         "hm-doorbells", sender_cpu(s.spec.comm_cpus, static_cast<size_t>(s.spec.ffn)),
         [&s] { return s.take_doorbells(); });
 }
 
-void AttentionEngine::enqueue_push_pull(int mb, uint32_t tokens, const Stream& stream) {
+void AttentionEngine::enqueue_push_pull(int mb, uint32_t tokens, const Stream& stream, int layout) {
   State& s = *state_;
   check_trigger_stream(s.device, s.done_flags.has_value(), stream, "enqueue_push_pull",
                        "push_pull and wait on the host");
@@ -944,11 +960,15 @@ void AttentionEngine::enqueue_push_pull(int mb, uint32_t tokens, const Stream& s
                             s.spec.micro_batches - 1, tokens, s.spec.tokens));
   {
     std::lock_guard lock(s.mutex);
-    if (!s.armed[static_cast<size_t>(mb)])
+    const auto& layouts = s.armed[static_cast<size_t>(mb)];
+    if (layout < 0 || static_cast<size_t>(layout) >= layouts.size() ||
+        !layouts[static_cast<size_t>(layout)])
       throw Error(HM_ERR_INVALID_ARGUMENT,
-                  fmt::format("enqueue_push_pull: micro-batch {} is not armed (arm_device)", mb));
+                  fmt::format("enqueue_push_pull: micro-batch {} is not armed{} (arm_device)", mb,
+                              layout == 0 ? "" : fmt::format(" with layout {}", layout)));
   }
-  stream.write_value32(s.doorbells->at(mb), tokens + 1);
+  stream.write_value32(s.doorbells->at(mb),
+                       static_cast<uint32_t>(layout) * kDoorbellTokens + tokens + 1);
 }
 
 void AttentionEngine::enqueue_wait(int mb, const Stream& stream) {

@@ -9,16 +9,19 @@ words replay.
 Each call only enqueues work on torch's current stream (on a host device, the engine's stream,
 synchronized where the host reads the rows): no host call waits per layer. What it enqueues:
 
-- A, send: its rows copied into the engine's send slot of the stage, then the stage's doorbell
-  rung with the row count (the engine's thread sends them). Receive: a hold until the answer is in
-  the result slot, then its rows copied into ref_tensor. The router logits, where the job carries
-  them, travel on every layer (the F reads them where its layer asks).
+- A, send: the stage's doorbell rung with the row count and the tensor's layout (the engine's
+  thread sends them): each tensor the engine can use (C order, the job's dtype and device) is
+  armed once as a layout of its stage, sent from and answered into in place, as a graph's layers
+  each have theirs at a fixed address; past the engine's layouts, or in a job of router logits,
+  its rows are copied into the stage's send slot (layout 0). Receive: a hold until the answer is
+  in, then, where it is not already in ref_tensor, its rows copied there. The router logits travel
+  on every layer (the F reads them where its layer asks).
 - F, receive: a hold until the stage's batch is in (every A of the group); the hidden states are a
   view of the engine's rows (with several As, their windows copied together). Send: the output's
   rows copied into each A's window of the engine's output slot, then the respond doorbell rung.
 
-The copies are the price of fixed addresses: a graph's tensors differ per layer, and an armed
-micro-batch sends from one place. A round trip that failed (a peer lost) lets its stream go on
+The F's copies (and the A's past its layouts) are the price of fixed addresses: what a ring
+answers from is armed before it rings. A round trip that failed (a peer lost) lets its stream go on
 with stale rows; the next step's control-plane call raises it (`check`), naming the peer.
 """
 
@@ -28,6 +31,10 @@ from . import _errors
 from ._streams import raw_current_stream
 from . import (ClosedError, JobFailedError, PeerLostError, TimeoutError, as_tensor,
                import_torch)
+
+
+# The layouts an A arms per stage (the engine's kMaxDeviceLayouts); layout 0 is the slots'.
+MAX_LAYOUTS = 64
 
 
 class _DeviceSide:
@@ -83,7 +90,9 @@ class DeviceAttention(_DeviceSide):
         self.logits = ({stage: as_tensor(e.tensor(stage, "router_logits"))
                         for stage in self.stages} if c._logits else None)
         self.results = {stage: as_tensor(e.result(stage, ffn)) for stage in self.stages}
-        self.rows = {}  # stage -> rows rung, until its receive has the answer
+        # stage -> {tensor address: (layout, rows armed)}; layout 0 is the slots'
+        self.layouts = {stage: {} for stage in self.stages}
+        self.rows = {}  # stage -> (rows rung, the tensor sent in place or None), until answered
         self.waiting = set()  # stages whose hold is enqueued (a host drain that timed out)
 
     def send(self, hidden_states, stage: int, rows: int, logits) -> None:
@@ -93,27 +102,49 @@ class DeviceAttention(_DeviceSide):
         if stage not in self.sent:
             raise ValueError(f"hetmesh connector: stage {stage}: the job has "
                              f"{len(self.stages)} (micro_batches)")
-        self.sent[stage][:rows].copy_(hidden_states)
+        layout = self._layout(hidden_states, stage, rows)
+        if layout == 0:
+            self.sent[stage][:rows].copy_(hidden_states)
         if logits is not None:
             self.logits[stage][:rows].copy_(logits)
-        self.engine.enqueue_push_pull(stage, rows, self.stream())
-        self.rows[stage] = rows
+        self.engine.enqueue_push_pull(stage, rows, self.stream(), layout)
+        self.rows[stage] = (rows, hidden_states if layout else None)
+
+    def _layout(self, tensor, stage: int, rows: int) -> int:
+        """The layout that sends `tensor` in place (armed at its first sight, again where it
+        brings more rows), or 0: the slots."""
+        c = self.connector
+        if self.logits is not None or rows == 0 or not c._fits(tensor):
+            return 0
+        known = self.layouts[stage]
+        address = tensor.data_ptr()
+        layout, armed_rows = known.get(address, (0, 0))
+        if layout == 0:
+            if len(known) + 1 >= MAX_LAYOUTS:
+                return 0
+            layout = len(known) + 1
+        if rows > armed_rows:
+            self.engine.arm_device(stage, rows, send=tensor, results_into=tensor, layout=layout)
+            known[address] = (layout, rows)
+        return layout
 
     def receive(self, stage: int, ref_tensor):
-        rows = self.rows.get(stage)
-        if rows is None:
+        sent = self.rows.get(stage)
+        if sent is None:
             raise RuntimeError(f"hetmesh connector: recv_ffn_output for stage {stage}, which has "
                                f"no send_attn_output before it")
+        rows, in_place = sent
         if stage not in self.waiting:  # once: a second hold would wait for the next ring
             self.engine.enqueue_wait(stage, self.stream())
             self.waiting.add(stage)
         self.drain()  # on the host: one that times out can be called again
         self.waiting.discard(stage)
         del self.rows[stage]
-        answer = self.results[stage][:rows]
+        answer = in_place[:rows] if in_place is not None else self.results[stage][:rows]
         if ref_tensor is None:
-            return answer.clone()
-        ref_tensor[:rows].copy_(answer)
+            return answer if in_place is not None else answer.clone()
+        if ref_tensor.data_ptr() != answer.data_ptr():
+            ref_tensor[:rows].copy_(answer)
         return ref_tensor
 
 

@@ -1168,34 +1168,36 @@ void bind_engines(py::module_& m) {
           [](const PyAttention& a, int mb, std::optional<uint32_t> tokens, uint64_t tag,
              const py::object& send, const py::object& routing, const py::object& results_into,
              const py::dict& tensors, const py::dict& rows_of, std::optional<uint32_t> row_offset,
-             std::optional<uint32_t> result_rows) {
+             std::optional<uint32_t> result_rows, int layout) {
             std::shared_ptr<Context> c = a.live();
             check_micro_batch(mb, c->spec());
             PreparedPush prepared =
                 prepare_push(c, tokens, tag, py::none(), 0, send, routing, results_into, tensors,
                              rows_of, row_offset, result_rows);
-            attention_of(*c).arm_device(mb, prepared.push);
+            attention_of(*c).arm_device(mb, prepared.push, layout);
           },
           py::arg("micro_batch"), py::arg("tokens") = py::none(), py::kw_only(), py::arg("tag") = 0,
           py::arg("send") = py::none(), py::arg("routing") = py::none(),
           py::arg("results_into") = py::none(), py::arg("tensors") = py::dict(),
           py::arg("rows") = py::dict(), py::arg("row_offset") = py::none(),
-          py::arg("result_rows") = py::none(),
+          py::arg("result_rows") = py::none(), py::arg("layout") = 0,
           "Arms micro-batch `micro_batch` for round trips its device triggers: each ring "
           "(enqueue_push_pull on a stream, captured in a graph or not) sends it as push_pull "
           "would with these keywords (`tokens`: the most rows a ring carries, for the checks), "
           "and raises its done flag once answered (enqueue_wait). The tensors stay put: a "
-          "graph's. push_pull refuses an armed micro-batch.")
+          "graph's. push_pull refuses an armed micro-batch. `layout` (0..63): one of the "
+          "micro-batch's armed pushes, which each ring names (a graph's layers, each sending "
+          "from and receiving into tensors of its own).")
       .def(
           "enqueue_push_pull",
-          [](const PyAttention& a, int mb, uint32_t tokens, const py::object& stream) {
+          [](const PyAttention& a, int mb, uint32_t tokens, const py::object& stream, int layout) {
             std::shared_ptr<Context> c = a.live();
-            attention_of(*c).enqueue_push_pull(mb, tokens,
-                                               required_stream(stream, *c, "enqueue_push_pull"));
+            attention_of(*c).enqueue_push_pull(
+                mb, tokens, required_stream(stream, *c, "enqueue_push_pull"), layout);
           },
-          py::arg("micro_batch"), py::arg("tokens"), py::arg("stream"),
-          "Enqueues on `stream` the ring that sends micro-batch `micro_batch` with `tokens` rows "
-          "once the stream gets there (arm_device first). Capturable.")
+          py::arg("micro_batch"), py::arg("tokens"), py::arg("stream"), py::arg("layout") = 0,
+          "Enqueues on `stream` the ring that sends micro-batch `micro_batch`'s `layout` with "
+          "`tokens` rows once the stream gets there (arm_device first). Capturable.")
       .def(
           "enqueue_wait",
           [](const PyAttention& a, int mb, const py::object& stream) {

@@ -77,3 +77,34 @@ def test_the_device_calls_are_refused_by_name(store, job, spawn):
         a.enqueue_wait(0, s)
         s.synchronize(timeout_ms=60000)
         assert a.device_trips().completed == 1
+
+
+def test_each_ring_sends_the_layout_it_names(store, job, spawn):
+    # Micro-batch 0's layout 0 sends from the slots, layouts 1 and 2 from and into tensors of
+    # their own (a graph's layers); every ring names one, and its answer lands where it says.
+    # Micro-batch 1 goes along from its slots (the F's stream serves both in turn).
+    spawn(DEVICE_FFN.format(job=job, store=store.address))
+    with hetmesh.AttentionEngine(rank=0, store=store.address, **job) as a:
+        own = [torch.ones(job["tokens"], job["hidden"], dtype=torch.bfloat16) for _ in range(2)]
+        a.arm_device(0)
+        a.arm_device(1)
+        for layout, tensor in enumerate(own, start=1):
+            a.arm_device(0, send=tensor, results_into=tensor, layout=layout)
+        with pytest.raises(hetmesh.InvalidArgumentError, match=r"layout 64 \(0..63\)"):
+            a.arm_device(0, layout=64)
+        s = a.create_stream()
+        with pytest.raises(hetmesh.InvalidArgumentError, match="not armed with layout 3"):
+            a.enqueue_push_pull(0, 1, s, layout=3)
+        result = torch.from_dlpack(a.result(0, 0))
+        result.zero_()
+        for layout, rows in ((1, 3), (2, 5), (0, 2)):
+            a.enqueue_push_pull(0, rows, s, layout=layout)
+            a.enqueue_push_pull(1, 1, s)
+            a.enqueue_wait(0, s)
+            a.enqueue_wait(1, s)
+        s.synchronize(timeout_ms=60000)
+        assert torch.all(own[0][:3] == 5) and torch.all(own[0][3:] == 1)
+        assert torch.all(own[1][:5] == 5) and torch.all(own[1][5:] == 1)
+        assert torch.all(result[:2] == 5) and torch.all(result[2:] == 0)
+        trips = a.device_trips()
+        assert (trips.rung, trips.completed, trips.failed) == (6, 6, 0)

@@ -139,7 +139,7 @@ def test_round_trips_the_device_rings_get_the_one_process_numbers(spawn, attenti
                                                                   transport, logits):
     """device_trigger: every call only enqueues on a stream (the cpu plugin's are threads with
     the same stream memory operations), as a CUDA graph would replay them (ci/gpu captures them)."""
-    from vllm_runner import LAYERS, STAGES, STEPS
+    from vllm_runner import HIDDEN, LAYERS, STAGES, STEPS, token_counts
 
     options = {"transport": transport, "device_trigger": True}
     if logits:
@@ -153,7 +153,13 @@ def test_round_trips_the_device_rings_get_the_one_process_numbers(spawn, attenti
         assert f"attention {a}: verified {STEPS} steps" in line, line
         assert f"device rang {exchanges} completed {exchanges} failed 0" in line, line
         moved = counters(line)
-        assert moved["caller_bytes"] == 0 and moved["slot_bytes"] > 0, moved  # via its slots
+        if logits:  # through its slots
+            assert moved["caller_bytes"] == 0 and moved["slot_bytes"] > 0, moved
+        else:  # each stage's tensor armed as a layout of its own: sent and answered in place
+            rows = LAYERS * sum(token_counts(step, stage, attention)[a] for step in range(STEPS)
+                                for stage in STAGES)
+            assert moved["caller_bytes"] == rows * HIDDEN * 2 * 2, moved
+            assert moved["slot_bytes"] == 0, moved
     ratio = attention // ffn
     moe = STEPS * (LAYERS - 1) * len(STAGES) if logits else 0  # layer 0 is dense
     for f in range(ffn):

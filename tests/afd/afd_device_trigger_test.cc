@@ -37,7 +37,8 @@ uint64_t row_bytes(const EngineSpec& spec) {
 
 // The F's step: for each layer and micro-batch, wait for the batch, add one to every byte of its
 // row space (a host callback standing in for the experts), and ring the answer. "die-at R": the
-// F kills itself in layer 1 of replay R. "idle": it serves no step at all. Ends when its step
+// F kills itself in layer 1 of replay R. "idle": it serves no step at all. "one-mb": a step is
+// micro-batch 0 once. Ends when its step
 // count is done, or when the engine says the job is over for it.
 struct FfnStep {
   FfnEngine* engine;
@@ -70,8 +71,9 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, int replays, const std
   Stream stream = device.create_stream();
   std::vector<FfnStep> steps;
   steps.reserve(static_cast<size_t>(kLayers * spec.micro_batches));
-  for (int layer = 0; layer < kLayers; ++layer)
-    for (int mb = 0; mb < spec.micro_batches; ++mb)
+  // "one-mb": a step is one round trip of micro-batch 0.
+  for (int layer = 0; layer < (mode == "one-mb" ? 1 : kLayers); ++layer)
+    for (int mb = 0; mb < (mode == "one-mb" ? 1 : spec.micro_batches); ++mb)
       steps.push_back(FfnStep{&engine, mb, mode == "die-at" ? at : -1, 0, layer});
   // One step more than the A sends: the As' end must release it.
   const int steps_run = mode == "idle" ? 0 : replays + 1;
@@ -89,6 +91,66 @@ int run_ffn(const EngineSpec& spec, KeyValueStore& store, int replays, const std
   DeviceTrips trips = engine.device_trips();
   std::cout << fmt::format("ffn: raised {} answered {} ended: {}", trips.completed,
                            trips.rung - trips.failed, trips.ended)
+            << std::endl;
+  engine.finish();
+  return 0;
+}
+
+// Micro-batch 0 armed three ways, each ring naming one: layout 0 sends from the engine's slots,
+// layouts 1 and 2 from buffers of their own, the answer landing in the buffer sent (as a graph's
+// layers, each with its tensor at its own address). Each round trip adds one to what it sent, so
+// after `replays` rounds of the three every buffer's rows sent hold the start + replays, and the
+// rows after them the start.
+int run_layouts(AttentionEngine& engine, Device& device, Stream& stream, int replays,
+                const std::vector<uint8_t>& start, uint64_t slot) {
+  const EngineSpec& spec = engine.spec();
+  constexpr uint32_t kRows[3] = {8, 5, 3};
+  Buffer own[2] = {device.allocate(slot), device.allocate(slot)};
+  for (int l = 1; l <= 2; ++l) {
+    Buffer& b = own[l - 1];
+    stream.copy(b.data(), start.data(), slot);
+    const PushTensor from[] = {{b.data()}, {}};
+    void* const into[] = {b.data()};
+    AttentionEngine::Push push;
+    push.tensors = from;
+    push.results_into = into;
+    engine.arm_device(0, push, l);
+  }
+  stream.copy(engine.tokens(0), start.data(), slot);
+  for (int r = 0; r < replays; ++r)
+    for (int l = 0; l < 3; ++l) {
+      engine.enqueue_push_pull(0, kRows[l], stream, l);
+      engine.enqueue_wait(0, stream);
+      if (l == 0) stream.copy(engine.tokens(0), engine.result(0, 0), kRows[0] * row_bytes(spec));
+    }
+  for (const int layout : {3, AttentionEngine::kMaxDeviceLayouts})
+    try {
+      engine.enqueue_push_pull(0, 1, stream, layout);
+    } catch (const Error& e) {
+      std::cout << "enqueue_push_pull: " << e.what() << std::endl;
+    }
+  try {
+    engine.arm_device(0, {}, AttentionEngine::kMaxDeviceLayouts);
+  } catch (const Error& e) {
+    std::cout << "arm_device: " << e.what() << std::endl;
+  }
+  std::vector<uint8_t> got(slot * 3);
+  stream.copy(got.data(), engine.tokens(0), slot);
+  stream.copy(got.data() + slot, own[0].data(), slot);
+  stream.copy(got.data() + 2 * slot, own[1].data(), slot);
+  stream.synchronize(kTimeout);
+  int right = 0;
+  for (int l = 0; l < 3; ++l) {
+    bool same = true;
+    for (uint64_t i = 0; i < slot; ++i) {
+      const int added = i < kRows[l] * row_bytes(spec) ? replays : 0;
+      same = same && got[l * slot + i] == static_cast<uint8_t>(start[i] + added);
+    }
+    right += same;
+  }
+  DeviceTrips trips = engine.device_trips();
+  std::cout << fmt::format("layouts right {} of 3; rung {} completed {} failed {}", right,
+                           trips.rung, trips.completed, trips.failed)
             << std::endl;
   engine.finish();
   return 0;
@@ -122,6 +184,7 @@ int run_attention(const EngineSpec& spec, KeyValueStore& store, int replays,
   } catch (const Error& e) {
     std::cout << "push_pull: " << e.what() << std::endl;
   }
+  if (mode == "layouts") return run_layouts(engine, device, stream, replays, start, slot);
   if (mode == "finish") {
     // The F never answers: finish() must let the waiting stream go, naming why.
     engine.enqueue_push_pull(0, kTokens[0], stream);
@@ -234,6 +297,29 @@ TEST(AfdDeviceTriggerTest, AReplayedStepGetsEveryResultRightAThousandTimes) {
                        "ffn: raised 8000 answered 8000 ended: ffn 0: every attention "
                        "instance left or was lost"))
       << joined(f_lines);
+}
+
+// One micro-batch armed with three layouts, rung in turn 200 times: each ring sends the layout it
+// names, from and into its own buffer; an unarmed or out-of-range layout is refused by name.
+TEST(AfdDeviceTriggerTest, EachRingSendsTheLayoutItNames) {
+  test::ChildJob job;
+  ChildProcess& f = job.instances.start("ffn", 0, {"600", "one-mb"});
+  ChildProcess& a = job.instances.start("attention", 0, {"200", "layouts"});
+  auto a_lines = lines_until_exit(a);
+  EXPECT_EQ(a.wait(kTimeout).exit_code, 0) << joined(a_lines);
+  EXPECT_TRUE(has_line(a_lines, "layouts right 3 of 3; rung 600 completed 600 failed 0"))
+      << joined(a_lines);
+  EXPECT_TRUE(has_line(a_lines,
+                       "enqueue_push_pull: enqueue_push_pull: micro-batch 0 is not armed "
+                       "with layout 3 (arm_device)"))
+      << joined(a_lines);
+  EXPECT_TRUE(has_line(a_lines,
+                       "enqueue_push_pull: enqueue_push_pull: micro-batch 0 is not armed "
+                       "with layout 64"))
+      << joined(a_lines);
+  EXPECT_TRUE(has_line(a_lines, "arm_device: arm_device: layout 64 (0..63)")) << joined(a_lines);
+  auto f_lines = lines_until_exit(f);
+  EXPECT_EQ(f.wait(kTimeout).exit_code, 0) << joined(f_lines);
 }
 
 // The F dies in replay 5: that replay and every later one fail naming it, no stream hangs, and the

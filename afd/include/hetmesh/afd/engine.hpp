@@ -488,16 +488,25 @@ class AttentionEngine {
   // readiness: a stream rings after the work that wrote the data). A micro-batch armed is the
   // device's alone: push_pull refuses it. Arming again replaces the push. Throws as push_pull does
   // for what it refuses, Error(NOT_SUPPORTED) without stream memory operations.
-  void arm_device(int micro_batch, const Push& push = {});
-  // Enqueues on `stream` (of this engine's device): "send micro-batch mb with `tokens` rows
-  // here" (a write of tokens + 1 to its doorbell, after the work before it).
-  void enqueue_push_pull(int micro_batch, uint32_t tokens, const Stream& stream);
+  //
+  // A micro-batch may hold kMaxDeviceLayouts pushes, `layout` 0 .. kMaxDeviceLayouts - 1, and each
+  // ring says which it sends: a graph whose layers send from and receive into tensors of their
+  // own (each layer's at its own fixed address) sends each in place, with no copy through one
+  // place. A layout above 0 needs EngineSpec::tokens below kDoorbellTokens.
+  static constexpr int kMaxDeviceLayouts = 64;
+  static constexpr uint32_t kDoorbellTokens = 1u << 20;  // a ring: layout x this + tokens + 1
+  void arm_device(int micro_batch, const Push& push = {}, int layout = 0);
+  // Enqueues on `stream` (of this engine's device): "send micro-batch mb's `layout` with `tokens`
+  // rows here" (a write of layout x kDoorbellTokens + tokens + 1 to its doorbell, after the work
+  // before it).
+  void enqueue_push_pull(int micro_batch, uint32_t tokens, const Stream& stream, int layout = 0);
   // Enqueues "hold the stream until mb's round trip has settled" (a wait on its done flag, then
   // lowering it). Settled is not succeeded: device_trips() names the round trips that failed.
   // Ring and wait alternate per micro-batch: ring, wait, ring, wait.
   void enqueue_wait(int micro_batch, const Stream& stream);
   // The words themselves, for a kernel of the application's (pinned host memory its device maps):
-  // a doorbell takes tokens + 1, for a token count the device computes; done is 1 once settled.
+  // a doorbell takes layout x kDoorbellTokens + tokens + 1, for a token count the device computes;
+  // done is 1 once settled.
   void* doorbell(int micro_batch) const;
   const void* done_flag(int micro_batch) const;
   // The counts and the failures since the last call.
