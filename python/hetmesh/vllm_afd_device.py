@@ -10,10 +10,12 @@ Each call only enqueues work on torch's current stream (on a host device, the en
 synchronized where the host reads the rows): no host call waits per layer. What it enqueues:
 
 - A, send: the stage's doorbell rung with the row count and the tensor's layout (the engine's
-  thread sends them): each tensor the engine can use (C order, the job's dtype and device) is
-  armed once as a layout of its stage, sent from and answered into in place, as a graph's layers
-  each have theirs at a fixed address; past the engine's layouts, or in a job of router logits,
-  its rows are copied into the stage's send slot (layout 0). Receive: a hold until the answer is
+  thread sends them): each tensor the engine can use (C order, the job's dtype and device) that a
+  CUDA graph captures (on a host device, which captures none: every such tensor) is armed once as
+  a layout of its stage, sent from and answered into in place, as a graph's layers each have
+  theirs at a fixed address; eager steps on a GPU (prefill, warmup: tensors at new addresses),
+  those past the engine's layouts, and a job of router logits copy their rows into the stage's
+  send slot (layout 0). Receive: a hold until the answer is
   in, then, where it is not already in ref_tensor, its rows copied there. The router logits travel
   on every layer (the F reads them where its layer asks).
 - F, receive: a hold until the stage's batch is in (every A of the group); the hidden states are a
@@ -29,12 +31,8 @@ from __future__ import annotations
 
 from . import _errors
 from ._streams import raw_current_stream
-from . import (ClosedError, JobFailedError, PeerLostError, TimeoutError, as_tensor,
-               import_torch)
-
-
-# The layouts an A arms per stage (the engine's kMaxDeviceLayouts); layout 0 is the slots'.
-MAX_LAYOUTS = 64
+from . import (AttentionEngine, ClosedError, JobFailedError, PeerLostError, TimeoutError,
+               as_tensor, import_torch)
 
 
 class _DeviceSide:
@@ -92,6 +90,9 @@ class DeviceAttention(_DeviceSide):
         self.results = {stage: as_tensor(e.result(stage, ffn)) for stage in self.stages}
         # stage -> {tensor address: (layout, rows armed)}; layout 0 is the slots'
         self.layouts = {stage: {} for stage in self.stages}
+        torch = import_torch()
+        self.capturing = (torch.cuda.is_current_stream_capturing if c._on_gpu
+                          else lambda: True)
         self.rows = {}  # stage -> (rows rung, the tensor sent in place or None), until answered
         self.waiting = set()  # stages whose hold is enqueued (a host drain that timed out)
 
@@ -112,7 +113,8 @@ class DeviceAttention(_DeviceSide):
 
     def _layout(self, tensor, stage: int, rows: int) -> int:
         """The layout that sends `tensor` in place (armed at its first sight, again where it
-        brings more rows), or 0: the slots."""
+        brings more rows at that address), or 0: the slots. A layout is never given to another
+        address: a captured graph rings it."""
         c = self.connector
         if self.logits is not None or rows == 0 or not c._fits(tensor):
             return 0
@@ -120,7 +122,7 @@ class DeviceAttention(_DeviceSide):
         address = tensor.data_ptr()
         layout, armed_rows = known.get(address, (0, 0))
         if layout == 0:
-            if len(known) + 1 >= MAX_LAYOUTS:
+            if len(known) + 1 >= AttentionEngine.MAX_DEVICE_LAYOUTS or not self.capturing():
                 return 0
             layout = len(known) + 1
         if rows > armed_rows:

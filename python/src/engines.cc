@@ -1001,6 +1001,7 @@ void bind_engines(py::module_& m) {
       });
 
   py::class_<PyAttention> attention(m, "AttentionEngine");
+  attention.attr("MAX_DEVICE_LAYOUTS") = afd::AttentionEngine::kMaxDeviceLayouts;
   attention
       .def(engine_init<PyAttention>(), py::arg("config"), py::arg("rank"), py::arg("store"),
            py::arg("secret_file"), py::arg("device"), py::arg("job"))

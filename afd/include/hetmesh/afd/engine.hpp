@@ -492,7 +492,8 @@ class AttentionEngine {
   // A micro-batch may hold kMaxDeviceLayouts pushes, `layout` 0 .. kMaxDeviceLayouts - 1, and each
   // ring says which it sends: a graph whose layers send from and receive into tensors of their
   // own (each layer's at its own fixed address) sends each in place, with no copy through one
-  // place. A layout above 0 needs EngineSpec::tokens below kDoorbellTokens.
+  // place. A layout above 0 needs EngineSpec::tokens + 1 below kDoorbellTokens (larger jobs ring
+  // tokens + 1, layout 0 alone).
   static constexpr int kMaxDeviceLayouts = 64;
   static constexpr uint32_t kDoorbellTokens = 1u << 20;  // a ring: layout x this + tokens + 1
   void arm_device(int micro_batch, const Push& push = {}, int layout = 0);
@@ -505,8 +506,9 @@ class AttentionEngine {
   // Ring and wait alternate per micro-batch: ring, wait, ring, wait.
   void enqueue_wait(int micro_batch, const Stream& stream);
   // The words themselves, for a kernel of the application's (pinned host memory its device maps):
-  // a doorbell takes layout x kDoorbellTokens + tokens + 1, for a token count the device computes;
-  // done is 1 once settled.
+  // a doorbell takes layout x kDoorbellTokens + tokens + 1, for a token count the device computes
+  // (a count of kDoorbellTokens or more reads as another layout: keep it within the job's
+  // tokens); done is 1 once settled.
   void* doorbell(int micro_batch) const;
   const void* done_flag(int micro_batch) const;
   // The counts and the failures since the last call.
